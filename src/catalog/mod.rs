@@ -1,0 +1,161 @@
+//! The metrics catalog: which series to export, read from dcgm-exporter's metrics CSV.
+//!
+//! `load(path)` reads a file and hands it to the pure [`parse`]; the result is a [`Catalog`] of
+//! numeric metrics (in file order, which is also the exposition order) and label rows (sorted by
+//! name, as dcgm-exporter attaches them).
+
+pub mod field;
+mod parse;
+
+use std::path::Path;
+
+pub use field::Field;
+pub use parse::parse;
+
+/// How a CSV row is exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricType {
+    /// `# TYPE name gauge`.
+    Gauge,
+    /// `# TYPE name counter` (the name is kept verbatim: no `_total` is added).
+    Counter,
+    /// Not a series: the value becomes a label named after the field on every series.
+    Label,
+}
+
+impl MetricType {
+    /// The word used on the `# TYPE` line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricType::Gauge => "gauge",
+            MetricType::Counter => "counter",
+            MetricType::Label => "label",
+        }
+    }
+}
+
+/// One CSV row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricSpec {
+    /// The metric (or label) name, verbatim from the CSV.
+    pub name: String,
+    /// The field it reads.
+    pub field: Field,
+    /// How it is exported.
+    pub kind: MetricType,
+    /// The help text, verbatim.
+    pub help: String,
+    /// 1-based line in the CSV.
+    pub line: u64,
+}
+
+/// The parsed metrics configuration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Catalog {
+    /// Numeric rows, in file order.
+    pub metrics: Vec<MetricSpec>,
+    /// `label` rows, sorted by name.
+    pub labels: Vec<MetricSpec>,
+}
+
+/// A row naming a DCGM field that gpu-exporter does not collect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// 1-based line.
+    pub line: u64,
+    /// The field name as written.
+    pub name: String,
+    /// Its DCGM id.
+    pub id: u16,
+}
+
+/// What is wrong with a CSV row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Defect {
+    /// The CSV reader could not tokenise the row (e.g. an unterminated quote).
+    Syntax(String),
+    /// Not exactly three columns.
+    ColumnCount(usize),
+    /// The first column is empty.
+    EmptyName,
+    /// The type column is not gauge, counter or label.
+    BadType(String),
+    /// Not a DCGM or exporter field name.
+    UnknownField(String),
+    /// The same name twice.
+    Duplicate {
+        /// The repeated name.
+        name: String,
+        /// Where it first appeared.
+        first_line: u64,
+    },
+    /// A string field with a numeric type.
+    TextAsNumber(String),
+    /// A `DCGM_EXP_*` field with type `label`.
+    ExporterAsLabel(String),
+}
+
+/// Errors loading the metrics catalog.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// The file could not be read.
+    #[error("reading metrics CSV {path}")]
+    Io {
+        /// The path given.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A row is defective.
+    #[error("{origin}:{line}: {defect}")]
+    Invalid {
+        /// The file (or other origin) name.
+        origin: String,
+        /// 1-based line.
+        line: u64,
+        /// What is wrong.
+        defect: Defect,
+    },
+}
+
+/// Reads and parses a metrics CSV file.
+///
+/// # Errors
+/// [`CatalogError::Io`] if the file cannot be read, [`CatalogError::Invalid`] for a bad row.
+pub fn load(path: &Path) -> Result<(Catalog, Vec<Skipped>), CatalogError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(&text, &path.display().to_string())
+}
+
+impl Catalog {
+    /// Every field the catalog needs a source to read (metrics and labels), deduplicated.
+    pub fn fields(&self) -> Vec<Field> {
+        let mut v: Vec<Field> = self
+            .metrics
+            .iter()
+            .chain(&self.labels)
+            .map(|m| m.field)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Drops rows whose field `supported` rejects, returning them (for one warning each).
+    pub fn retain_supported(&mut self, supported: impl Fn(Field) -> bool) -> Vec<MetricSpec> {
+        let mut dropped = Vec::new();
+        for list in [&mut self.metrics, &mut self.labels] {
+            let (keep, drop): (Vec<_>, Vec<_>) = std::mem::take(list)
+                .into_iter()
+                .partition(|m| supported(m.field));
+            *list = keep;
+            dropped.extend(drop);
+        }
+        dropped.sort_by_key(|m| m.line);
+        dropped
+    }
+}

@@ -1,0 +1,550 @@
+//! Command line and environment: [`Args`] (what the user typed, validated by clap) and
+//! [`Config`] (resolved: files read, addresses parsed, hostname decided).
+//!
+//! Flag and environment variable names are dcgm-exporter's, so an existing DaemonSet or GPU
+//! Operator setup keeps working. Flags that only make sense for DCGM are accepted and reported
+//! once at startup as having no effect; flags for features that are not built yet refuse to
+//! start rather than be silently ignored.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::catalog::{self, Catalog, CatalogError, MetricSpec, Skipped};
+use crate::gpu::scenario::{self, Scenario, ScenarioError};
+use crate::snapshot::DeviceSelection;
+
+/// The metrics CSV shipped with gpu-exporter, used when `--collectors` is not given and
+/// dcgm-exporter's default path does not exist.
+pub const BUILTIN_COUNTERS: &str = include_str!("../metrics-config/default-counters.csv");
+
+/// dcgm-exporter's default `--collectors` path.
+pub const DCGM_DEFAULT_COLLECTORS: &str = "/etc/dcgm-exporter/default-counters.csv";
+
+/// Which GPU backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// Real GPUs through NVML.
+    Nvml,
+    /// The simulated fleet.
+    Sim,
+    /// NVML when `libnvidia-ml.so.1` loads, the simulated fleet otherwise (for demos).
+    Auto,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// How kubelet device ids are matched to GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GpuIdType {
+    /// GPU and MIG UUIDs (NVIDIA device plugin).
+    Uid,
+    /// `nvidia<N>` device names (GKE's device plugin).
+    DeviceName,
+}
+
+/// Raw command-line arguments. Every flag can also be set from the environment variable shown.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "gpu-exporter",
+    version,
+    about = "Prometheus exporter for NVIDIA GPUs; a drop-in replacement for dcgm-exporter"
+)]
+pub struct Args {
+    /// Metrics CSV (dcgm-exporter format). Default: /etc/dcgm-exporter/default-counters.csv if it
+    /// exists, else the built-in copy of metrics-config/default-counters.csv.
+    #[arg(short = 'f', long, env = "DCGM_EXPORTER_COLLECTORS")]
+    pub collectors: Option<PathBuf>,
+
+    /// Listen address: `:9400`, `127.0.0.1:9400`, `[::]:9400`.
+    #[arg(
+        short = 'a',
+        long,
+        env = "DCGM_EXPORTER_LISTEN",
+        default_value = ":9400"
+    )]
+    pub address: String,
+
+    /// Sampling interval in milliseconds.
+    #[arg(short = 'c', long, env = "DCGM_EXPORTER_INTERVAL", default_value_t = 30000,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub collect_interval: u64,
+
+    /// Attribute GPUs to pods through the kubelet pod-resources API.
+    #[arg(short = 'k', long, env = "DCGM_EXPORTER_KUBERNETES")]
+    pub kubernetes: bool,
+
+    /// How kubelet device ids name GPUs: `uid` (NVIDIA device plugin) or `device-name` (GKE).
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_KUBERNETES_GPU_ID_TYPE",
+        value_enum,
+        default_value = "uid"
+    )]
+    pub kubernetes_gpu_id_type: GpuIdType,
+
+    /// The kubelet pod-resources socket.
+    #[arg(
+        long,
+        env = "DCGM_POD_RESOURCES_KUBELET_SOCKET",
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )]
+    pub pod_resources_kubelet_socket: PathBuf,
+
+    /// Extra resource names that denote NVIDIA GPUs (comma-separated), e.g. `nvidia.com/a100`.
+    #[arg(long, env = "NVIDIA_RESOURCE_NAMES", value_delimiter = ',')]
+    pub nvidia_resource_names: Vec<String>,
+
+    /// One copy of each series per pod sharing a GPU, with a `vgpu` label (as dcgm-exporter).
+    #[arg(long, env = "KUBERNETES_VIRTUAL_GPUS")]
+    pub kubernetes_virtual_gpus: bool,
+
+    /// Devices to export: `f` (MIG instances where enabled, else GPUs), `g[:ids]` (GPUs),
+    /// `i[:ids]` (MIG instances by GPU instance id). Ids: `0,2-4`.
+    #[arg(
+        short = 'd',
+        long,
+        env = "DCGM_EXPORTER_DEVICES_STR",
+        default_value = "f"
+    )]
+    pub devices: String,
+
+    /// exporter-toolkit web configuration (TLS, basic auth). Not implemented yet: refuses to start.
+    #[arg(long, env = "DCGM_EXPORTER_WEB_CONFIG_FILE")]
+    pub web_config_file: Option<PathBuf>,
+
+    /// Replace spaces in the `modelName` label with `-`.
+    #[arg(
+        long,
+        visible_alias = "rbmn",
+        env = "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME"
+    )]
+    pub replace_blanks_in_model_name: bool,
+
+    /// Window for `DCGM_EXP_XID_ERRORS_COUNT` (and how long the last XID is reported), ms.
+    #[arg(
+        short = 'x',
+        long,
+        env = "DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE",
+        default_value_t = 300_000
+    )]
+    pub xid_count_window_size: u64,
+
+    /// Window for `DCGM_EXP_CLOCK_EVENTS_COUNT`, ms.
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_CLOCK_EVENTS_COUNT_WINDOW_SIZE",
+        default_value_t = 300_000
+    )]
+    pub clock_events_count_window_size: u64,
+
+    /// Log format.
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
+    /// Debug logging.
+    #[arg(long, env = "DCGM_EXPORTER_DEBUG")]
+    pub debug: bool,
+
+    /// Node name for the hostname label (set from the downward API in Kubernetes).
+    #[arg(long, env = "NODE_NAME", hide = true)]
+    pub node_name: Option<String>,
+
+    /// GPU backend.
+    #[arg(long, env = "GPU_EXPORTER_BACKEND", value_enum, default_value = "nvml")]
+    pub backend: Backend,
+
+    /// Simulated fleet: 1xA100-40GB, 8xH100-SXM, 4xA100-80GB-MIG (default 8xH100-SXM, or the
+    /// scenario's profile).
+    #[arg(long, env = "GPU_EXPORTER_SIM_PROFILE")]
+    pub sim_profile: Option<String>,
+
+    /// Scenario file (TOML) scripting events for the simulated fleet.
+    #[arg(long, env = "GPU_EXPORTER_SIM_SCENARIO")]
+    pub sim_scenario: Option<PathBuf>,
+
+    /// Seed for the simulated fleet (default 1, or the scenario's seed).
+    #[arg(long, env = "GPU_EXPORTER_SIM_SEED")]
+    pub sim_seed: Option<u64>,
+
+    /// Name of the hostname label: `hostname` (dcgm-exporter ≥ 4.8.3) or `Hostname` (older
+    /// releases and the dashboards built for them).
+    #[arg(long, env = "GPU_EXPORTER_HOSTNAME_LABEL", default_value = "hostname",
+          value_parser = ["hostname", "Hostname"])]
+    pub hostname_label: String,
+
+    /// dcgm-exporter's remote hostengine address. No effect: gpu-exporter reads NVML directly.
+    #[arg(short = 'r', long, env = "DCGM_REMOTE_HOSTENGINE_INFO", hide = true)]
+    pub remote_hostengine_info: Option<String>,
+
+    /// dcgm-exporter's DCGM log switch. No effect: there is no DCGM.
+    #[arg(long, env = "DCGM_EXPORTER_ENABLE_DCGM_LOG", hide = true)]
+    pub enable_dcgm_log: bool,
+
+    /// dcgm-exporter's DCGM log level. No effect: there is no DCGM.
+    #[arg(long, env = "DCGM_EXPORTER_DCGM_LOG_LEVEL", hide = true)]
+    pub dcgm_log_level: Option<String>,
+
+    /// dcgm-exporter's libdcgm check switch. No effect: there is no libdcgm to check.
+    #[arg(long, env = "DISABLE_STARTUP_VALIDATE", hide = true)]
+    pub disable_startup_validate: bool,
+
+    /// dcgm-exporter's ConfigMap source for the CSV. Not supported: mount the ConfigMap as a file
+    /// and pass it with --collectors.
+    #[arg(short = 'm', long, env = "DCGM_EXPORTER_CONFIGMAP_DATA", hide = true)]
+    pub configmap_data: Option<String>,
+}
+
+/// Errors resolving the configuration. Each names the flag (and file) concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The metrics CSV is unreadable or invalid.
+    #[error("--collectors")]
+    Catalog(#[source] CatalogError),
+    /// The scenario file is unreadable or invalid.
+    #[error("--sim-scenario")]
+    Scenario(#[source] ScenarioError),
+    /// The listen address does not parse.
+    #[error("--address {0:?}: expected :PORT, HOST:PORT or [IPv6]:PORT")]
+    Address(String),
+    /// The device selection does not parse.
+    #[error("--devices {value:?}: {reason}")]
+    Devices {
+        /// What was given.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A flag names a feature that is not available.
+    #[error("{flag}: {reason}")]
+    Unsupported {
+        /// The flag.
+        flag: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The metrics catalog.
+    pub catalog: Catalog,
+    /// Where the catalog came from (for logs).
+    pub catalog_origin: String,
+    /// Rows naming DCGM fields gpu-exporter does not collect.
+    pub skipped: Vec<Skipped>,
+    /// Socket address to bind.
+    pub listen: SocketAddr,
+    /// Sampling interval.
+    pub interval: Duration,
+    /// Hostname label value.
+    pub hostname: String,
+    /// Entity selection.
+    pub selection: DeviceSelection,
+    /// The scenario, if any.
+    pub scenario: Option<(Scenario, String)>,
+    /// Notes about accepted-but-inert flags, logged once at startup.
+    pub notices: Vec<String>,
+    /// The raw arguments.
+    pub args: Args,
+}
+
+impl Config {
+    /// Resolves `args`, reading the CSV and scenario files.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the flag at fault.
+    pub fn resolve(args: Args) -> Result<Config, ConfigError> {
+        if args.web_config_file.is_some() {
+            return Err(ConfigError::Unsupported {
+                flag: "--web-config-file",
+                reason: "TLS and basic auth are not implemented in this version; refusing to serve metrics without the protection the file asks for",
+            });
+        }
+        if args.configmap_data.as_deref().is_some_and(|v| v != "none") {
+            return Err(ConfigError::Unsupported {
+                flag: "--configmap-data",
+                reason: "reading the CSV from the Kubernetes API is not supported; mount the ConfigMap as a file and pass its path with --collectors",
+            });
+        }
+        let (catalog, skipped, catalog_origin) = load_catalog(args.collectors.as_deref())?;
+        let listen = parse_address(&args.address)?;
+        let selection = parse_devices(&args.devices)?;
+        let scenario = match &args.sim_scenario {
+            Some(p) => Some((
+                scenario::load(p).map_err(ConfigError::Scenario)?,
+                p.display().to_string(),
+            )),
+            None => None,
+        };
+        let hostname = match args.node_name.as_deref().filter(|n| !n.is_empty()) {
+            Some(n) => n.to_owned(),
+            None => system_hostname(),
+        };
+        let mut notices = Vec::new();
+        if args.remote_hostengine_info.is_some() {
+            notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect: gpu-exporter reads NVML directly and needs no DCGM hostengine".to_owned());
+        }
+        if args.enable_dcgm_log || args.dcgm_log_level.is_some() {
+            notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: there is no DCGM library to log".to_owned());
+        }
+        if args.disable_startup_validate {
+            notices.push(
+                "--disable-startup-validate has no effect: there is no libdcgm to validate"
+                    .to_owned(),
+            );
+        }
+        Ok(Config {
+            catalog,
+            catalog_origin,
+            skipped,
+            listen,
+            interval: Duration::from_millis(args.collect_interval),
+            hostname,
+            selection,
+            scenario,
+            notices,
+            args,
+        })
+    }
+
+    /// Drops CSV rows the source cannot read; returns them for one warning each.
+    pub fn retain_supported(
+        &mut self,
+        supported: impl Fn(catalog::Field) -> bool,
+    ) -> Vec<MetricSpec> {
+        self.catalog.retain_supported(supported)
+    }
+}
+
+fn load_catalog(
+    path: Option<&std::path::Path>,
+) -> Result<(Catalog, Vec<Skipped>, String), ConfigError> {
+    match path {
+        Some(p) => {
+            let (c, s) = catalog::load(p).map_err(ConfigError::Catalog)?;
+            Ok((c, s, p.display().to_string()))
+        }
+        None if std::path::Path::new(DCGM_DEFAULT_COLLECTORS).exists() => {
+            let p = std::path::Path::new(DCGM_DEFAULT_COLLECTORS);
+            let (c, s) = catalog::load(p).map_err(ConfigError::Catalog)?;
+            Ok((c, s, DCGM_DEFAULT_COLLECTORS.to_owned()))
+        }
+        None => {
+            let origin = "built-in default-counters.csv";
+            let (c, s) = catalog::parse(BUILTIN_COUNTERS, origin).map_err(ConfigError::Catalog)?;
+            Ok((c, s, origin.to_owned()))
+        }
+    }
+}
+
+/// Parses a Go-style listen address: `:9400` means every interface.
+///
+/// # Errors
+/// [`ConfigError::Address`].
+pub fn parse_address(s: &str) -> Result<SocketAddr, ConfigError> {
+    let bad = || ConfigError::Address(s.to_owned());
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port));
+    }
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    match host {
+        "localhost" => Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)),
+        _ => Err(bad()),
+    }
+}
+
+/// Parses `-d/--devices`.
+///
+/// # Errors
+/// [`ConfigError::Devices`] saying what is wrong.
+pub fn parse_devices(s: &str) -> Result<DeviceSelection, ConfigError> {
+    let err = |reason: String| ConfigError::Devices {
+        value: s.to_owned(),
+        reason,
+    };
+    let (kind, ids) = match s.split_once(':') {
+        Some((k, ids)) => (k, Some(ids)),
+        None => (s, None),
+    };
+    let ids = ids
+        .map(|list| parse_id_list(list).map_err(&err))
+        .transpose()?;
+    match (kind, ids) {
+        ("f", None) => Ok(DeviceSelection::Flex),
+        ("f", Some(_)) => Err(err("`f` takes no ids".to_owned())),
+        ("g", ids) => Ok(DeviceSelection::Gpus(ids)),
+        ("i", ids) => Ok(DeviceSelection::Instances(ids)),
+        (other, _) => Err(err(format!(
+            "unknown device type {other:?}; expected f, g[:ids] or i[:ids]"
+        ))),
+    }
+}
+
+fn parse_id_list(list: &str) -> Result<Vec<u32>, String> {
+    let mut ids = Vec::new();
+    for part in list.split(',') {
+        let part = part.trim();
+        let num = |x: &str| {
+            x.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{x:?} is not a device id"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    return Err(format!("range {part:?} is backwards"));
+                }
+                if b - a > 4096 {
+                    return Err(format!("range {part:?} is too large"));
+                }
+                ids.extend(a..=b);
+            }
+            None => ids.push(num(part)?),
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
+fn system_hostname() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut v = vec!["gpu-exporter"];
+        v.extend_from_slice(extra);
+        Args::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn addresses_parse_as_go_does() {
+        assert_eq!(
+            parse_address(":9400").unwrap(),
+            "0.0.0.0:9400".parse().unwrap()
+        );
+        assert_eq!(
+            parse_address("127.0.0.1:0").unwrap(),
+            "127.0.0.1:0".parse().unwrap()
+        );
+        assert_eq!(
+            parse_address("[::]:9400").unwrap(),
+            "[::]:9400".parse().unwrap()
+        );
+        assert_eq!(
+            parse_address("localhost:1").unwrap(),
+            "127.0.0.1:1".parse().unwrap()
+        );
+        assert_eq!(
+            parse_address("9400").unwrap_err().to_string(),
+            "--address \"9400\": expected :PORT, HOST:PORT or [IPv6]:PORT"
+        );
+        assert!(parse_address(":99999").is_err());
+    }
+
+    #[test]
+    fn device_selections_parse() {
+        assert_eq!(parse_devices("f").unwrap(), DeviceSelection::Flex);
+        assert_eq!(parse_devices("g").unwrap(), DeviceSelection::Gpus(None));
+        assert_eq!(
+            parse_devices("g:0,2-4").unwrap(),
+            DeviceSelection::Gpus(Some(vec![0, 2, 3, 4]))
+        );
+        assert_eq!(
+            parse_devices("i:3").unwrap(),
+            DeviceSelection::Instances(Some(vec![3]))
+        );
+        assert!(parse_devices("x")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown device type"));
+        assert!(parse_devices("g:4-2")
+            .unwrap_err()
+            .to_string()
+            .contains("backwards"));
+        assert!(parse_devices("g:a")
+            .unwrap_err()
+            .to_string()
+            .contains("not a device id"));
+        assert!(parse_devices("f:1").is_err());
+    }
+
+    #[test]
+    fn defaults_match_dcgm_exporter() {
+        let a = args(&[]);
+        assert_eq!(a.address, ":9400");
+        assert_eq!(a.collect_interval, 30000);
+        assert_eq!(a.devices, "f");
+        assert_eq!(a.kubernetes_gpu_id_type, GpuIdType::Uid);
+        assert_eq!(a.backend, Backend::Nvml);
+        assert_eq!(a.hostname_label, "hostname");
+    }
+
+    #[test]
+    fn builtin_csv_is_used_without_collectors_and_node_name_wins() {
+        let mut a = args(&["--backend", "sim"]);
+        a.node_name = Some("node-7".into());
+        let c = Config::resolve(a).unwrap();
+        if !std::path::Path::new(DCGM_DEFAULT_COLLECTORS).exists() {
+            assert_eq!(c.catalog_origin, "built-in default-counters.csv");
+        }
+        assert!(!c.catalog.metrics.is_empty());
+        assert_eq!(c.hostname, "node-7");
+    }
+
+    #[test]
+    fn unimplemented_flags_refuse_to_start_and_inert_ones_are_noticed() {
+        let e = Config::resolve(args(&["--web-config-file", "/x.yml"])).unwrap_err();
+        assert!(e.to_string().starts_with("--web-config-file:"));
+        let c = Config::resolve(args(&["-r", "localhost:5555"])).unwrap();
+        assert_eq!(c.notices.len(), 1);
+    }
+
+    #[test]
+    fn bad_csv_error_names_the_flag_and_file_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.csv");
+        std::fs::write(
+            &p,
+            "DCGM_FI_DEV_GPU_UTIL, gauge, ok\nDCGM_FI_NOPE, gauge, x\n",
+        )
+        .unwrap();
+        let e = Config::resolve(args(&["-f", p.to_str().unwrap()])).unwrap_err();
+        let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+        assert!(
+            chain.contains("bad.csv:2: unknown field \"DCGM_FI_NOPE\""),
+            "{chain}"
+        );
+    }
+}

@@ -1,0 +1,223 @@
+//! The GPU seam: the [`GpuSource`] trait and the plain data it returns.
+//!
+//! A source enumerates [`Device`]s (identity read once per discovery) and, every tick, reads the
+//! requested fields of one device into a [`DeviceSample`]. Calls are blocking (NVML is
+//! synchronous FFI), so the sampler runs them on a blocking thread. A failing *field* is recorded
+//! inside the sample; only a failing *device* (fallen off the bus, driver gone) is an `Err`.
+
+pub mod scenario;
+pub mod sim;
+
+use std::fmt;
+
+use crate::catalog::Field;
+
+/// A field value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A string (label-type fields).
+    Text(String),
+}
+
+/// Why a field has no value this tick. Each is a `reason` label on the field-error self-metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FieldError {
+    /// The device does not support the field (expected on some models; not counted as an error).
+    NotSupported,
+    /// The process lacks the privilege to read it.
+    NoPermission,
+    /// The read failed (driver error, timeout).
+    Failed,
+    /// The value read was out of range or otherwise unusable.
+    Invalid,
+}
+
+impl FieldError {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FieldError::NotSupported => "not_supported",
+            FieldError::NoPermission => "no_permission",
+            FieldError::Failed => "failed",
+            FieldError::Invalid => "invalid",
+        }
+    }
+}
+
+/// A field read: a value or why there is none.
+pub type Reading = Result<Value, FieldError>;
+
+/// Identity of a physical GPU, read once per discovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuIdentity {
+    /// NVML index (dcgm-exporter's `gpu` label).
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// PCI bus id, `00000000:8D:00.0` form.
+    pub pci_bus_id: String,
+    /// Minor number: `/dev/nvidia<minor>` (the `device` label).
+    pub minor: u32,
+    /// Product name (`modelName`).
+    pub model: String,
+}
+
+/// A MIG GPU instance on a physical GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigInstance {
+    /// GPU instance id (`GPU_I_ID`).
+    pub gi_id: u32,
+    /// Compute instance id of the MIG device.
+    pub ci_id: u32,
+    /// Profile name as the device plugin spells it, e.g. `3g.40gb` (`GPU_I_PROFILE`).
+    pub profile: String,
+    /// `MIG-…` UUID of the MIG device.
+    pub uuid: String,
+}
+
+/// A physical GPU and its MIG instances.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Identity.
+    pub identity: GpuIdentity,
+    /// Whether MIG mode is enabled.
+    pub mig_enabled: bool,
+    /// MIG instances (empty slots skipped), ordered by `gi_id`.
+    pub instances: Vec<MigInstance>,
+}
+
+/// One XID error reported by the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidEvent {
+    /// The XID number.
+    pub xid: u64,
+}
+
+/// Readings for one MIG instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceSample {
+    /// GPU instance id.
+    pub gi_id: u32,
+    /// Instance-scoped readings ([`crate::catalog::field::MigScope::Instance`] fields).
+    pub readings: Vec<(Field, Reading)>,
+}
+
+/// What one tick read from one device.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DeviceSample {
+    /// GPU-level readings.
+    pub readings: Vec<(Field, Reading)>,
+    /// Per-instance readings, for MIG-enabled GPUs.
+    pub instances: Vec<InstanceSample>,
+}
+
+impl DeviceSample {
+    /// The GPU-level value of `field`, if it was read.
+    pub fn get(&self, field: Field) -> Option<&Value> {
+        self.readings
+            .iter()
+            .find(|(f, _)| *f == field)
+            .and_then(|(_, r)| r.as_ref().ok())
+    }
+
+    /// The GPU-level value of `field` as an integer, if it was read and is numeric.
+    pub fn get_i64(&self, field: Field) -> Option<i64> {
+        match self.get(field)? {
+            Value::Int(v) => Some(*v),
+            #[allow(clippy::cast_possible_truncation)]
+            Value::Float(v) => Some(*v as i64),
+            Value::Text(_) => None,
+        }
+    }
+}
+
+/// A device-level failure.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The GPU is no longer reachable (NVML `GpuLost`, XID 79).
+    #[error("GPU {index} ({uuid}) has fallen off the bus")]
+    GpuLost {
+        /// Index.
+        index: u32,
+        /// UUID.
+        uuid: String,
+    },
+    /// Reading the device failed for another reason.
+    #[error("reading GPU {index} ({uuid})")]
+    Device {
+        /// Index.
+        index: u32,
+        /// UUID.
+        uuid: String,
+        /// The cause.
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Enumerating GPUs failed.
+    #[error("enumerating GPUs")]
+    Discovery {
+        /// The cause.
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl SourceError {
+    /// The `reason` label for self-metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SourceError::GpuLost { .. } => "gpu_lost",
+            SourceError::Device { .. } => "device_error",
+            SourceError::Discovery { .. } => "discovery_error",
+        }
+    }
+}
+
+/// Reads GPU state. Blocking: callers run it on a blocking thread, never on the async runtime.
+pub trait GpuSource: Send + Sync + 'static {
+    /// Short name for logs and the `source` label (`nvml`, `sim`).
+    fn name(&self) -> &'static str;
+
+    /// Whether this source can ever produce `field` (unsupported CSV rows are skipped at startup
+    /// with one warning each).
+    fn supports(&self, field: Field) -> bool;
+
+    /// Enumerates devices. Called at startup and again on a slow cadence, so GPUs that vanish or
+    /// return are noticed without a restart.
+    ///
+    /// # Errors
+    /// [`SourceError::Discovery`] if the devices cannot be listed at all.
+    fn devices(&self) -> Result<Vec<Device>, SourceError>;
+
+    /// Reads `fields` from one device.
+    ///
+    /// # Errors
+    /// [`SourceError::GpuLost`] or [`SourceError::Device`] when the device as a whole cannot be
+    /// read; per-field failures are recorded in the sample instead.
+    fn sample(&self, device: &Device, fields: &[Field]) -> Result<DeviceSample, SourceError>;
+
+    /// XID errors reported since the last call, keyed by GPU UUID. NVML delivers these through
+    /// its event path, which keeps working when a GPU's reads fail (XID 79: fallen off the bus),
+    /// so they are drained separately from [`GpuSource::sample`].
+    fn drain_xids(&self) -> Vec<(String, XidEvent)>;
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Int(v) => write!(f, "{v}"),
+            // Rust's float Display never uses exponent notation and prints the shortest string
+            // that round-trips: 302.206 stays "302.206", 1e-7 is "0.0000001", 45.0 is "45".
+            Value::Float(v) if v.is_nan() => f.write_str("NaN"),
+            Value::Float(v) if v.is_infinite() => {
+                f.write_str(if *v > 0.0 { "+Inf" } else { "-Inf" })
+            }
+            Value::Float(v) => write!(f, "{v}"),
+            Value::Text(s) => f.write_str(s),
+        }
+    }
+}

@@ -1,0 +1,799 @@
+//! `SimulatedSource`: a deterministic fleet of fake GPUs, for demos, tests, CI and benchmarks.
+//!
+//! Values come from a seeded hash, never from the wall clock: each `sample` of a device advances
+//! that device's simulated clock by one interval, so the same seed, profile, scenario and number
+//! of samples always give the same readings (the golden files rely on it). The values stay
+//! consistent the way real GPUs are: power follows utilization, temperature follows power with a
+//! lag, energy and error counters only grow, and FB used + free + reserved = total.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::scenario::{Action, Pattern, Scenario};
+use super::{
+    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, MigInstance, Reading,
+    SourceError, Value, XidEvent,
+};
+use crate::catalog::field::MigScope;
+use crate::catalog::Field;
+
+/// A GPU model the simulator knows.
+#[derive(Debug, Clone, Copy)]
+struct Model {
+    name: &'static str,
+    fb_total_mib: i64,
+    fb_reserved_mib: i64,
+    tdp_w: f64,
+    idle_w: f64,
+    max_sm_mhz: i64,
+    idle_sm_mhz: i64,
+    mem_mhz: i64,
+    nvlinks: u32,
+    pcie_gen: i64,
+}
+
+const A100_40GB: Model = Model {
+    name: "NVIDIA A100-SXM4-40GB",
+    fb_total_mib: 40960,
+    fb_reserved_mib: 431,
+    tdp_w: 400.0,
+    idle_w: 52.0,
+    max_sm_mhz: 1410,
+    idle_sm_mhz: 210,
+    mem_mhz: 1215,
+    nvlinks: 0,
+    pcie_gen: 4,
+};
+
+const A100_80GB: Model = Model {
+    name: "NVIDIA A100-SXM4-80GB",
+    fb_total_mib: 81920,
+    fb_reserved_mib: 600,
+    tdp_w: 400.0,
+    idle_w: 62.0,
+    max_sm_mhz: 1410,
+    idle_sm_mhz: 210,
+    mem_mhz: 1593,
+    nvlinks: 12,
+    pcie_gen: 4,
+};
+
+const H100_SXM: Model = Model {
+    name: "NVIDIA H100 80GB HBM3",
+    fb_total_mib: 81559,
+    fb_reserved_mib: 528,
+    tdp_w: 700.0,
+    idle_w: 72.0,
+    max_sm_mhz: 1980,
+    idle_sm_mhz: 345,
+    mem_mhz: 2619,
+    nvlinks: 18,
+    pcie_gen: 5,
+};
+
+/// A fleet profile: a model, a GPU count and, per GPU, its MIG layout (profile names).
+#[derive(Debug, Clone, Copy)]
+struct Profile {
+    name: &'static str,
+    model: Model,
+    gpus: u32,
+    mig: &'static [&'static [(&'static str, u32)]],
+}
+
+/// The profiles `--sim-profile` accepts.
+pub const PROFILES: &[&str] = &["1xA100-40GB", "8xH100-SXM", "4xA100-80GB-MIG"];
+
+fn profile(name: &str) -> Option<Profile> {
+    Some(match name {
+        "1xA100-40GB" => Profile {
+            name: "1xA100-40GB",
+            model: A100_40GB,
+            gpus: 1,
+            mig: &[],
+        },
+        "8xH100-SXM" => Profile {
+            name: "8xH100-SXM",
+            model: H100_SXM,
+            gpus: 8,
+            mig: &[],
+        },
+        "4xA100-80GB-MIG" => Profile {
+            name: "4xA100-80GB-MIG",
+            model: A100_80GB,
+            gpus: 4,
+            // (profile, GPU instance id); GPU 3 has MIG disabled.
+            mig: &[
+                &[
+                    ("3g.40gb", 2),
+                    ("2g.20gb", 3),
+                    ("1g.10gb", 9),
+                    ("1g.10gb", 10),
+                ],
+                &[("7g.80gb", 0)],
+                &[("4g.40gb", 1), ("3g.40gb", 2)],
+                &[],
+            ],
+        },
+        _ => return None,
+    })
+}
+
+/// MIG profile memory in MiB, as NVML reports it for an A100 80GB.
+fn mig_memory_mib(profile: &str) -> i64 {
+    match profile {
+        "1g.10gb" => 9728,
+        "1g.20gb" | "2g.20gb" => 19968,
+        "3g.40gb" | "4g.40gb" => 40192,
+        _ => 80896,
+    }
+}
+
+/// Errors creating a simulated source.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The profile name is unknown.
+    #[error("unknown simulation profile {0:?}; known profiles: {list}", list = PROFILES.join(", "))]
+    UnknownProfile(String),
+    /// A scenario event names a GPU the profile does not have.
+    #[error("{origin}:{line}: GPU {gpu} does not exist in profile {profile} ({count} GPUs)")]
+    NoSuchGpu {
+        /// Scenario file.
+        origin: String,
+        /// Line of the event.
+        line: usize,
+        /// The index named.
+        gpu: u32,
+        /// The profile.
+        profile: String,
+        /// How many GPUs it has.
+        count: u32,
+    },
+}
+
+/// Per-GPU mutable state: counters that only grow, and the scenario's effects.
+#[derive(Debug, Default, Clone)]
+struct GpuState {
+    ticks: u64,
+    temp_c: f64,
+    energy_mj: u64,
+    pcie_replays: i64,
+    ecc_sbe_vol: i64,
+    ecc_dbe_vol: i64,
+    ecc_sbe_agg_base: i64,
+    ecc_dbe_agg_base: i64,
+    retired_sbe: i64,
+    retired_dbe: i64,
+    retired_pending: bool,
+    remap_cor: i64,
+    remap_unc: i64,
+    remap_failure: bool,
+    nvlink_crc_flit: i64,
+    nvlink_crc_data: i64,
+    nvlink_replay: i64,
+    nvlink_recovery: i64,
+    power_violation_ns: i64,
+    thermal_violation_ns: i64,
+    lost: bool,
+    throttle: Option<(i64, Duration)>,
+    utilization: Option<(Pattern, Duration, Option<Duration>)>,
+    pending_xids: Vec<XidEvent>,
+    next_event: usize,
+}
+
+/// A simulated GPU fleet.
+#[derive(Debug)]
+pub struct SimulatedSource {
+    profile: Profile,
+    seed: u64,
+    interval: Duration,
+    scenario: Scenario,
+    state: Vec<Mutex<GpuState>>,
+}
+
+impl SimulatedSource {
+    /// Creates a fleet. `interval` is how far simulated time advances per sample.
+    ///
+    /// # Errors
+    /// [`SimError`] for an unknown profile or a scenario event naming a missing GPU.
+    pub fn new(
+        profile_name: &str,
+        seed: u64,
+        interval: Duration,
+        scenario: Scenario,
+        scenario_origin: &str,
+    ) -> Result<Self, SimError> {
+        let profile = profile(profile_name)
+            .ok_or_else(|| SimError::UnknownProfile(profile_name.to_owned()))?;
+        for ev in &scenario.events {
+            if let super::scenario::Target::Gpu(g) = ev.target {
+                if g >= profile.gpus {
+                    return Err(SimError::NoSuchGpu {
+                        origin: scenario_origin.to_owned(),
+                        line: ev.line,
+                        gpu: g,
+                        profile: profile.name.to_owned(),
+                        count: profile.gpus,
+                    });
+                }
+            }
+        }
+        let state = (0..profile.gpus)
+            .map(|i| {
+                let h = |c| hash(seed, i, 0, c);
+                Mutex::new(GpuState {
+                    temp_c: 30.0 + 4.0 * h(1),
+                    // Energy since driver load: a few days' worth at idle.
+                    energy_mj: 1_000_000_000 + (h(2) * 5e10) as u64,
+                    ecc_sbe_agg_base: (h(3) * 20.0) as i64,
+                    ..GpuState::default()
+                })
+            })
+            .collect();
+        Ok(Self {
+            profile,
+            seed,
+            interval,
+            scenario,
+            state,
+        })
+    }
+
+    fn identity(&self, index: u32) -> GpuIdentity {
+        const BUS: [u8; 8] = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB];
+        GpuIdentity {
+            index,
+            uuid: uuid("GPU", self.seed, index, 0),
+            pci_bus_id: format!("00000000:{:02X}:00.0", BUS[index as usize % BUS.len()]),
+            minor: index,
+            model: self.profile.model.name.to_owned(),
+        }
+    }
+
+    /// Applies scenario events due at or before `now` to `st`.
+    fn apply_events(&self, index: u32, st: &mut GpuState, now: Duration) {
+        while let Some(ev) = self.scenario.events.get(st.next_event) {
+            if ev.at > now {
+                break;
+            }
+            st.next_event += 1;
+            if !ev.target.matches(index) {
+                continue;
+            }
+            match &ev.action {
+                Action::FallOffBus => {
+                    st.lost = true;
+                    st.pending_xids.push(XidEvent { xid: 79 });
+                }
+                Action::Recover => st.lost = false,
+                Action::Xid(x) => st.pending_xids.push(XidEvent { xid: *x }),
+                Action::EccDbe(n) => {
+                    st.ecc_dbe_vol += to_i64(*n);
+                    st.retired_pending = true;
+                    st.remap_unc += to_i64(*n);
+                    st.pending_xids.push(XidEvent { xid: 48 });
+                }
+                Action::EccSbe(n) => st.ecc_sbe_vol += to_i64(*n),
+                Action::ThermalThrottle {
+                    temperature,
+                    duration,
+                } => st.throttle = Some((*temperature, now + *duration)),
+                Action::Utilization { pattern, duration } => {
+                    st.utilization = Some((*pattern, now, duration.map(|d| now + d)));
+                }
+                Action::RowRemapFailure => st.remap_failure = true,
+                Action::RetiredPagesPending => st.retired_pending = true,
+                Action::PcieReplays(n) => st.pcie_replays += to_i64(*n),
+                Action::NvlinkErrors(n) => {
+                    st.nvlink_crc_flit += to_i64(*n);
+                    st.nvlink_replay += (to_i64(*n) + 3) / 4;
+                }
+            }
+        }
+    }
+
+    /// Baseline utilization of GPU `index` at simulated time `t` (seconds).
+    fn base_utilization(&self, index: u32, t: f64) -> f64 {
+        let h = |c| hash(self.seed, index, 0, c);
+        // One GPU in five idles (allocated but unused); the rest run a slow wave plus jitter.
+        if h(10) < 0.2 {
+            return (h(11) * 2.0).floor();
+        }
+        let level = 45.0 + 40.0 * h(12);
+        let period = 120.0 + 480.0 * h(13);
+        let wave = 12.0 * (t / period * std::f64::consts::TAU + h(14) * 6.0).sin();
+        let jitter = 6.0 * (hash(self.seed, index, (t * 10.0) as u64, 15) - 0.5);
+        (level + wave + jitter).clamp(0.0, 100.0)
+    }
+
+    #[allow(clippy::too_many_lines)]
+    fn read(&self, device: &Device, st: &mut GpuState, fields: &[Field]) -> DeviceSample {
+        let m = self.profile.model;
+        let index = device.identity.index;
+        let t = self.interval.as_secs_f64() * st.ticks as f64;
+        let now = self.interval * u32::try_from(st.ticks).unwrap_or(u32::MAX);
+        let dt = self.interval.as_secs_f64();
+        let n = |c| hash(self.seed, index, st.ticks, c);
+
+        let util = match st.utilization {
+            Some((p, start, end)) if end.is_none_or(|e| now < e) => p.at(now - start),
+            _ => self.base_utilization(index, t),
+        };
+        let util_i = util.round() as i64;
+        let throttling = st.throttle.filter(|(_, until)| now < *until);
+        if throttling.is_none() {
+            st.throttle = None;
+        }
+        let power =
+            (m.idle_w + (m.tdp_w - m.idle_w) * util / 100.0 * (0.92 + 0.06 * n(20))).min(m.tdp_w);
+        let power = (power * 1000.0).round() / 1000.0;
+        // Temperature approaches a power-dependent target with a lag; throttling pins it.
+        let target = 28.0 + 50.0 * power / m.tdp_w;
+        st.temp_c += (target - st.temp_c) * 0.3;
+        let temp = match throttling {
+            Some((c, _)) => c,
+            None => st.temp_c.round() as i64,
+        };
+        st.energy_mj += (power * dt * 1000.0) as u64;
+        if n(21) < 0.02 {
+            st.pcie_replays += 1;
+        }
+        if n(22) < 0.01 {
+            st.ecc_sbe_vol += 1;
+        }
+        let power_capped = util > 95.0;
+        if power_capped {
+            st.power_violation_ns += (dt * 1e9 * 0.2) as i64;
+        }
+        let mut reasons = 0u64;
+        if util < 5.0 {
+            reasons |= 0x1; // GPU_IDLE
+        }
+        if power_capped {
+            reasons |= 0x4; // SW_POWER_CAP
+        }
+        if throttling.is_some() {
+            reasons |= 0x20 | 0x40; // SW_THERMAL | HW_THERMAL
+            st.thermal_violation_ns += (dt * 1e9) as i64;
+        }
+        let sm_clock = match (throttling, util >= 5.0) {
+            (Some(_), _) => m.max_sm_mhz * 6 / 10,
+            (None, true) => m.max_sm_mhz - (n(23) * 30.0) as i64,
+            (None, false) => m.idle_sm_mhz,
+        };
+        let fb_usable = m.fb_total_mib - m.fb_reserved_mib;
+        let fb_used = if util >= 5.0 {
+            (fb_usable as f64 * (0.35 + 0.6 * hash(self.seed, index, 0, 24))) as i64
+        } else {
+            (n(25) * 4.0) as i64
+        };
+        let has_nvlink = m.nvlinks > 0;
+        let nvlink_mbps = (util * 3000.0 * (0.8 + 0.4 * n(26))) as i64;
+        let ratio = |scale: f64, c| round6((util / 100.0 * scale * (0.9 + 0.1 * n(c))).min(1.0));
+
+        let value = |f: Field| -> Reading {
+            let int = |v: i64| Ok(Value::Int(v));
+            let float = |v: f64| Ok(Value::Float(v));
+            let nvlink = |v: i64| {
+                if has_nvlink {
+                    int(v)
+                } else {
+                    Err(FieldError::NotSupported)
+                }
+            };
+            match f {
+                Field::DriverVersion => Ok(Value::Text("570.172.08".into())),
+                Field::NvmlVersion => Ok(Value::Text("12.570.172.08".into())),
+                Field::CudaDriverVersion => int(12080),
+                Field::DevName => Ok(Value::Text(m.name.into())),
+                Field::Brand => Ok(Value::Text("NVIDIA".into())),
+                Field::Serial => Ok(Value::Text(format!(
+                    "1654{:09}",
+                    (hash(self.seed, index, 0, 30) * 1e9) as u64
+                ))),
+                Field::OemInforomVer => Ok(Value::Text("1.1".into())),
+                Field::EccInforomVer => Ok(Value::Text("7.0".into())),
+                Field::PowerInforomVer => Err(FieldError::NotSupported),
+                Field::InforomImageVer => Ok(Value::Text("G520.0200.00.05".into())),
+                Field::VbiosVersion => Ok(Value::Text("96.00.89.00.01".into())),
+                Field::SmClock => int(sm_clock),
+                Field::MemClock => int(m.mem_mhz),
+                Field::VideoClock => int(if util >= 5.0 { 1755 } else { 765 }),
+                Field::ClocksEventReasons => int(reasons as i64),
+                Field::MemoryTemp => int(temp + 4),
+                Field::GpuTemp => int(temp),
+                Field::PowerUsage => float(power),
+                Field::TotalEnergyConsumption => int(st.energy_mj as i64),
+                Field::PowerUsageInstant => float(round6(power * (0.97 + 0.06 * n(27)))),
+                Field::PowerMgmtLimit | Field::EnforcedPowerLimit => float(m.tdp_w),
+                Field::Pstate => int(if util >= 5.0 { 0 } else { 8 }),
+                Field::FanSpeed => Err(FieldError::NotSupported),
+                Field::PcieReplayCounter => int(st.pcie_replays),
+                Field::GpuUtil => int(util_i),
+                Field::MemCopyUtil => int((util * 0.6).round() as i64),
+                Field::EncUtil | Field::DecUtil => int(0),
+                // Exporter-derived from the XID events: the sampler fills these in.
+                Field::XidErrors
+                | Field::ExpXidErrorsCount
+                | Field::ExpClockEventsCount
+                | Field::ExpGpuHealthStatus => Err(FieldError::NotSupported),
+                Field::ExpP2pStatus => Err(FieldError::NotSupported),
+                Field::PcieLinkGen => int(m.pcie_gen),
+                Field::PcieLinkWidth => int(16),
+                Field::PowerViolation => int(st.power_violation_ns),
+                Field::ThermalViolation => int(st.thermal_violation_ns),
+                Field::SyncBoostViolation
+                | Field::BoardLimitViolation
+                | Field::LowUtilViolation
+                | Field::ReliabilityViolation => int(0),
+                Field::FbTotal => int(m.fb_total_mib),
+                Field::FbFree => int(fb_usable - fb_used),
+                Field::FbUsed => int(fb_used),
+                Field::FbReserved => int(m.fb_reserved_mib),
+                Field::FbUsedPercent => float(round6(fb_used as f64 / fb_usable as f64)),
+                Field::EccCurrent => int(1),
+                Field::EccSbeVolTotal => int(st.ecc_sbe_vol),
+                Field::EccDbeVolTotal => int(st.ecc_dbe_vol),
+                Field::EccSbeAggTotal => int(st.ecc_sbe_agg_base + st.ecc_sbe_vol),
+                Field::EccDbeAggTotal => int(st.ecc_dbe_agg_base + st.ecc_dbe_vol),
+                Field::RetiredSbe => int(st.retired_sbe),
+                Field::RetiredDbe => int(st.retired_dbe),
+                Field::RetiredPending => int(i64::from(st.retired_pending)),
+                Field::UncorrectableRemappedRows => int(st.remap_unc),
+                Field::CorrectableRemappedRows => int(st.remap_cor),
+                Field::RowRemapFailure => int(i64::from(st.remap_failure)),
+                Field::RowRemapPending => int(0),
+                Field::NvlinkCrcFlitErrorCountTotal => nvlink(st.nvlink_crc_flit),
+                Field::NvlinkCrcDataErrorCountTotal => nvlink(st.nvlink_crc_data),
+                Field::NvlinkReplayErrorCountTotal => nvlink(st.nvlink_replay),
+                Field::NvlinkRecoveryErrorCountTotal => nvlink(st.nvlink_recovery),
+                Field::NvlinkBandwidthTotal => nvlink(nvlink_mbps),
+                Field::ProfGrEngineActive => float(ratio(0.98, 40)),
+                Field::ProfSmActive => float(ratio(0.9, 41)),
+                Field::ProfSmOccupancy => float(ratio(0.45, 42)),
+                Field::ProfPipeTensorActive => float(ratio(0.55, 43)),
+                Field::ProfDramActive => float(ratio(0.6, 44)),
+                Field::ProfPipeFp64Active => float(ratio(0.02, 45)),
+                Field::ProfPipeFp32Active => float(ratio(0.25, 46)),
+                Field::ProfPipeFp16Active => float(ratio(0.3, 47)),
+                Field::ProfPcieTxBytes => float((util * 1.2e8 * n(48)).round()),
+                Field::ProfPcieRxBytes => float((util * 2.0e8 * n(49)).round()),
+                Field::ProfNvlinkTxBytes => {
+                    if has_nvlink {
+                        float((nvlink_mbps as f64 * 5e5).round())
+                    } else {
+                        Err(FieldError::NotSupported)
+                    }
+                }
+                Field::ProfNvlinkRxBytes => {
+                    if has_nvlink {
+                        float((nvlink_mbps as f64 * 5e5 * (0.9 + 0.2 * n(50))).round())
+                    } else {
+                        Err(FieldError::NotSupported)
+                    }
+                }
+            }
+        };
+
+        let gpu_fields: Vec<Field> = fields
+            .iter()
+            .copied()
+            .filter(|f| !device.mig_enabled || f.mig_scope() != MigScope::Unsupported)
+            .collect();
+        let readings = gpu_fields.iter().map(|&f| (f, value(f))).collect();
+        let instances = device
+            .instances
+            .iter()
+            .map(|inst| {
+                let mem = mig_memory_mib(&inst.profile);
+                let share = hash(self.seed, index, u64::from(inst.gi_id), 60);
+                let iu = (util * (0.5 + share)).min(100.0) / 100.0;
+                let used = (mem as f64 * (0.2 + 0.7 * share) * iu.max(0.05)) as i64;
+                let readings = fields
+                    .iter()
+                    .filter(|f| f.mig_scope() == MigScope::Instance)
+                    .map(|&f| {
+                        let r = match f {
+                            Field::FbTotal => Ok(Value::Int(mem)),
+                            Field::FbUsed => Ok(Value::Int(used)),
+                            Field::FbFree => Ok(Value::Int(mem - used)),
+                            Field::FbReserved => Ok(Value::Int(0)),
+                            Field::FbUsedPercent => {
+                                Ok(Value::Float(round6(used as f64 / mem as f64)))
+                            }
+                            Field::ProfGrEngineActive => Ok(Value::Float(round6(iu * 0.97))),
+                            Field::ProfSmActive => Ok(Value::Float(round6(iu * 0.88))),
+                            Field::ProfSmOccupancy => Ok(Value::Float(round6(iu * 0.41))),
+                            Field::ProfPipeTensorActive => Ok(Value::Float(round6(iu * 0.5))),
+                            Field::ProfDramActive => Ok(Value::Float(round6(iu * 0.57))),
+                            Field::ProfPipeFp64Active => Ok(Value::Float(round6(iu * 0.01))),
+                            Field::ProfPipeFp32Active => Ok(Value::Float(round6(iu * 0.22))),
+                            Field::ProfPipeFp16Active => Ok(Value::Float(round6(iu * 0.28))),
+                            _ => Err(FieldError::NotSupported),
+                        };
+                        (f, r)
+                    })
+                    .collect();
+                InstanceSample {
+                    gi_id: inst.gi_id,
+                    readings,
+                }
+            })
+            .collect();
+        DeviceSample {
+            readings,
+            instances,
+        }
+    }
+}
+
+impl GpuSource for SimulatedSource {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn supports(&self, field: Field) -> bool {
+        field != Field::ExpP2pStatus
+    }
+
+    fn devices(&self) -> Result<Vec<Device>, SourceError> {
+        Ok((0..self.profile.gpus)
+            .map(|i| {
+                let layout = self.profile.mig.get(i as usize).copied().unwrap_or(&[]);
+                let mut instances: Vec<MigInstance> = layout
+                    .iter()
+                    .map(|&(profile, gi_id)| MigInstance {
+                        gi_id,
+                        ci_id: 0,
+                        profile: profile.to_owned(),
+                        uuid: uuid("MIG", self.seed, i, u64::from(gi_id) + 1),
+                    })
+                    .collect();
+                instances.sort_by_key(|m| m.gi_id);
+                Device {
+                    identity: self.identity(i),
+                    mig_enabled: !layout.is_empty(),
+                    instances,
+                }
+            })
+            .collect())
+    }
+
+    fn sample(&self, device: &Device, fields: &[Field]) -> Result<DeviceSample, SourceError> {
+        let index = device.identity.index;
+        let Some(cell) = self.state.get(index as usize) else {
+            return Err(SourceError::Device {
+                index,
+                uuid: device.identity.uuid.clone(),
+                cause: "no such simulated GPU".into(),
+            });
+        };
+        let mut st = cell
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = self.interval * u32::try_from(st.ticks).unwrap_or(u32::MAX);
+        self.apply_events(index, &mut st, now);
+        if st.lost {
+            st.ticks += 1;
+            return Err(SourceError::GpuLost {
+                index,
+                uuid: device.identity.uuid.clone(),
+            });
+        }
+        let sample = self.read(device, &mut st, fields);
+        st.ticks += 1;
+        Ok(sample)
+    }
+
+    fn drain_xids(&self) -> Vec<(String, XidEvent)> {
+        let mut out = Vec::new();
+        for (i, cell) in self.state.iter().enumerate() {
+            let mut st = cell
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let uuid = uuid("GPU", self.seed, i as u32, 0);
+            out.extend(st.pending_xids.drain(..).map(|x| (uuid.clone(), x)));
+        }
+        out
+    }
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn round6(v: f64) -> f64 {
+    (v * 1e6).round() / 1e6
+}
+
+/// splitmix64 of (seed, gpu, tick, channel) mapped to [0, 1).
+fn hash(seed: u64, gpu: u32, tick: u64, channel: u64) -> f64 {
+    let mut z = seed
+        ^ (u64::from(gpu).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        ^ tick.wrapping_mul(0xBF58_476D_1CE4_E5B9)
+        ^ channel.wrapping_mul(0x94D0_49BB_1331_11EB);
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn uuid(prefix: &str, seed: u64, gpu: u32, sub: u64) -> String {
+    let word = |c: u64| (hash(seed, gpu, sub, 100 + c) * 4_294_967_296.0) as u64;
+    let (a, b, c, d) = (word(0), word(1), word(2), word(3));
+    format!(
+        "{prefix}-{a:08x}-{:04x}-{:04x}-{:04x}-{:04x}{c:08x}",
+        b >> 16,
+        b & 0xffff,
+        d >> 16,
+        d & 0xffff
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::scenario;
+
+    fn fleet(profile: &str, scenario_text: &str) -> SimulatedSource {
+        let sc = scenario::parse(scenario_text, "t.toml").unwrap();
+        SimulatedSource::new(profile, 1, Duration::from_secs(10), sc, "t.toml").unwrap()
+    }
+
+    fn int(s: &DeviceSample, f: Field) -> i64 {
+        s.get_i64(f).unwrap()
+    }
+
+    #[test]
+    fn is_deterministic_for_a_seed() {
+        let a = fleet("8xH100-SXM", "");
+        let b = fleet("8xH100-SXM", "");
+        let da = a.devices().unwrap();
+        assert_eq!(da, b.devices().unwrap());
+        for _ in 0..3 {
+            for d in &da {
+                assert_eq!(
+                    a.sample(d, Field::ALL).unwrap(),
+                    b.sample(d, Field::ALL).unwrap()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn values_stay_consistent_over_time() {
+        let s = fleet("8xH100-SXM", "");
+        let devices = s.devices().unwrap();
+        for d in &devices {
+            let mut prev_energy = 0;
+            let mut prev_sbe = 0;
+            for _ in 0..50 {
+                let x = s.sample(d, Field::ALL).unwrap();
+                assert_eq!(
+                    int(&x, Field::FbUsed) + int(&x, Field::FbFree) + int(&x, Field::FbReserved),
+                    int(&x, Field::FbTotal)
+                );
+                let e = int(&x, Field::TotalEnergyConsumption);
+                assert!(e > prev_energy);
+                prev_energy = e;
+                let sbe = int(&x, Field::EccSbeVolTotal);
+                assert!(sbe >= prev_sbe);
+                prev_sbe = sbe;
+                let util = int(&x, Field::GpuUtil);
+                assert!((0..=100).contains(&util));
+                let Some(Value::Float(p)) = x.get(Field::PowerUsage) else {
+                    panic!()
+                };
+                assert!(*p >= 72.0 && *p <= 700.0);
+            }
+        }
+    }
+
+    #[test]
+    fn power_follows_utilization() {
+        let s = fleet(
+            "8xH100-SXM",
+            "[[event]]\nat=\"0s\"\ngpu=0\naction=\"utilization\"\nvalue=0\n[[event]]\nat=\"0s\"\ngpu=1\naction=\"utilization\"\nvalue=100\n",
+        );
+        let d = s.devices().unwrap();
+        let idle = s.sample(&d[0], Field::ALL).unwrap();
+        let busy = s.sample(&d[1], Field::ALL).unwrap();
+        let p = |x: &DeviceSample| match x.get(Field::PowerUsage) {
+            Some(Value::Float(v)) => *v,
+            _ => panic!(),
+        };
+        assert!(p(&busy) > 4.0 * p(&idle));
+        assert_eq!(int(&idle, Field::GpuUtil), 0);
+    }
+
+    #[test]
+    fn scenario_events_take_effect_on_time() {
+        let s = fleet(
+            "8xH100-SXM",
+            "[[event]]\nat=\"20s\"\ngpu=3\naction=\"fall-off-bus\"\n[[event]]\nat=\"40s\"\ngpu=3\naction=\"recover\"\n[[event]]\nat=\"10s\"\ngpu=1\naction=\"ecc-dbe\"\ncount=2\n[[event]]\nat=\"0s\"\ngpu=2\naction=\"thermal-throttle\"\ntemperature=95\nduration=\"30s\"\n",
+        );
+        let d = s.devices().unwrap();
+        // t=0, 10s: fine; t=20s, 30s: lost; t=40s: back.
+        assert!(s.sample(&d[3], Field::ALL).is_ok());
+        assert!(s.sample(&d[3], Field::ALL).is_ok());
+        assert!(matches!(
+            s.sample(&d[3], Field::ALL),
+            Err(SourceError::GpuLost { index: 3, .. })
+        ));
+        let uuid3 = d[3].identity.uuid.clone();
+        assert_eq!(s.drain_xids(), vec![(uuid3, XidEvent { xid: 79 })]);
+        assert!(s.sample(&d[3], Field::ALL).is_err());
+        assert!(s.sample(&d[3], Field::ALL).is_ok());
+
+        let first = s.sample(&d[1], Field::ALL).unwrap();
+        assert_eq!(int(&first, Field::EccDbeVolTotal), 0);
+        let second = s.sample(&d[1], Field::ALL).unwrap();
+        assert_eq!(int(&second, Field::EccDbeVolTotal), 2);
+        assert_eq!(
+            s.drain_xids(),
+            vec![(d[1].identity.uuid.clone(), XidEvent { xid: 48 })]
+        );
+
+        let hot = s.sample(&d[2], Field::ALL).unwrap();
+        assert_eq!(int(&hot, Field::GpuTemp), 95);
+        assert_eq!(int(&hot, Field::ClocksEventReasons) & 0x40, 0x40);
+    }
+
+    #[test]
+    fn mig_profile_has_instances_and_no_gpu_utilization() {
+        let s = fleet("4xA100-80GB-MIG", "");
+        let d = s.devices().unwrap();
+        assert_eq!(d[0].instances.len(), 4);
+        assert!(d[0].mig_enabled);
+        assert!(!d[3].mig_enabled);
+        assert_eq!(d[0].instances[0].profile, "3g.40gb");
+        assert!(d[0].instances[0].uuid.starts_with("MIG-"));
+        let x = s.sample(&d[0], Field::ALL).unwrap();
+        assert!(x.get(Field::GpuUtil).is_none());
+        assert_eq!(x.instances.len(), 4);
+        let fb = |f| {
+            x.instances[0]
+                .readings
+                .iter()
+                .find(|(g, _)| *g == f)
+                .and_then(|(_, r)| r.clone().ok())
+        };
+        let (Some(Value::Int(used)), Some(Value::Int(free)), Some(Value::Int(total))) =
+            (fb(Field::FbUsed), fb(Field::FbFree), fb(Field::FbTotal))
+        else {
+            panic!()
+        };
+        assert_eq!(used + free, total);
+    }
+
+    #[test]
+    fn rejects_unknown_profile_and_missing_gpu() {
+        let e = SimulatedSource::new(
+            "9xB300",
+            1,
+            Duration::from_secs(1),
+            Scenario::default(),
+            "-",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("8xH100-SXM"));
+        let sc = scenario::parse(
+            "[[event]]\nat=\"0s\"\ngpu=5\naction=\"recover\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        let e = SimulatedSource::new("1xA100-40GB", 1, Duration::from_secs(1), sc, "x.toml")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "x.toml:1: GPU 5 does not exist in profile 1xA100-40GB (1 GPUs)"
+        );
+    }
+
+    #[test]
+    fn uuids_look_like_nvml_uuids() {
+        let u = uuid("GPU", 1, 0, 0);
+        assert_eq!(u.len(), 40);
+        assert_eq!(u.matches('-').count(), 5);
+    }
+}

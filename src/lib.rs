@@ -1,0 +1,41 @@
+//! gpu-exporter: a Prometheus exporter for NVIDIA GPUs, compatible with dcgm-exporter.
+//!
+//! # Layout
+//!
+//! The pipeline is the architecture: **sample → attribute → snapshot → render → serve**.
+//!
+//! - [`config`]: command line and environment (dcgm-exporter's flag names) → resolved config.
+//! - [`catalog`]: the metrics CSV (dcgm-exporter's format) and the DCGM field dictionary.
+//! - [`gpu`]: the [`gpu::GpuSource`] seam and its implementations ([`gpu::sim`]).
+//! - [`pods`]: who holds which GPU (pod attribution data).
+//! - [`health`]: XID / clock-event windows and health derivation (pure).
+//! - [`snapshot`]: samples + attribution → metric families with dcgm-exporter's labels (pure).
+//! - [`render`]: families → Prometheus text 0.0.4 (pure).
+//! - [`sampler`]: the loop that ties the above together once per interval and publishes bytes.
+//! - [`self_metrics`]: the exporter's own `gpu_exporter_*` series.
+//! - [`http`]: `/metrics`, `/health`, `/ready`.
+//!
+//! `main.rs` is the only composition root.
+
+pub mod catalog;
+pub mod config;
+pub mod gpu;
+pub mod health;
+pub mod http;
+pub mod pods;
+pub mod render;
+pub mod sampler;
+pub mod self_metrics;
+pub mod snapshot;
+
+/// Formats an error with its chain of causes: `outer: cause: root cause`.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,205 @@
+//! gpu-exporter binary: parse flags, build the pipeline, serve until SIGTERM/SIGINT.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+use gpu_exporter::config::{Args, Backend, Config, LogFormat};
+use gpu_exporter::gpu::scenario::Scenario;
+use gpu_exporter::gpu::sim::SimulatedSource;
+use gpu_exporter::gpu::GpuSource;
+use gpu_exporter::http::{self, AppState};
+use gpu_exporter::pods::Attribution;
+use gpu_exporter::sampler::{Sampler, SamplerOptions};
+use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::snapshot::BuildOptions;
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format, args.debug);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(8)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("starting the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("gpu-exporter: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, debug: bool) {
+    let default = if debug { "debug" } else { "info" };
+    let filter =
+        EnvFilter::try_from_env("GPU_EXPORTER_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let mut config = Config::resolve(args).context("invalid configuration")?;
+    for notice in &config.notices {
+        tracing::warn!("{notice}");
+    }
+    for s in &config.skipped {
+        tracing::warn!(
+            "{}:{}: skipping {} (DCGM field {}): gpu-exporter does not collect it",
+            config.catalog_origin,
+            s.line,
+            s.name,
+            s.id
+        );
+    }
+    let backend = match config.args.backend {
+        Backend::Auto => {
+            tracing::warn!("--backend auto: the NVML backend is not available in this build; using the simulated fleet");
+            Backend::Sim
+        }
+        b => b,
+    };
+    match backend {
+        Backend::Sim => {
+            let source = sim_source(&config)?;
+            serve(
+                config_with_supported(&mut config, &source),
+                Arc::new(source),
+            )
+            .await
+        }
+        Backend::Nvml | Backend::Auto => anyhow::bail!(
+            "--backend nvml: the NVML backend is not available in this build; use --backend sim"
+        ),
+    }
+}
+
+fn sim_source(config: &Config) -> Result<SimulatedSource> {
+    let (scenario, origin) = config
+        .scenario
+        .clone()
+        .unwrap_or_else(|| (Scenario::default(), String::from("-")));
+    let profile = config
+        .args
+        .sim_profile
+        .clone()
+        .or_else(|| scenario.profile.clone())
+        .unwrap_or_else(|| "8xH100-SXM".to_owned());
+    let seed = config.args.sim_seed.or(scenario.seed).unwrap_or(1);
+    SimulatedSource::new(&profile, seed, config.interval, scenario, &origin)
+        .context("--sim-profile / --sim-scenario")
+}
+
+fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Config {
+    for m in config.retain_supported(|f| source.supports(f)) {
+        tracing::warn!(
+            "{}:{}: skipping {}: the {} backend cannot read it",
+            config.catalog_origin,
+            m.line,
+            m.name,
+            source.name()
+        );
+    }
+    config.clone()
+}
+
+async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
+    let shutdown = CancellationToken::new();
+    let metrics = Arc::new(SelfMetrics::default());
+    let (_catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
+    let (_pods_tx, pods_rx) = watch::channel(Arc::new(Attribution::default()));
+    let (pub_tx, pub_rx) = watch::channel(None);
+
+    let opts = SamplerOptions {
+        interval: config.interval,
+        rediscover_every: Duration::from_secs(60).max(config.interval),
+        build: BuildOptions {
+            hostname_label: config.args.hostname_label.clone(),
+            hostname: config.hostname.clone(),
+            replace_blanks_in_model_name: config.args.replace_blanks_in_model_name,
+            selection: config.selection.clone(),
+            virtual_gpus: config.args.kubernetes_virtual_gpus,
+            xid_window_ms: config.args.xid_count_window_size,
+            clock_window_ms: config.args.clock_events_count_window_size,
+        },
+    };
+    if config.args.kubernetes {
+        anyhow::bail!("--kubernetes: pod attribution is not available in this build");
+    }
+    let sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
+    let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "--address {}: cannot listen on {}",
+                config.args.address, config.listen
+            )
+        })?;
+    tracing::info!(
+        address = %listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
+        metrics = config.catalog.metrics.len(),
+        interval_ms = config.interval.as_millis() as u64,
+        collectors = %config.catalog_origin,
+        "gpu-exporter listening"
+    );
+    let router = http::router(AppState {
+        published: pub_rx,
+        interval: config.interval,
+        metrics,
+    });
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        stop.cancel();
+    });
+    let stopped = shutdown.clone();
+    http::serve(listener, router, async move { stopped.cancelled().await })
+        .await
+        .context("serving HTTP")?;
+    shutdown.cancel();
+    let _ = sampler_task.await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,284 @@
+//! The sampling loop: tick → read every device on a blocking thread → record events → build the
+//! snapshot → render it once → publish the bytes.
+//!
+//! Scrapes never reach this code: they clone the last published [`Published`] body. A slow
+//! source delays the next sample (ticks are skipped, not queued); a failing device only removes
+//! its own series and is counted in `gpu_exporter_sample_errors_total`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::{Catalog, Field};
+use crate::gpu::{Device, DeviceSample, GpuSource, SourceError, XidEvent};
+use crate::health::{History, Status};
+use crate::pods::Attribution;
+use crate::render::render;
+use crate::self_metrics::{GpuStates, SampleStats, SelfMetrics};
+use crate::snapshot::{self, BuildOptions, DeviceOutcome};
+
+/// A rendered sample, as served by `/metrics`.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The exposition body.
+    pub body: Bytes,
+    /// When it was taken (monotonic).
+    pub at: Instant,
+    /// GPU series in it.
+    pub series: usize,
+}
+
+/// Sampler settings.
+#[derive(Debug, Clone)]
+pub struct SamplerOptions {
+    /// Time between samples.
+    pub interval: Duration,
+    /// Time between device re-enumerations.
+    pub rediscover_every: Duration,
+    /// Label shaping.
+    pub build: BuildOptions,
+}
+
+/// Fields read for health and clock-event series even if the CSV does not list them.
+const HEALTH_INPUTS: &[Field] = &[
+    Field::ClocksEventReasons,
+    Field::PcieReplayCounter,
+    Field::EccDbeVolTotal,
+    Field::RetiredPending,
+    Field::RowRemapFailure,
+    Field::RowRemapPending,
+    Field::NvlinkCrcFlitErrorCountTotal,
+    Field::NvlinkCrcDataErrorCountTotal,
+    Field::NvlinkReplayErrorCountTotal,
+    Field::NvlinkRecoveryErrorCountTotal,
+];
+
+/// The fields a catalog needs read, including the inputs of derived series.
+pub fn fields_to_read(catalog: &Catalog, supported: impl Fn(Field) -> bool) -> Vec<Field> {
+    let mut fields: Vec<Field> = catalog
+        .fields()
+        .into_iter()
+        .filter(|f| !f.is_exporter() && *f != Field::XidErrors)
+        .collect();
+    let derived = catalog.metrics.iter().any(|m| {
+        matches!(
+            m.field,
+            Field::ExpGpuHealthStatus | Field::ExpClockEventsCount
+        )
+    });
+    if derived {
+        fields.extend(HEALTH_INPUTS.iter().copied().filter(|f| supported(*f)));
+    }
+    fields.sort();
+    fields.dedup();
+    fields
+}
+
+/// The sampling loop's state.
+#[derive(Debug)]
+pub struct Sampler<S: GpuSource> {
+    source: Arc<S>,
+    catalog: watch::Receiver<Arc<Catalog>>,
+    attribution: watch::Receiver<Arc<Attribution>>,
+    opts: SamplerOptions,
+    metrics: Arc<SelfMetrics>,
+    history: History,
+    devices: Vec<Device>,
+    discovered_at: Option<Instant>,
+    started: Instant,
+}
+
+impl<S: GpuSource> Sampler<S> {
+    /// Creates a sampler. The catalog and attribution are read afresh at every tick, so a
+    /// reloaded CSV or new pod assignments take effect on the next sample.
+    pub fn new(
+        source: Arc<S>,
+        catalog: watch::Receiver<Arc<Catalog>>,
+        attribution: watch::Receiver<Arc<Attribution>>,
+        opts: SamplerOptions,
+        metrics: Arc<SelfMetrics>,
+    ) -> Self {
+        let history = History::new(opts.build.xid_window_ms, opts.build.clock_window_ms);
+        Self {
+            source,
+            catalog,
+            attribution,
+            opts,
+            metrics,
+            history,
+            devices: Vec::new(),
+            discovered_at: None,
+            started: Instant::now(),
+        }
+    }
+
+    /// Runs until `shutdown`, publishing each sample on `tx`.
+    pub async fn run(
+        mut self,
+        tx: watch::Sender<Option<Arc<Published>>>,
+        shutdown: CancellationToken,
+    ) {
+        let mut ticker = tokio::time::interval(self.opts.interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let published = tokio::select! {
+                () = shutdown.cancelled() => return,
+                p = self.tick() => p,
+            };
+            tx.send_replace(Some(published));
+        }
+    }
+
+    /// Takes one sample and renders it.
+    pub async fn tick(&mut self) -> Arc<Published> {
+        let begun = Instant::now();
+        let catalog = self.catalog.borrow().clone();
+        let attribution = self.attribution.borrow().clone();
+        self.rediscover_if_due(begun).await;
+
+        let source = Arc::clone(&self.source);
+        let fields = fields_to_read(&catalog, |f| source.supports(f));
+        let devices = self.devices.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let samples: Vec<_> = devices
+                .into_iter()
+                .map(|d| {
+                    let r = source.sample(&d, &fields);
+                    (d, r)
+                })
+                .collect();
+            (samples, source.drain_xids())
+        })
+        .await;
+        let (samples, xids): (
+            Vec<(Device, Result<DeviceSample, SourceError>)>,
+            Vec<(String, XidEvent)>,
+        ) = match read {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "sampling thread failed; every device counts as unreadable this tick");
+                let failed = self
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        let err = SourceError::Device {
+                            index: d.identity.index,
+                            uuid: d.identity.uuid.clone(),
+                            cause: e.to_string().into(),
+                        };
+                        (d.clone(), Err(err))
+                    })
+                    .collect();
+                (failed, Vec::new())
+            }
+        };
+
+        let now_ms = u64::try_from((begun - self.started).as_millis()).unwrap_or(u64::MAX);
+        for (uuid, x) in &xids {
+            self.history.record_xid(uuid, now_ms, x.xid);
+        }
+        let mut outcomes = Vec::with_capacity(samples.len());
+        for (device, result) in samples {
+            let sample = match result {
+                Ok(s) => {
+                    self.history
+                        .record_sample(&device.identity.uuid, now_ms, &s);
+                    Ok(s)
+                }
+                Err(e) => {
+                    self.metrics.count_sample_error(e.reason());
+                    tracing::debug!(error = %e, "device not sampled");
+                    Err(e.reason())
+                }
+            };
+            outcomes.push(DeviceOutcome {
+                device,
+                sample,
+                recent: Default::default(),
+            });
+        }
+        let present: Vec<&str> = outcomes
+            .iter()
+            .map(|o| o.device.identity.uuid.as_str())
+            .collect();
+        self.history.expire(now_ms, &present);
+        for o in &mut outcomes {
+            o.recent = self.history.recent(&o.device.identity.uuid);
+        }
+
+        let snap = snapshot::build(&catalog, &outcomes, &attribution, &self.opts.build);
+        self.metrics.count_field_errors(&snap.field_errors);
+        self.metrics.count_sample();
+        let mut body = String::with_capacity(snap.series * 200 + 4096);
+        render(&snap.families, &mut body);
+        let stats = SampleStats {
+            duration_seconds: begun.elapsed().as_secs_f64(),
+            timestamp_seconds: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            gpus: gpu_states(&outcomes, self.opts.build.xid_window_ms),
+            series: snap.series,
+        };
+        render(
+            &self.metrics.families(&stats, self.source.name()),
+            &mut body,
+        );
+        Arc::new(Published {
+            body: Bytes::from(body),
+            at: begun,
+            series: snap.series,
+        })
+    }
+
+    async fn rediscover_if_due(&mut self, now: Instant) {
+        let due = self
+            .discovered_at
+            .is_none_or(|t| now.duration_since(t) >= self.opts.rediscover_every);
+        if !due {
+            return;
+        }
+        let source = Arc::clone(&self.source);
+        match tokio::task::spawn_blocking(move || source.devices()).await {
+            Ok(Ok(devices)) => {
+                if devices != self.devices {
+                    tracing::info!(
+                        gpus = devices.len(),
+                        instances = devices.iter().map(|d| d.instances.len()).sum::<usize>(),
+                        "devices discovered"
+                    );
+                }
+                self.devices = devices;
+            }
+            Ok(Err(e)) => {
+                self.metrics.count_sample_error(e.reason());
+                tracing::warn!(error = %crate::error_chain(&e), "device discovery failed; keeping the previous device list");
+            }
+            Err(e) => {
+                self.metrics.count_sample_error("discovery_error");
+                tracing::warn!(error = %e, "device discovery thread failed");
+            }
+        }
+        self.discovered_at = Some(now);
+    }
+}
+
+fn gpu_states(outcomes: &[DeviceOutcome], window_ms: u64) -> GpuStates {
+    let mut s = GpuStates::default();
+    for o in outcomes {
+        match &o.sample {
+            Ok(_) if o.health(window_ms).iter().all(|c| c.status == Status::Pass) => s.healthy += 1,
+            Ok(_) => s.unhealthy += 1,
+            Err(_) if o.lost() => s.lost += 1,
+            Err(_) => s.unreadable += 1,
+        }
+    }
+    s
+}

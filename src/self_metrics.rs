@@ -1,0 +1,191 @@
+//! The exporter's own series (`gpu_exporter_*`), named by Prometheus conventions so that
+//! `promtool check metrics` has nothing to say about them.
+//!
+//! Counters are plain atomics shared with whoever counts (the HTTP layer counts scrapes); the
+//! sampler turns them into [`Family`] values once per sample, so they ride in the pre-rendered
+//! body and a scrape still costs nothing. A scrape therefore sees the counts as of the last sample.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::catalog::{Field, MetricType};
+use crate::gpu::{FieldError, Value};
+use crate::render::{push_label, Family, Series};
+
+/// Counters shared across the exporter.
+#[derive(Debug, Default)]
+pub struct SelfMetrics {
+    /// `/metrics` requests served.
+    pub scrapes: AtomicU64,
+    samples: AtomicU64,
+    sample_errors: Mutex<BTreeMap<&'static str, u64>>,
+    field_errors: Mutex<BTreeMap<(Field, FieldError), u64>>,
+}
+
+/// GPUs by state, for `gpu_exporter_gpus`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuStates {
+    /// Read fine and every health watch passes.
+    pub healthy: u64,
+    /// Read fine, but a health watch warns or fails.
+    pub unhealthy: u64,
+    /// Fell off the bus.
+    pub lost: u64,
+    /// Could not be read for another reason.
+    pub unreadable: u64,
+}
+
+/// One sample's figures for the self-metric families.
+#[derive(Debug, Clone, Default)]
+pub struct SampleStats {
+    /// How long the tick took, seconds.
+    pub duration_seconds: f64,
+    /// Wall-clock time of the sample, Unix seconds.
+    pub timestamp_seconds: f64,
+    /// GPUs by state.
+    pub gpus: GpuStates,
+    /// Series in the DCGM part of the body.
+    pub series: usize,
+}
+
+impl SelfMetrics {
+    /// Counts a finished sampling tick.
+    pub fn count_sample(&self) {
+        self.samples.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a device-level failure by reason.
+    pub fn count_sample_error(&self, reason: &'static str) {
+        let mut m = self
+            .sample_errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *m.entry(reason).or_default() += 1;
+    }
+
+    /// Counts field read failures.
+    pub fn count_field_errors(&self, errors: &[(Field, FieldError)]) {
+        if errors.is_empty() {
+            return;
+        }
+        let mut m = self
+            .field_errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for &e in errors {
+            *m.entry(e).or_default() += 1;
+        }
+    }
+
+    /// The self-metric families for the body of this sample.
+    pub fn families(&self, stats: &SampleStats, backend: &str) -> Vec<Family> {
+        let gauge = |name: &str, help: &str, series: Vec<Series>| Family {
+            name: name.to_owned(),
+            help: help.to_owned(),
+            kind: MetricType::Gauge,
+            series,
+        };
+        let counter = |name: &str, help: &str, series: Vec<Series>| Family {
+            name: name.to_owned(),
+            help: help.to_owned(),
+            kind: MetricType::Counter,
+            series,
+        };
+        let one = |v: Value| {
+            vec![Series {
+                labels: String::new(),
+                value: v,
+            }]
+        };
+        let labelled = |pairs: &[(&str, &str)], v: Value| {
+            let mut labels = String::new();
+            for (k, val) in pairs {
+                push_label(&mut labels, k, val);
+            }
+            Series { labels, value: v }
+        };
+        let count = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
+
+        let sample_errors: Vec<Series> = {
+            let m = self
+                .sample_errors
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            ["device_error", "discovery_error", "gpu_lost"]
+                .iter()
+                .map(|r| labelled(&[("reason", r)], count(m.get(r).copied().unwrap_or(0))))
+                .collect()
+        };
+        let field_errors: Vec<Series> = {
+            let m = self
+                .field_errors
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            m.iter()
+                .map(|((f, e), n)| {
+                    labelled(
+                        &[("field", f.dcgm_name()), ("reason", e.as_str())],
+                        count(*n),
+                    )
+                })
+                .collect()
+        };
+        let g = stats.gpus;
+        vec![
+            gauge(
+                "gpu_exporter_build_info",
+                "A metric with a constant '1' value labelled by version and GPU backend.",
+                vec![labelled(
+                    &[("backend", backend), ("version", env!("CARGO_PKG_VERSION"))],
+                    Value::Int(1),
+                )],
+            ),
+            gauge(
+                "gpu_exporter_gpus",
+                "GPUs found at the last discovery, by state (healthy, unhealthy: a health watch warns or fails, lost: fallen off the bus, unreadable).",
+                vec![
+                    labelled(&[("state", "healthy")], count(g.healthy)),
+                    labelled(&[("state", "lost")], count(g.lost)),
+                    labelled(&[("state", "unhealthy")], count(g.unhealthy)),
+                    labelled(&[("state", "unreadable")], count(g.unreadable)),
+                ],
+            ),
+            gauge(
+                "gpu_exporter_sample_duration_seconds",
+                "Time the last sampling tick took to read every GPU and render the body.",
+                one(Value::Float(stats.duration_seconds)),
+            ),
+            gauge(
+                "gpu_exporter_last_sample_timestamp_seconds",
+                "Unix time of the last completed sample.",
+                one(Value::Float(stats.timestamp_seconds)),
+            ),
+            gauge(
+                "gpu_exporter_series",
+                "GPU series in the last sample's body.",
+                one(count(stats.series as u64)),
+            ),
+            counter(
+                "gpu_exporter_samples_total",
+                "Sampling ticks completed.",
+                one(count(self.samples.load(Ordering::Relaxed))),
+            ),
+            counter(
+                "gpu_exporter_sample_errors_total",
+                "Devices that could not be sampled, by reason.",
+                sample_errors,
+            ),
+            counter(
+                "gpu_exporter_field_errors_total",
+                "Field reads that failed (their series is missing), by field and reason.",
+                field_errors,
+            ),
+            counter(
+                "gpu_exporter_scrapes_total",
+                "Requests for /metrics served, as of the last sample.",
+                one(count(self.scrapes.load(Ordering::Relaxed))),
+            ),
+        ]
+    }
+}
