@@ -90,6 +90,7 @@ pub struct Sampler<S: GpuSource> {
     devices: Vec<Device>,
     discovered_at: Option<Instant>,
     started: Instant,
+    inventory: Option<watch::Sender<Arc<Vec<Device>>>>,
 }
 
 impl<S: GpuSource> Sampler<S> {
@@ -113,7 +114,16 @@ impl<S: GpuSource> Sampler<S> {
             devices: Vec::new(),
             discovered_at: None,
             started: Instant::now(),
+            inventory: None,
         }
+    }
+
+    /// Publishes each newly discovered device list on `tx` (for pod attribution, which maps
+    /// kubelet device ids to these devices).
+    #[must_use]
+    pub fn with_inventory(mut self, tx: watch::Sender<Arc<Vec<Device>>>) -> Self {
+        self.inventory = Some(tx);
+        self
     }
 
     /// Runs until `shutdown`, publishing each sample on `tx`.
@@ -256,6 +266,15 @@ impl<S: GpuSource> Sampler<S> {
                     );
                 }
                 self.devices = devices;
+                if let Some(tx) = &self.inventory {
+                    tx.send_if_modified(|cur| {
+                        let changed = **cur != self.devices;
+                        if changed {
+                            *cur = Arc::new(self.devices.clone());
+                        }
+                        changed
+                    });
+                }
             }
             Ok(Err(e)) => {
                 self.metrics.count_sample_error(e.reason());

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use crate::catalog::{Field, MetricType};
 use crate::gpu::{FieldError, Value};
+use crate::pods::AttributionError;
 use crate::render::{push_label, Family, Series};
 
 /// Counters shared across the exporter.
@@ -21,6 +22,134 @@ pub struct SelfMetrics {
     samples: AtomicU64,
     sample_errors: Mutex<BTreeMap<&'static str, u64>>,
     field_errors: Mutex<BTreeMap<(Field, FieldError), u64>>,
+    /// Pod-resources (kubelet) health, rendered only in Kubernetes mode.
+    pub pod_resources: PodResourcesStatus,
+}
+
+/// The pod-resources client's health, updated by the attribution refresher and rendered with
+/// each sample as `gpu_exporter_pod_resources_*`.
+#[derive(Debug, Default)]
+pub struct PodResourcesStatus {
+    inner: Mutex<PodResourcesState>,
+}
+
+/// A copy of [`PodResourcesStatus`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodResourcesState {
+    /// Whether Kubernetes mode is on (the families are rendered only then).
+    pub enabled: bool,
+    /// Whether the last `List` call succeeded.
+    pub up: bool,
+    /// Unix time of the last successful call (0: never).
+    pub last_success_seconds: f64,
+    /// Failed calls by reason.
+    pub errors: BTreeMap<&'static str, u64>,
+    /// GPU device ids in the last good reply that matched no local GPU or MIG instance.
+    pub unknown_devices: u64,
+    /// GPUs and MIG instances with at least one holder in the published attribution.
+    pub allocated_entities: u64,
+}
+
+impl PodResourcesStatus {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PodResourcesState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Turns the families on (Kubernetes mode).
+    pub fn enable(&self) {
+        self.lock().enabled = true;
+    }
+
+    /// Records a successful call at `unix_seconds`.
+    pub fn record_success(&self, unix_seconds: f64) {
+        let mut s = self.lock();
+        s.up = true;
+        s.last_success_seconds = unix_seconds;
+    }
+
+    /// Records a failed call.
+    pub fn record_failure(&self, reason: &'static str) {
+        let mut s = self.lock();
+        s.up = false;
+        *s.errors.entry(reason).or_default() += 1;
+    }
+
+    /// Records what was published: unknown device ids and allocated entities.
+    pub fn record_published(&self, unknown_devices: usize, allocated_entities: usize) {
+        let mut s = self.lock();
+        s.unknown_devices = unknown_devices as u64;
+        s.allocated_entities = allocated_entities as u64;
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> PodResourcesState {
+        self.lock().clone()
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let s = self.state();
+        if !s.enabled {
+            return Vec::new();
+        }
+        let count = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
+        let one = |v: Value| {
+            vec![Series {
+                labels: String::new(),
+                value: v,
+            }]
+        };
+        let family = |name: &str, help: &str, kind, series| Family {
+            name: name.to_owned(),
+            help: help.to_owned(),
+            kind,
+            series,
+        };
+        let errors = AttributionError::REASONS
+            .iter()
+            .map(|r| {
+                let mut labels = String::new();
+                push_label(&mut labels, "reason", r);
+                Series {
+                    labels,
+                    value: count(s.errors.get(r).copied().unwrap_or(0)),
+                }
+            })
+            .collect();
+        vec![
+            family(
+                "gpu_exporter_pod_resources_up",
+                "Whether the last kubelet pod-resources List call succeeded (1) or failed (0).",
+                MetricType::Gauge,
+                one(Value::Int(i64::from(s.up))),
+            ),
+            family(
+                "gpu_exporter_pod_resources_last_success_timestamp_seconds",
+                "Unix time of the last successful kubelet pod-resources List call (0: never).",
+                MetricType::Gauge,
+                one(Value::Float(s.last_success_seconds)),
+            ),
+            family(
+                "gpu_exporter_pod_resources_errors_total",
+                "Failed kubelet pod-resources List calls, by reason.",
+                MetricType::Counter,
+                errors,
+            ),
+            family(
+                "gpu_exporter_pod_resources_unknown_devices",
+                "GPU device ids in the last kubelet reply that match no local GPU or MIG instance.",
+                MetricType::Gauge,
+                one(count(s.unknown_devices)),
+            ),
+            family(
+                "gpu_exporter_pod_resources_allocated_entities",
+                "GPUs and MIG instances attributed to at least one container.",
+                MetricType::Gauge,
+                one(count(s.allocated_entities)),
+            ),
+        ]
+    }
 }
 
 /// GPUs by state, for `gpu_exporter_gpus`.
@@ -132,7 +261,7 @@ impl SelfMetrics {
                 .collect()
         };
         let g = stats.gpus;
-        vec![
+        let mut families = vec![
             gauge(
                 "gpu_exporter_build_info",
                 "A metric with a constant '1' value labelled by version and GPU backend.",
@@ -186,6 +315,8 @@ impl SelfMetrics {
                 "Requests for /metrics served, as of the last sample.",
                 one(count(self.scrapes.load(Ordering::Relaxed))),
             ),
-        ]
+        ];
+        families.extend(self.pod_resources.families());
+        families
     }
 }

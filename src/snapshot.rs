@@ -208,10 +208,16 @@ fn entity<'a>(
         }
         v
     };
+    // One container holding several replicas of a GPU is still a single holder.
+    let sole = holders
+        .first()
+        .filter(|first| holders.iter().all(|h| h.pod == first.pod));
     let variants = match (holders, opts.virtual_gpus) {
         ([], _) => vec![vec![]],
-        ([one], false) => vec![pod_attrs(one, false)],
-        (_, false) => vec![vec![]],
+        (_, false) => match sole {
+            Some(one) => vec![pod_attrs(one, false)],
+            None => vec![vec![]],
+        },
         (many, true) => many.iter().map(|h| pod_attrs(h, true)).collect(),
     };
     let mut e = Entity {

@@ -1,0 +1,543 @@
+//! Pure mapping from a kubelet `List` reply to [`Attribution`]: which pods hold which GPUs and
+//! MIG instances of this node.
+//!
+//! Only GPU resources count: `nvidia.com/gpu`, every `nvidia.com/mig-*` name, and the names given
+//! with `--nvidia-resource-names`. Each device id is matched against the current device
+//! inventory. The forms understood:
+//!
+//! | id | entity | `vgpu` |
+//! |---|---|---|
+//! | `GPU-<uuid>` | that GPU (`uid` mode) | – |
+//! | `MIG-<uuid>` | the MIG instance with that UUID | – |
+//! | `MIG-GPU-<uuid>/<gi>/<ci>` (drivers before R470) | instance `<gi>` of that GPU | – |
+//! | `<any of the above>::<n>` (time-slicing / MPS replica) | as without the suffix | `n` |
+//! | `nvidia<N>` (GKE, `device-name` mode) | the GPU with minor number `N` | – |
+//! | `nvidia<N>/vgpu<K>` (GKE sharing, `device-name` mode) | the GPU with minor `N` | `K` |
+//! | `nvidia<N>/gi<M>[/vgpu<K>]` (GKE MIG) | instance `M` of the GPU with minor `N` | `K` |
+//!
+//! As in dcgm-exporter, MIG ids are understood in both `--kubernetes-gpu-id-type` modes, while
+//! whole-GPU ids follow the mode: `GPU-…` in `uid` mode, `nvidia<N>` in `device-name` mode.
+//! Ids that match nothing are skipped and counted (a stale inventory, another vendor's plugin
+//! reusing a listed resource name, or the wrong id-type mode).
+//!
+//! Unlike dcgm-exporter, where the pod listed last wins a shared GPU, the holders of every entity
+//! are sorted and deduplicated, so the same reply always gives the same attribution.
+
+use std::collections::BTreeMap;
+
+use crate::config::GpuIdType;
+use crate::gpu::Device;
+use crate::pods::proto::ListPodResourcesResponse;
+use crate::pods::{Attribution, EntityKey, Holder, PodRef};
+
+/// The resource name of whole GPUs (and of MIG devices with the `single` MIG strategy).
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The prefix of MIG resources with the `mixed` MIG strategy, e.g. `nvidia.com/mig-1g.10gb`.
+pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+
+/// How device ids are read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappingOptions {
+    /// Extra resource names that denote NVIDIA GPUs (`--nvidia-resource-names`).
+    pub extra_resource_names: Vec<String>,
+    /// `--kubernetes-gpu-id-type`.
+    pub id_type: GpuIdType,
+}
+
+impl Default for MappingOptions {
+    fn default() -> Self {
+        Self {
+            extra_resource_names: Vec::new(),
+            id_type: GpuIdType::Uid,
+        }
+    }
+}
+
+impl MappingOptions {
+    /// Whether `name` is a GPU resource.
+    pub fn is_gpu_resource(&self, name: &str) -> bool {
+        name == GPU_RESOURCE
+            || name.starts_with(MIG_RESOURCE_PREFIX)
+            || self.extra_resource_names.iter().any(|n| n == name)
+    }
+}
+
+/// The attribution plus what could not be placed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mapped {
+    /// Who holds what.
+    pub attribution: Attribution,
+    /// GPU device ids that matched no GPU or MIG instance of the inventory.
+    pub unknown_devices: usize,
+    /// The first few of them, for the log.
+    pub unknown_examples: Vec<String>,
+}
+
+const UNKNOWN_EXAMPLES: usize = 3;
+
+/// Builds the attribution from a `List` reply and the current devices.
+pub fn attribution_from(
+    reply: &ListPodResourcesResponse,
+    devices: &[Device],
+    opts: &MappingOptions,
+) -> Mapped {
+    let mut holders: BTreeMap<EntityKey, Vec<Holder>> = BTreeMap::new();
+    let mut mapped = Mapped::default();
+    for pod in &reply.pod_resources {
+        for container in &pod.containers {
+            for dev in &container.devices {
+                if !opts.is_gpu_resource(&dev.resource_name) {
+                    continue;
+                }
+                for id in &dev.device_ids {
+                    match resolve(id, devices, opts.id_type) {
+                        Some((key, vgpu)) => holders.entry(key).or_default().push(Holder {
+                            pod: PodRef {
+                                namespace: pod.namespace.clone(),
+                                pod: pod.name.clone(),
+                                container: container.name.clone(),
+                            },
+                            vgpu,
+                        }),
+                        None => {
+                            mapped.unknown_devices += 1;
+                            if mapped.unknown_examples.len() < UNKNOWN_EXAMPLES {
+                                mapped.unknown_examples.push(id.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for list in holders.values_mut() {
+        list.sort();
+        list.dedup();
+    }
+    mapped.attribution = Attribution { holders };
+    mapped
+}
+
+/// Resolves one device id to an entity and replica id.
+pub fn resolve(
+    id: &str,
+    devices: &[Device],
+    id_type: GpuIdType,
+) -> Option<(EntityKey, Option<String>)> {
+    let id = id.trim();
+    if let Some(rest) = strip_prefix_ci(id, "nvidia") {
+        return resolve_device_name(rest, devices, id_type);
+    }
+    let (base, vgpu) = match id.rsplit_once("::") {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            (base, Some(n.to_owned()))
+        }
+        _ => (id, None),
+    };
+    let key = if let Some(rest) = strip_prefix_ci(base, "MIG-GPU-") {
+        legacy_mig(rest, devices)?
+    } else if starts_with_ci(base, "MIG-") {
+        devices.iter().find_map(|d| {
+            d.instances
+                .iter()
+                .find(|i| i.uuid.eq_ignore_ascii_case(base))
+                .map(|i| EntityKey {
+                    gpu: d.identity.index,
+                    gi_id: Some(i.gi_id),
+                })
+        })?
+    } else if starts_with_ci(base, "GPU-") && id_type == GpuIdType::Uid {
+        devices
+            .iter()
+            .find(|d| d.identity.uuid.eq_ignore_ascii_case(base))
+            .map(|d| EntityKey {
+                gpu: d.identity.index,
+                gi_id: None,
+            })?
+    } else {
+        return None;
+    };
+    Some((key, vgpu))
+}
+
+/// `<uuid>/<gi>/<ci>` after `MIG-GPU-`.
+fn legacy_mig(rest: &str, devices: &[Device]) -> Option<EntityKey> {
+    let mut parts = rest.split('/');
+    let uuid = parts.next()?;
+    let gi: u32 = parts.next()?.parse().ok()?;
+    let _ci: u32 = parts.next()?.parse().ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    let d = devices.iter().find(|d| {
+        d.identity
+            .uuid
+            .get(4..)
+            .is_some_and(|u| u.eq_ignore_ascii_case(uuid))
+    })?;
+    d.instances
+        .iter()
+        .any(|i| i.gi_id == gi)
+        .then_some(EntityKey {
+            gpu: d.identity.index,
+            gi_id: Some(gi),
+        })
+}
+
+/// GKE's names after `nvidia`: `<N>`, `<N>/vgpu<K>`, `<N>/gi<M>`, `<N>/gi<M>/vgpu<K>`.
+fn resolve_device_name(
+    rest: &str,
+    devices: &[Device],
+    id_type: GpuIdType,
+) -> Option<(EntityKey, Option<String>)> {
+    let mut parts = rest.split('/');
+    let minor = number(parts.next()?)?;
+    let mut gi = None;
+    let mut vgpu = None;
+    let mut next = parts.next();
+    if let Some(p) = next.and_then(|p| p.strip_prefix("gi")) {
+        gi = Some(number(p)?);
+        next = parts.next();
+    }
+    if let Some(p) = next {
+        let k = p.strip_prefix("vgpu")?;
+        number(k)?;
+        vgpu = Some(k.to_owned());
+        next = parts.next();
+    }
+    if next.is_some() {
+        return None;
+    }
+    let d = devices.iter().find(|d| d.identity.minor == minor)?;
+    let key = match gi {
+        Some(gi) => {
+            d.instances.iter().find(|i| i.gi_id == gi)?;
+            EntityKey {
+                gpu: d.identity.index,
+                gi_id: Some(gi),
+            }
+        }
+        None if id_type == GpuIdType::DeviceName => EntityKey {
+            gpu: d.identity.index,
+            gi_id: None,
+        },
+        None => return None,
+    };
+    Some((key, vgpu))
+}
+
+fn number(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn starts_with_ci(s: &str, prefix: &str) -> bool {
+    s.len() >= prefix.len() && s.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    starts_with_ci(s, prefix).then(|| &s[prefix.len()..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{GpuIdentity, MigInstance};
+    use crate::pods::proto::{ContainerDevices, ContainerResources, PodResources};
+
+    const G0: &str = "GPU-11111111-2222-3333-4444-555555555555";
+    const G1: &str = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";
+    const M1_GI3: &str = "MIG-99999999-8888-7777-6666-555555555555";
+    const M1_GI5: &str = "MIG-12121212-3434-5656-7878-909090909090";
+
+    /// GPU 0: whole GPU, minor 0. GPU 1: MIG with instances 3 and 5, minor 4 (index ≠ minor).
+    fn inventory() -> Vec<Device> {
+        let ident = |index, uuid: &str, minor| GpuIdentity {
+            index,
+            uuid: uuid.to_owned(),
+            pci_bus_id: format!("00000000:{index:02X}:00.0"),
+            minor,
+            model: "NVIDIA A100-SXM4-80GB".to_owned(),
+        };
+        vec![
+            Device {
+                identity: ident(0, G0, 0),
+                mig_enabled: false,
+                instances: vec![],
+            },
+            Device {
+                identity: ident(1, G1, 4),
+                mig_enabled: true,
+                instances: vec![
+                    MigInstance {
+                        gi_id: 3,
+                        ci_id: 0,
+                        profile: "3g.40gb".to_owned(),
+                        uuid: M1_GI3.to_owned(),
+                    },
+                    MigInstance {
+                        gi_id: 5,
+                        ci_id: 0,
+                        profile: "1g.10gb".to_owned(),
+                        uuid: M1_GI5.to_owned(),
+                    },
+                ],
+            },
+        ]
+    }
+
+    fn key(gpu: u32, gi: Option<u32>) -> EntityKey {
+        EntityKey { gpu, gi_id: gi }
+    }
+
+    fn uid(id: &str) -> Option<(EntityKey, Option<String>)> {
+        resolve(id, &inventory(), GpuIdType::Uid)
+    }
+
+    fn dn(id: &str) -> Option<(EntityKey, Option<String>)> {
+        resolve(id, &inventory(), GpuIdType::DeviceName)
+    }
+
+    #[test]
+    fn whole_gpu_uuid() {
+        assert_eq!(uid(G0), Some((key(0, None), None)));
+        assert_eq!(uid(&G1.to_uppercase()), Some((key(1, None), None)));
+        assert_eq!(uid("GPU-00000000-0000-0000-0000-000000000000"), None);
+        // device-name mode does not read UUIDs of whole GPUs (as dcgm-exporter).
+        assert_eq!(dn(G0), None);
+    }
+
+    #[test]
+    fn mig_uuid_in_both_modes() {
+        assert_eq!(uid(M1_GI3), Some((key(1, Some(3)), None)));
+        assert_eq!(uid(M1_GI5), Some((key(1, Some(5)), None)));
+        assert_eq!(dn(M1_GI5), Some((key(1, Some(5)), None)));
+        assert_eq!(uid("MIG-00000000-0000-0000-0000-000000000000"), None);
+    }
+
+    #[test]
+    fn legacy_mig_gpu_form() {
+        let legacy = format!("MIG-{G1}/3/0");
+        assert_eq!(uid(&legacy), Some((key(1, Some(3)), None)));
+        assert_eq!(
+            uid(&format!("MIG-{G1}/5/1::2")),
+            Some((key(1, Some(5)), Some("2".into())))
+        );
+        // An instance the GPU does not have, a malformed tail, another GPU.
+        assert_eq!(uid(&format!("MIG-{G1}/4/0")), None);
+        assert_eq!(uid(&format!("MIG-{G1}/3")), None);
+        assert_eq!(uid(&format!("MIG-{G1}/3/0/1")), None);
+        assert_eq!(uid(&format!("MIG-{G1}/x/0")), None);
+        assert_eq!(
+            uid("MIG-GPU-00000000-0000-0000-0000-000000000000/3/0"),
+            None
+        );
+    }
+
+    #[test]
+    fn replica_suffixes() {
+        assert_eq!(
+            uid(&format!("{G0}::3")),
+            Some((key(0, None), Some("3".into())))
+        );
+        assert_eq!(
+            uid(&format!("{M1_GI3}::7")),
+            Some((key(1, Some(3)), Some("7".into())))
+        );
+        // Not a replica suffix: the whole id must match, and does not.
+        assert_eq!(uid(&format!("{G0}::")), None);
+        assert_eq!(uid(&format!("{G0}::x")), None);
+    }
+
+    #[test]
+    fn gke_device_names() {
+        // nvidia<N> names the minor number: GPU 1 is /dev/nvidia4.
+        assert_eq!(dn("nvidia0"), Some((key(0, None), None)));
+        assert_eq!(dn("nvidia4"), Some((key(1, None), None)));
+        assert_eq!(dn("nvidia1"), None);
+        assert_eq!(dn("nvidia0/vgpu2"), Some((key(0, None), Some("2".into()))));
+        assert_eq!(dn("nvidia4/gi3"), Some((key(1, Some(3)), None)));
+        assert_eq!(
+            dn("nvidia4/gi5/vgpu1"),
+            Some((key(1, Some(5)), Some("1".into())))
+        );
+        // GKE MIG names work in uid mode too; whole-GPU names do not.
+        assert_eq!(uid("nvidia4/gi3"), Some((key(1, Some(3)), None)));
+        assert_eq!(uid("nvidia0"), None);
+        assert_eq!(uid("nvidia0/vgpu2"), None);
+        for bad in [
+            "nvidia",
+            "nvidiaX",
+            "nvidia4/gi",
+            "nvidia4/gi9",
+            "nvidia0/vgpu",
+            "nvidia0/vgpux",
+            "nvidia4/gi3/vgpu1/extra",
+            "nvidia4/vgpu1/gi3",
+            "nvidia-uvm",
+        ] {
+            assert_eq!(dn(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn garbage_ids_resolve_to_nothing() {
+        for bad in ["", "0", "gpu0", "GPU-", "MIG-", "::1", "amd.com/gpu-0"] {
+            assert_eq!(uid(bad), None, "{bad}");
+            assert_eq!(dn(bad), None, "{bad}");
+        }
+    }
+
+    fn pod(ns: &str, name: &str, containers: &[(&str, &str, &[&str])]) -> PodResources {
+        PodResources {
+            name: name.to_owned(),
+            namespace: ns.to_owned(),
+            containers: containers
+                .iter()
+                .map(|(c, res, ids)| ContainerResources {
+                    name: (*c).to_owned(),
+                    devices: vec![ContainerDevices {
+                        resource_name: (*res).to_owned(),
+                        device_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+                        topology: None,
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn holder(ns: &str, pod: &str, c: &str, vgpu: Option<&str>) -> Holder {
+        Holder {
+            pod: PodRef {
+                namespace: ns.into(),
+                pod: pod.into(),
+                container: c.into(),
+            },
+            vgpu: vgpu.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn reply_maps_whole_mig_and_shared_gpus_and_skips_the_rest() {
+        let reply = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod("ml", "trainer", &[("main", GPU_RESOURCE, &[G0])]),
+                pod(
+                    "ml",
+                    "infer",
+                    &[("srv", "nvidia.com/mig-3g.40gb", &[M1_GI3])],
+                ),
+                pod("web", "nginx", &[("nginx", "cpu", &["0", "1"])]),
+                pod("ml", "other-vendor", &[("x", "amd.com/gpu", &[G0])]),
+                pod(
+                    "ml",
+                    "stale",
+                    &[("c", GPU_RESOURCE, &["GPU-gone", "MIG-gone"])],
+                ),
+                pod(
+                    "ml",
+                    "renamed",
+                    &[("c", "nvidia.com/gpu.shared", &[M1_GI5])],
+                ),
+            ],
+        };
+        let m = attribution_from(&reply, &inventory(), &MappingOptions::default());
+        assert_eq!(
+            m.attribution.holders_of(key(0, None)),
+            [holder("ml", "trainer", "main", None)]
+        );
+        assert_eq!(
+            m.attribution.holders_of(key(1, Some(3))),
+            [holder("ml", "infer", "srv", None)]
+        );
+        // gpu.shared is not a GPU resource unless named.
+        assert!(m.attribution.holders_of(key(1, Some(5))).is_empty());
+        assert_eq!(m.attribution.holders.len(), 2);
+        assert_eq!(m.unknown_devices, 2);
+        assert_eq!(m.unknown_examples, ["GPU-gone", "MIG-gone"]);
+
+        let opts = MappingOptions {
+            extra_resource_names: vec!["nvidia.com/gpu.shared".into()],
+            id_type: GpuIdType::Uid,
+        };
+        let m = attribution_from(&reply, &inventory(), &opts);
+        assert_eq!(
+            m.attribution.holders_of(key(1, Some(5))),
+            [holder("ml", "renamed", "c", None)]
+        );
+    }
+
+    #[test]
+    fn shared_gpu_holders_are_sorted_and_deduplicated_whatever_the_reply_order() {
+        let pods = vec![
+            pod("b", "p2", &[("c", GPU_RESOURCE, &[&format!("{G0}::2")])]),
+            pod("a", "p9", &[("c", GPU_RESOURCE, &[&format!("{G0}::0")])]),
+            pod(
+                "a",
+                "p1",
+                &[(
+                    "z",
+                    GPU_RESOURCE,
+                    &[&format!("{G0}::1"), &format!("{G0}::1")],
+                )],
+            ),
+            pod("a", "p1", &[("y", GPU_RESOURCE, &[&format!("{G0}::3")])]),
+        ];
+        let want = [
+            holder("a", "p1", "y", Some("3")),
+            holder("a", "p1", "z", Some("1")),
+            holder("a", "p9", "c", Some("0")),
+            holder("b", "p2", "c", Some("2")),
+        ];
+        let mut reply = ListPodResourcesResponse {
+            pod_resources: pods,
+        };
+        let first = attribution_from(&reply, &inventory(), &MappingOptions::default());
+        assert_eq!(first.attribution.holders_of(key(0, None)), want);
+        reply.pod_resources.reverse();
+        let second = attribution_from(&reply, &inventory(), &MappingOptions::default());
+        assert_eq!(first, second);
+    }
+
+    #[test]
+    fn device_name_mode_maps_gke_ids() {
+        let reply = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod("g", "a", &[("c", GPU_RESOURCE, &["nvidia0/vgpu0"])]),
+                pod("g", "b", &[("c", GPU_RESOURCE, &["nvidia0/vgpu1"])]),
+                pod("g", "m", &[("c", GPU_RESOURCE, &["nvidia4/gi5"])]),
+            ],
+        };
+        let opts = MappingOptions {
+            extra_resource_names: vec![],
+            id_type: GpuIdType::DeviceName,
+        };
+        let m = attribution_from(&reply, &inventory(), &opts);
+        assert_eq!(
+            m.attribution.holders_of(key(0, None)),
+            [
+                holder("g", "a", "c", Some("0")),
+                holder("g", "b", "c", Some("1"))
+            ]
+        );
+        assert_eq!(
+            m.attribution.holders_of(key(1, Some(5))),
+            [holder("g", "m", "c", None)]
+        );
+        assert_eq!(m.unknown_devices, 0);
+    }
+
+    #[test]
+    fn empty_inventory_counts_every_gpu_id_as_unknown() {
+        let reply = ListPodResourcesResponse {
+            pod_resources: vec![pod("a", "p", &[("c", GPU_RESOURCE, &[G0, M1_GI3])])],
+        };
+        let m = attribution_from(&reply, &[], &MappingOptions::default());
+        assert!(m.attribution.holders.is_empty());
+        assert_eq!(m.unknown_devices, 2);
+    }
+}

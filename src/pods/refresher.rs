@@ -1,0 +1,248 @@
+//! The attribution task: asks a [`PodResolver`] on its own cadence and publishes
+//! [`Attribution`] on the `watch` channel the sampler reads at each tick.
+//!
+//! - One `List` per refresh period (default 10 s), whatever the scrape rate: far below the
+//!   kubelet's 100 calls/s limit, which every client on the node shares.
+//! - After a failure it retries sooner, backing off from 0.5 s up to the refresh period, so
+//!   labels come back quickly after a kubelet restart.
+//! - The last good reply is kept until the TTL (default 30 s) has passed without another one;
+//!   then the pod labels are dropped rather than left wrong.
+//! - The last good reply is mapped again whenever the sampler publishes a new device inventory,
+//!   so GPUs discovered after the reply (or a MIG reconfiguration) are attributed at once.
+//! - Each distinct problem is logged once, with how to fix it; recovery is logged once too.
+//!   `gpu_exporter_pod_resources_*` says the rest.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::mapping::{self, MappingOptions};
+use super::proto::ListPodResourcesResponse;
+use super::{Attribution, PodResolver};
+use crate::gpu::Device;
+use crate::self_metrics::SelfMetrics;
+
+/// The default refresh period.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(10);
+/// The default TTL of the last good reply.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The first retry delay after a failure.
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+
+/// Refresher settings.
+#[derive(Debug, Clone)]
+pub struct RefresherOptions {
+    /// Time between `List` calls while they succeed.
+    pub refresh: Duration,
+    /// How long the last good reply is used while calls fail.
+    pub ttl: Duration,
+    /// How device ids are read.
+    pub mapping: MappingOptions,
+}
+
+impl Default for RefresherOptions {
+    fn default() -> Self {
+        Self {
+            refresh: DEFAULT_REFRESH,
+            ttl: DEFAULT_TTL,
+            mapping: MappingOptions::default(),
+        }
+    }
+}
+
+/// What one refresh did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefreshOutcome {
+    /// A fresh reply was mapped and published.
+    Fresh,
+    /// The call failed; the last good reply (this old) is still in use.
+    Kept {
+        /// Age of the reply in use.
+        age: Duration,
+    },
+    /// The call failed and no reply younger than the TTL is left: no pod labels.
+    Dropped {
+        /// The `reason` of the failure.
+        reason: &'static str,
+    },
+}
+
+/// The attribution task's state.
+#[derive(Debug)]
+pub struct Refresher<R: PodResolver> {
+    resolver: R,
+    devices: watch::Receiver<Arc<Vec<Device>>>,
+    tx: watch::Sender<Arc<Attribution>>,
+    metrics: Arc<SelfMetrics>,
+    opts: RefresherOptions,
+    last_good: Option<(Instant, ListPodResourcesResponse)>,
+    /// The reason of the problem last logged, until a success clears it.
+    problem: Option<&'static str>,
+    dropped_logged: bool,
+    unknown_logged: bool,
+    failures: u32,
+}
+
+impl<R: PodResolver> Refresher<R> {
+    /// Creates the task. `devices` is the sampler's device inventory, `tx` the channel the
+    /// sampler reads attribution from. Turns on the `gpu_exporter_pod_resources_*` families.
+    pub fn new(
+        resolver: R,
+        devices: watch::Receiver<Arc<Vec<Device>>>,
+        tx: watch::Sender<Arc<Attribution>>,
+        metrics: Arc<SelfMetrics>,
+        opts: RefresherOptions,
+    ) -> Self {
+        metrics.pod_resources.enable();
+        Self {
+            resolver,
+            devices,
+            tx,
+            metrics,
+            opts,
+            last_good: None,
+            problem: None,
+            dropped_logged: false,
+            unknown_logged: false,
+            failures: 0,
+        }
+    }
+
+    /// Calls `List` once, then publishes what follows from the answer (or its absence).
+    pub async fn refresh_once(&mut self) -> RefreshOutcome {
+        let result = self.resolver.list().await;
+        let now = Instant::now();
+        let status = &self.metrics.pod_resources;
+        match result {
+            Ok(reply) => {
+                status.record_success(unix_now());
+                if let Some(reason) = self.problem.take() {
+                    tracing::info!(
+                        socket = %self.resolver.origin(),
+                        previous = reason,
+                        "kubelet pod-resources answering again; pod labels restored"
+                    );
+                }
+                self.failures = 0;
+                self.dropped_logged = false;
+                self.last_good = Some((now, reply));
+                self.publish();
+                RefreshOutcome::Fresh
+            }
+            Err(e) => {
+                let reason = e.reason();
+                status.record_failure(reason);
+                self.failures = self.failures.saturating_add(1);
+                let kept = self
+                    .last_good
+                    .as_ref()
+                    .map(|(at, _)| now.duration_since(*at))
+                    .filter(|age| *age < self.opts.ttl);
+                if self.problem == Some(reason) {
+                    tracing::debug!(error = %crate::error_chain(&e), "pod-resources List failed again");
+                } else {
+                    self.problem = Some(reason);
+                    tracing::warn!(
+                        error = %crate::error_chain(&e),
+                        reason,
+                        "pod attribution unavailable: {}. Retrying every {:?} at most; metrics are served {}",
+                        e.hint(),
+                        self.opts.refresh,
+                        if kept.is_some() {
+                            "with the last known pod labels until they are older than the TTL"
+                        } else {
+                            "without pod labels meanwhile"
+                        },
+                    );
+                }
+                if let Some(age) = kept {
+                    return RefreshOutcome::Kept { age };
+                }
+                if self.last_good.take().is_some() && !self.dropped_logged {
+                    tracing::warn!(
+                        ttl = ?self.opts.ttl,
+                        "no good pod-resources answer within the TTL; pod labels dropped until the kubelet answers"
+                    );
+                    self.dropped_logged = true;
+                }
+                self.publish();
+                RefreshOutcome::Dropped { reason }
+            }
+        }
+    }
+
+    /// Maps the last good reply (or nothing) with the current inventory and publishes the
+    /// result if it differs from what the sampler has.
+    pub fn publish(&mut self) {
+        let devices = self.devices.borrow_and_update().clone();
+        let mapped = match &self.last_good {
+            Some((_, reply)) => mapping::attribution_from(reply, &devices, &self.opts.mapping),
+            None => mapping::Mapped::default(),
+        };
+        self.metrics
+            .pod_resources
+            .record_published(mapped.unknown_devices, mapped.attribution.holders.len());
+        if mapped.unknown_devices == 0 {
+            self.unknown_logged = false;
+        } else if !self.unknown_logged && !devices.is_empty() {
+            self.unknown_logged = true;
+            tracing::warn!(
+                count = mapped.unknown_devices,
+                examples = ?mapped.unknown_examples,
+                id_type = ?self.opts.mapping.id_type,
+                "kubelet lists GPU device ids that match no local GPU or MIG instance; they get no pod labels. On GKE use --kubernetes-gpu-id-type device-name"
+            );
+        }
+        let attribution = mapped.attribution;
+        self.tx.send_if_modified(|cur| {
+            if **cur == attribution {
+                false
+            } else {
+                *cur = Arc::new(attribution);
+                true
+            }
+        });
+    }
+
+    /// The delay before the next call.
+    pub fn next_delay(&self) -> Duration {
+        if self.failures == 0 {
+            return self.opts.refresh;
+        }
+        let shift = (self.failures - 1).min(16);
+        FIRST_RETRY
+            .saturating_mul(1 << shift)
+            .min(self.opts.refresh)
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut watching_devices = true;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = self.refresh_once() => {}
+            }
+            let deadline = Instant::now() + self.next_delay();
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep_until(deadline) => break,
+                    changed = self.devices.changed(), if watching_devices => match changed {
+                        Ok(()) => self.publish(),
+                        Err(_) => watching_devices = false,
+                    },
+                }
+            }
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
