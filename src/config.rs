@@ -100,6 +100,27 @@ pub struct Args {
     )]
     pub pod_resources_kubelet_socket: PathBuf,
 
+    /// How often to ask the kubelet who holds which GPU, ms (never per scrape).
+    #[arg(long, env = "GPU_EXPORTER_POD_RESOURCES_REFRESH", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub pod_resources_refresh: u64,
+
+    /// How long the last good kubelet answer is used while the kubelet does not answer, ms;
+    /// then pod labels are dropped rather than left wrong. At least the refresh period.
+    #[arg(long, env = "GPU_EXPORTER_POD_RESOURCES_TTL", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    pub pod_resources_ttl: u64,
+
+    /// Timeout of one kubelet pod-resources call, ms.
+    #[arg(long, env = "GPU_EXPORTER_POD_RESOURCES_TIMEOUT", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub pod_resources_timeout: u64,
+
+    /// Print the GPUs and MIG instances the backend finds (index, UUID, minor, MIG UUIDs) and
+    /// exit; handy for writing fake-kubelet assignment files for the simulated fleet.
+    #[arg(long)]
+    pub list_devices: bool,
+
     /// Extra resource names that denote NVIDIA GPUs (comma-separated), e.g. `nvidia.com/a100`.
     #[arg(long, env = "NVIDIA_RESOURCE_NAMES", value_delimiter = ',')]
     pub nvidia_resource_names: Vec<String>,
@@ -229,6 +250,14 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// The pod-resources TTL is shorter than the refresh period.
+    #[error("--pod-resources-ttl {ttl}: must be at least --pod-resources-refresh ({refresh} ms)")]
+    PodResourcesTtl {
+        /// The TTL, ms.
+        ttl: u64,
+        /// The refresh period, ms.
+        refresh: u64,
+    },
     /// A flag names a feature that is not available.
     #[error("{flag}: {reason}")]
     Unsupported {
@@ -280,6 +309,12 @@ impl Config {
             return Err(ConfigError::Unsupported {
                 flag: "--configmap-data",
                 reason: "reading the CSV from the Kubernetes API is not supported; mount the ConfigMap as a file and pass its path with --collectors",
+            });
+        }
+        if args.pod_resources_ttl < args.pod_resources_refresh {
+            return Err(ConfigError::PodResourcesTtl {
+                ttl: args.pod_resources_ttl,
+                refresh: args.pod_resources_refresh,
             });
         }
         let (catalog, skipped, catalog_origin) = load_catalog(args.collectors.as_deref())?;
@@ -529,6 +564,27 @@ mod tests {
         assert!(e.to_string().starts_with("--web-config-file:"));
         let c = Config::resolve(args(&["-r", "localhost:5555"])).unwrap();
         assert_eq!(c.notices.len(), 1);
+    }
+
+    #[test]
+    fn pod_resources_flags_default_and_validate() {
+        let a = args(&[]);
+        assert_eq!(
+            (a.pod_resources_refresh, a.pod_resources_ttl, a.pod_resources_timeout),
+            (10_000, 30_000, 5_000)
+        );
+        let e = Config::resolve(args(&["--pod-resources-ttl", "5000"])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--pod-resources-ttl 5000: must be at least --pod-resources-refresh (10000 ms)"
+        );
+        assert!(Config::resolve(args(&[
+            "--pod-resources-refresh",
+            "1000",
+            "--pod-resources-ttl",
+            "1000"
+        ]))
+        .is_ok());
     }
 
     #[test]

@@ -14,6 +14,9 @@ use gpu_exporter::gpu::scenario::Scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::http::{self, AppState};
+use gpu_exporter::pods::kubelet::KubeletPodResources;
+use gpu_exporter::pods::mapping::MappingOptions;
+use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
@@ -81,6 +84,9 @@ async fn run(args: Args) -> Result<()> {
     match backend {
         Backend::Sim => {
             let source = sim_source(&config)?;
+            if config.args.list_devices {
+                return list_devices(&source);
+            }
             serve(
                 config_with_supported(&mut config, &source),
                 Arc::new(source),
@@ -109,6 +115,25 @@ fn sim_source(config: &Config) -> Result<SimulatedSource> {
         .context("--sim-profile / --sim-scenario")
 }
 
+/// `--list-devices`: what the backend finds, for writing fake-kubelet assignment files.
+fn list_devices(source: &impl GpuSource) -> Result<()> {
+    let devices = source.devices().context("listing devices")?;
+    for d in &devices {
+        let id = &d.identity;
+        println!(
+            "GPU {}\t{}\tdevice-name nvidia{}\t{}\t{}",
+            id.index, id.uuid, id.minor, id.pci_bus_id, id.model
+        );
+        for i in &d.instances {
+            println!(
+                "  MIG GPU_I_ID {}\t{}\tdevice-name nvidia{}/gi{}\t{}",
+                i.gi_id, i.uuid, id.minor, i.gi_id, i.profile
+            );
+        }
+    }
+    Ok(())
+}
+
 fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Config {
     for m in config.retain_supported(|f| source.supports(f)) {
         tracing::warn!(
@@ -126,7 +151,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
     let shutdown = CancellationToken::new();
     let metrics = Arc::new(SelfMetrics::default());
     let (_catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
-    let (_pods_tx, pods_rx) = watch::channel(Arc::new(Attribution::default()));
+    let (pods_tx, pods_rx) = watch::channel(Arc::new(Attribution::default()));
     let (pub_tx, pub_rx) = watch::channel(None);
 
     let opts = SamplerOptions {
@@ -142,10 +167,37 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             clock_window_ms: config.args.clock_events_count_window_size,
         },
     };
+    let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
     if config.args.kubernetes {
-        anyhow::bail!("--kubernetes: pod attribution is not available in this build");
+        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
+        sampler = sampler.with_inventory(inventory_tx);
+        let socket = &config.args.pod_resources_kubelet_socket;
+        let timeout = Duration::from_millis(config.args.pod_resources_timeout);
+        let kubelet = KubeletPodResources::new(socket, timeout)
+            .context("--pod-resources-kubelet-socket")?;
+        let refresher_opts = RefresherOptions {
+            refresh: Duration::from_millis(config.args.pod_resources_refresh),
+            ttl: Duration::from_millis(config.args.pod_resources_ttl),
+            mapping: MappingOptions {
+                extra_resource_names: config.args.nvidia_resource_names.clone(),
+                id_type: config.args.kubernetes_gpu_id_type,
+            },
+        };
+        tracing::info!(
+            socket = %socket.display(),
+            refresh_ms = config.args.pod_resources_refresh,
+            ttl_ms = config.args.pod_resources_ttl,
+            "pod attribution from the kubelet pod-resources API"
+        );
+        let refresher = Refresher::new(
+            kubelet,
+            inventory_rx,
+            pods_tx,
+            Arc::clone(&metrics),
+            refresher_opts,
+        );
+        tokio::spawn(refresher.run(shutdown.clone()));
     }
-    let sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
     let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
 
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -246,6 +246,24 @@ impl PodResourcesLister for FakeKubelet {
     }
 }
 
+/// Serves `reply` on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// The transport error that ended serving.
+pub async fn serve(
+    listener: tokio::net::UnixListener,
+    reply: watch::Receiver<ListPodResourcesResponse>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(FakeKubelet::new(reply).into_service())
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
