@@ -570,7 +570,11 @@ mod tests {
     fn pod_resources_flags_default_and_validate() {
         let a = args(&[]);
         assert_eq!(
-            (a.pod_resources_refresh, a.pod_resources_ttl, a.pod_resources_timeout),
+            (
+                a.pod_resources_refresh,
+                a.pod_resources_ttl,
+                a.pod_resources_timeout
+            ),
             (10_000, 30_000, 5_000)
         );
         let e = Config::resolve(args(&["--pod-resources-ttl", "5000"])).unwrap_err();

@@ -110,7 +110,13 @@ fn sim_source(config: &Config) -> Result<SimulatedSource> {
         .clone()
         .or_else(|| scenario.profile.clone())
         .unwrap_or_else(|| "8xH100-SXM".to_owned());
-    let seed = config.args.sim_seed.or(scenario.seed).unwrap_or(1);
+    // Without an explicit seed each simulated node gets its own (from its hostname), so a fleet
+    // of simulated nodes has distinct GPU UUIDs.
+    let seed = config
+        .args
+        .sim_seed
+        .or(scenario.seed)
+        .unwrap_or_else(|| seed_from(&config.hostname));
     SimulatedSource::new(&profile, seed, config.interval, scenario, &origin)
         .context("--sim-profile / --sim-scenario")
 }
@@ -132,6 +138,13 @@ fn list_devices(source: &impl GpuSource) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// FNV-1a of the hostname.
+fn seed_from(hostname: &str) -> u64 {
+    hostname.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Config {
@@ -173,8 +186,8 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
         sampler = sampler.with_inventory(inventory_tx);
         let socket = &config.args.pod_resources_kubelet_socket;
         let timeout = Duration::from_millis(config.args.pod_resources_timeout);
-        let kubelet = KubeletPodResources::new(socket, timeout)
-            .context("--pod-resources-kubelet-socket")?;
+        let kubelet =
+            KubeletPodResources::new(socket, timeout).context("--pod-resources-kubelet-socket")?;
         let refresher_opts = RefresherOptions {
             refresh: Duration::from_millis(config.args.pod_resources_refresh),
             ttl: Duration::from_millis(config.args.pod_resources_ttl),

@@ -5,6 +5,7 @@
 //! source delays the next sample (ticks are skipped, not queued); a failing device only removes
 //! its own series and is counted in `gpu_exporter_sample_errors_total`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,8 +15,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{Catalog, Field};
-use crate::gpu::{Device, DeviceSample, GpuSource, SourceError, XidEvent};
-use crate::health::{History, Status};
+use crate::gpu::{Device, DeviceSample, GpuSource, SourceError, Value, XidEvent};
+use crate::health::{History, Recent, Status};
 use crate::pods::Attribution;
 use crate::render::render;
 use crate::self_metrics::{GpuStates, SampleStats, SelfMetrics};
@@ -31,6 +32,9 @@ pub struct Published {
     /// GPU series in it.
     pub series: usize,
 }
+
+/// One device and what reading it gave.
+type DeviceRead = (Device, Result<DeviceSample, SourceError>);
 
 /// Sampler settings.
 #[derive(Debug, Clone)]
@@ -91,6 +95,8 @@ pub struct Sampler<S: GpuSource> {
     discovered_at: Option<Instant>,
     started: Instant,
     inventory: Option<watch::Sender<Arc<Vec<Device>>>>,
+    /// Label-type field values from each GPU's last good sample, by UUID.
+    last_labels: HashMap<String, Vec<(Field, Value)>>,
 }
 
 impl<S: GpuSource> Sampler<S> {
@@ -115,6 +121,7 @@ impl<S: GpuSource> Sampler<S> {
             discovered_at: None,
             started: Instant::now(),
             inventory: None,
+            last_labels: HashMap::new(),
         }
     }
 
@@ -168,10 +175,7 @@ impl<S: GpuSource> Sampler<S> {
             (samples, source.drain_xids())
         })
         .await;
-        let (samples, xids): (
-            Vec<(Device, Result<DeviceSample, SourceError>)>,
-            Vec<(String, XidEvent)>,
-        ) = match read {
+        let (samples, xids): (Vec<DeviceRead>, Vec<(String, XidEvent)>) = match read {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "sampling thread failed; every device counts as unreadable this tick");
@@ -197,10 +201,16 @@ impl<S: GpuSource> Sampler<S> {
         }
         let mut outcomes = Vec::with_capacity(samples.len());
         for (device, result) in samples {
+            let uuid = device.identity.uuid.clone();
             let sample = match result {
                 Ok(s) => {
-                    self.history
-                        .record_sample(&device.identity.uuid, now_ms, &s);
+                    self.history.record_sample(&uuid, now_ms, &s);
+                    let labels = catalog
+                        .labels
+                        .iter()
+                        .filter_map(|spec| s.get(spec.field).map(|v| (spec.field, v.clone())))
+                        .collect();
+                    self.last_labels.insert(uuid.clone(), labels);
                     Ok(s)
                 }
                 Err(e) => {
@@ -209,10 +219,12 @@ impl<S: GpuSource> Sampler<S> {
                     Err(e.reason())
                 }
             };
+            let labels = self.last_labels.get(&uuid).cloned().unwrap_or_default();
             outcomes.push(DeviceOutcome {
                 device,
                 sample,
-                recent: Default::default(),
+                recent: Recent::default(),
+                labels,
             });
         }
         let present: Vec<&str> = outcomes
@@ -220,6 +232,8 @@ impl<S: GpuSource> Sampler<S> {
             .map(|o| o.device.identity.uuid.as_str())
             .collect();
         self.history.expire(now_ms, &present);
+        self.last_labels
+            .retain(|uuid, _| present.contains(&uuid.as_str()));
         for o in &mut outcomes {
             o.recent = self.history.recent(&o.device.identity.uuid);
         }

@@ -74,6 +74,10 @@ pub struct DeviceOutcome {
     pub sample: Result<DeviceSample, &'static str>,
     /// Its event windows.
     pub recent: Recent,
+    /// Values of the catalog's label-type fields: from this sample, or remembered from the
+    /// last good one when the device could not be read (so a lost GPU's series keep their
+    /// label set, and alerts on them keep their identity).
+    pub labels: Vec<(Field, Value)>,
 }
 
 impl DeviceOutcome {
@@ -227,13 +231,16 @@ fn entity<'a>(
         variants,
         holders,
     };
+    push_label_fields(&mut e.prefix, catalog, outcome);
+    e
+}
+
+fn push_label_fields(prefix: &mut String, catalog: &Catalog, outcome: &DeviceOutcome) {
     for spec in &catalog.labels {
-        if let Some(Ok(v)) = e.reading(spec.field) {
-            let v = v.to_string();
-            push_label(&mut e.prefix, &spec.name, &v);
+        if let Some((_, v)) = outcome.labels.iter().find(|(f, _)| *f == spec.field) {
+            push_label(prefix, &spec.name, &v.to_string());
         }
     }
-    e
 }
 
 fn identity_labels(
@@ -314,7 +321,7 @@ fn entity_series(
         Field::ExpXidErrorsCount => {
             let window = ("window_size_in_ms", opts.xid_window_ms.to_string());
             if recent.xid_counts.is_empty() {
-                push(&[window.clone()], Value::Int(0));
+                push(std::slice::from_ref(&window), Value::Int(0));
             }
             for &(xid, n) in &recent.xid_counts {
                 push(
@@ -354,13 +361,7 @@ fn health_series(
 ) {
     for o in outcomes {
         let mut prefix = identity_labels(o, None, opts);
-        if let Ok(sample) = &o.sample {
-            for spec in &catalog.labels {
-                if let Some(v) = sample.get(spec.field) {
-                    push_label(&mut prefix, &spec.name, &v.to_string());
-                }
-            }
-        }
+        push_label_fields(&mut prefix, catalog, o);
         for c in o.health(opts.xid_window_ms) {
             let mut s = prefix.clone();
             push_label(&mut s, "health_error_code", c.code);

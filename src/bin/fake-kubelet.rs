@@ -24,7 +24,10 @@ use gpu_exporter::pods::proto::ListPodResourcesResponse;
 
 /// Command line.
 #[derive(Debug, Parser)]
-#[command(name = "fake-kubelet", about = "A fake kubelet pod-resources server for gpu-exporter")]
+#[command(
+    name = "fake-kubelet",
+    about = "A fake kubelet pod-resources server for gpu-exporter"
+)]
 struct Args {
     /// Unix socket to serve on (a stale socket there is replaced).
     #[arg(long)]
@@ -66,8 +69,12 @@ async fn main() -> Result<()> {
 fn remove_stale_socket(path: &Path) -> Result<()> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
-            .with_context(|| format!("--socket {}: cannot remove the stale socket", path.display())),
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).with_context(|| {
+            format!(
+                "--socket {}: cannot remove the stale socket",
+                path.display()
+            )
+        }),
         Ok(_) => anyhow::bail!(
             "--socket {}: exists and is not a socket; refusing to replace it",
             path.display()

@@ -22,32 +22,22 @@ pub fn parse(text: &str, origin: &str) -> Result<(Catalog, Vec<Skipped>), Catalo
         line,
         defect,
     };
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .comment(Some(b'#'))
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .from_reader(text.as_bytes());
-
     let mut metrics = Vec::new();
     let mut labels = Vec::new();
     let mut skipped = Vec::new();
     let mut seen: HashMap<String, u64> = HashMap::new();
 
-    for record in reader.records() {
-        let record = match record {
-            Ok(r) => r,
-            Err(e) => {
-                let line = e.position().map_or(0, csv::Position::line);
-                return Err(invalid(line, Defect::Syntax(e.to_string())));
-            }
-        };
-        let line = record.position().map_or(0, csv::Position::line);
-        // A row that is all blanks (e.g. "  ,  ,") is a defect, but csv skips truly empty lines.
+    for (idx, raw) in text.lines().enumerate() {
+        let line = idx as u64 + 1;
+        let trimmed = raw.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let record = split_record(trimmed).map_err(|e| invalid(line, Defect::Syntax(e)))?;
         if record.len() != 3 {
             return Err(invalid(line, Defect::ColumnCount(record.len())));
         }
-        let (name, kind, help) = (&record[0], &record[1], &record[2]);
+        let (name, kind, help) = (record[0].as_str(), record[1].as_str(), record[2].as_str());
         if name.is_empty() {
             return Err(invalid(line, Defect::EmptyName));
         }
@@ -96,6 +86,61 @@ pub fn parse(text: &str, origin: &str) -> Result<(Catalog, Vec<Skipped>), Catalo
     // dcgm-exporter's template ranges over a Go map of label fields, i.e. sorted by name.
     labels.sort_by(|a, b| a.name.cmp(&b.name));
     Ok((Catalog { metrics, labels }, skipped))
+}
+
+/// Splits one CSV line as Go's `encoding/csv` does with `TrimLeadingSpace`: fields separated by
+/// commas, surrounding blanks trimmed, a field may be double-quoted (`""` is a literal quote) so
+/// that it can contain commas.
+fn split_record(line: &str) -> Result<Vec<String>, String> {
+    let mut fields = Vec::new();
+    let mut chars = line.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
+            chars.next();
+        }
+        let mut field = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            loop {
+                match chars.next() {
+                    Some('"') if chars.peek() == Some(&'"') => {
+                        chars.next();
+                        field.push('"');
+                    }
+                    Some('"') => break,
+                    Some(c) => field.push(c),
+                    None => return Err("unterminated quoted field".to_owned()),
+                }
+            }
+            while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
+                chars.next();
+            }
+            match chars.next() {
+                None => {
+                    fields.push(field);
+                    return Ok(fields);
+                }
+                Some(',') => fields.push(field),
+                Some(c) => return Err(format!("unexpected {c:?} after a closing quote")),
+            }
+        } else {
+            let mut ended = true;
+            for c in chars.by_ref() {
+                if c == ',' {
+                    ended = false;
+                    break;
+                }
+                if c == '"' {
+                    return Err("bare \" in a non-quoted field".to_owned());
+                }
+                field.push(c);
+            }
+            fields.push(field.trim().to_owned());
+            if ended {
+                return Ok(fields);
+            }
+        }
+    }
 }
 
 impl MetricType {

@@ -1,0 +1,110 @@
+//! Helpers shared by the integration tests: build a sampler over the simulated fleet.
+#![allow(dead_code, missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_exporter::catalog::{self, Catalog};
+use gpu_exporter::gpu::scenario::{self, Scenario};
+use gpu_exporter::gpu::sim::SimulatedSource;
+use gpu_exporter::gpu::GpuSource;
+use gpu_exporter::pods::Attribution;
+use gpu_exporter::sampler::{Sampler, SamplerOptions};
+use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
+use tokio::sync::watch;
+
+pub const INTERVAL: Duration = Duration::from_secs(10);
+
+pub fn shipped_catalog() -> Catalog {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/metrics-config/default-counters.csv"
+    );
+    catalog::load(std::path::Path::new(path))
+        .expect("shipped CSV loads")
+        .0
+}
+
+pub fn build_options() -> BuildOptions {
+    BuildOptions {
+        hostname_label: "hostname".into(),
+        hostname: "node-a".into(),
+        replace_blanks_in_model_name: false,
+        selection: DeviceSelection::Flex,
+        virtual_gpus: false,
+        xid_window_ms: 300_000,
+        clock_window_ms: 300_000,
+    }
+}
+
+pub fn scenario_file(name: &str) -> (Scenario, String) {
+    let path = format!(
+        "{}/tests/fixtures/scenarios/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    (
+        scenario::load(std::path::Path::new(&path)).expect("scenario parses"),
+        path,
+    )
+}
+
+pub fn sim(profile: &str, scenario: Option<(Scenario, String)>) -> SimulatedSource {
+    let (sc, origin) = scenario.unwrap_or_default();
+    SimulatedSource::new(profile, 1, INTERVAL, sc, &origin).expect("sim source")
+}
+
+pub struct Harness<S: GpuSource> {
+    pub sampler: Sampler<S>,
+    pub catalog_tx: watch::Sender<Arc<Catalog>>,
+    pub pods_tx: watch::Sender<Arc<Attribution>>,
+    pub metrics: Arc<SelfMetrics>,
+}
+
+pub fn harness<S: GpuSource>(source: S, catalog: Catalog, opts: BuildOptions) -> Harness<S> {
+    let (catalog_tx, catalog_rx) = watch::channel(Arc::new(catalog));
+    let (pods_tx, pods_rx) = watch::channel(Arc::new(Attribution::default()));
+    let metrics = Arc::new(SelfMetrics::default());
+    let sampler = Sampler::new(
+        Arc::new(source),
+        catalog_rx,
+        pods_rx,
+        SamplerOptions {
+            interval: INTERVAL,
+            rediscover_every: Duration::from_secs(60),
+            build: opts,
+        },
+        Arc::clone(&metrics),
+    );
+    Harness {
+        sampler,
+        catalog_tx,
+        pods_tx,
+        metrics,
+    }
+}
+
+/// The body with the two time-dependent self-metric values zeroed, so it can be compared.
+pub fn normalise(body: &[u8]) -> String {
+    let text = std::str::from_utf8(body).expect("utf-8 body");
+    text.lines()
+        .map(|l| {
+            if l.starts_with("gpu_exporter_sample_duration_seconds ")
+                || l.starts_with("gpu_exporter_last_sample_timestamp_seconds ")
+            {
+                let name = l.split(' ').next().unwrap_or_default();
+                format!("{name} 0\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect()
+}
+
+/// All series lines (no comments) whose name is `metric`.
+pub fn series<'a>(body: &'a str, metric: &str) -> Vec<&'a str> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(metric))
+        .collect()
+}

@@ -1,0 +1,135 @@
+//! The metrics CSV: dcgm-exporter's own files load unchanged, every defect fixture fails with
+//! file, line and reason, and the shipped CSV has the default fields the issue lists.
+
+use std::path::Path;
+
+use gpu_exporter::catalog::{self, Field, MetricType};
+
+fn fixture(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(path)
+}
+
+#[test]
+fn upstream_default_counters_load_unchanged() {
+    for file in [
+        "upstream/default-counters.csv",
+        "upstream/dcp-metrics-included.csv",
+    ] {
+        let (cat, skipped) =
+            catalog::load(&fixture(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let names: Vec<&str> = cat.metrics.iter().map(|m| m.name.as_str()).collect();
+        assert!(names.contains(&"DCGM_FI_DEV_GPU_UTIL"), "{file}");
+        assert!(names.contains(&"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), "{file}");
+        assert_eq!(cat.metrics.len(), 24, "{file}: {names:?}");
+        assert_eq!(cat.labels.len(), 1);
+        assert_eq!(cat.labels[0].field, Field::DriverVersion);
+        // The one DCGM field we do not collect is reported, with its line, for a warning.
+        assert_eq!(skipped.len(), 1, "{file}: {skipped:?}");
+        assert_eq!(skipped[0].name, "DCGM_FI_DEV_VGPU_LICENSE_STATUS");
+        let counter = cat
+            .metrics
+            .iter()
+            .find(|m| m.name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+            .expect("energy row");
+        assert_eq!(counter.kind, MetricType::Counter);
+    }
+}
+
+#[test]
+fn each_defect_fixture_fails_with_file_line_and_reason() {
+    let cases = [
+        ("two-columns.csv", 2, "expected 3 fields"),
+        ("four-columns.csv", 2, "expected 3 fields"),
+        (
+            "unknown-field.csv",
+            2,
+            "unknown field \"DCGM_FI_DEV_GPU_UTILIZATION\"",
+        ),
+        ("bad-type.csv", 1, "unknown metric type \"gague\""),
+        (
+            "duplicate.csv",
+            3,
+            "duplicate field \"DCGM_FI_DEV_GPU_UTIL\", first listed on line 1",
+        ),
+        ("bad-quote.csv", 1, "CSV syntax error"),
+        ("text-as-gauge.csv", 1, "string field"),
+    ];
+    for (file, line, reason) in cases {
+        let path = fixture(&format!("csv/{file}"));
+        let err = catalog::load(&path).expect_err(file).to_string();
+        let prefix = format!("{}:{line}: ", path.display());
+        assert!(
+            err.starts_with(&prefix),
+            "{file}: {err:?} should start with {prefix:?}"
+        );
+        assert!(
+            err.contains(reason),
+            "{file}: {err:?} should mention {reason:?}"
+        );
+    }
+}
+
+#[test]
+fn missing_file_error_names_the_path() {
+    let err = catalog::load(Path::new("/nonexistent/metrics.csv")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "reading metrics CSV /nonexistent/metrics.csv"
+    );
+}
+
+#[test]
+fn shipped_csv_has_every_default_field() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("metrics-config/default-counters.csv");
+    let (cat, skipped) = catalog::load(&path).expect("shipped CSV");
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let want = [
+        "GPU_UTIL",
+        "MEM_COPY_UTIL",
+        "ENC_UTIL",
+        "DEC_UTIL",
+        "FB_FREE",
+        "FB_USED",
+        "FB_RESERVED",
+        "POWER_USAGE",
+        "TOTAL_ENERGY_CONSUMPTION",
+        "GPU_TEMP",
+        "MEMORY_TEMP",
+        "SM_CLOCK",
+        "MEM_CLOCK",
+        "NVLINK_BANDWIDTH_TOTAL",
+        "PCIE_REPLAY_COUNTER",
+        "ECC_SBE_VOL_TOTAL",
+        "ECC_DBE_VOL_TOTAL",
+        "ECC_SBE_AGG_TOTAL",
+        "ECC_DBE_AGG_TOTAL",
+        "RETIRED_SBE",
+        "RETIRED_DBE",
+        "RETIRED_PENDING",
+        "CORRECTABLE_REMAPPED_ROWS",
+        "UNCORRECTABLE_REMAPPED_ROWS",
+        "ROW_REMAP_FAILURE",
+        "XID_ERRORS",
+        "POWER_VIOLATION",
+        "THERMAL_VIOLATION",
+    ];
+    for w in want {
+        let name = format!("DCGM_FI_DEV_{w}");
+        assert!(cat.metrics.iter().any(|m| m.name == name), "missing {name}");
+    }
+    assert!(cat
+        .labels
+        .iter()
+        .any(|m| m.name == "DCGM_FI_DRIVER_VERSION"));
+}
+
+#[test]
+fn shipped_csv_is_the_builtin_default() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("metrics-config/default-counters.csv");
+    assert_eq!(
+        std::fs::read_to_string(path).expect("read"),
+        gpu_exporter::config::BUILTIN_COUNTERS
+    );
+}

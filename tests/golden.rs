@@ -1,0 +1,163 @@
+//! Golden exposition files: the simulated fleet + the shipped CSV, rendered after three ticks,
+//! must equal `tests/golden/<case>.prom` byte for byte. `UPDATE_GOLDEN=1 cargo test --test golden`
+//! rewrites them; review the diff before committing.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use gpu_exporter::pods::{Attribution, EntityKey, Holder, PodRef};
+use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
+
+async fn render_case(
+    profile: &str,
+    scenario: Option<&str>,
+    opts: BuildOptions,
+    pods: Attribution,
+) -> String {
+    let source = common::sim(profile, scenario.map(common::scenario_file));
+    let h = common::harness(source, common::shipped_catalog(), opts);
+    h.pods_tx.send_replace(std::sync::Arc::new(pods));
+    let mut sampler = h.sampler;
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(sampler.tick().await);
+    }
+    common::normalise(&last.expect("three ticks").body)
+}
+
+fn check(case: &str, body: &str) {
+    let path = format!("{}/tests/golden/{case}.prom", env!("CARGO_MANIFEST_DIR"));
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, body).expect("write golden file");
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}; run with UPDATE_GOLDEN=1 to create it"));
+    if want != body {
+        let diff: Vec<String> = want
+            .lines()
+            .zip(body.lines())
+            .enumerate()
+            .filter(|(_, (a, b))| a != b)
+            .take(5)
+            .map(|(i, (a, b))| format!("line {}:\n  want: {a}\n  got:  {b}", i + 1))
+            .collect();
+        panic!(
+            "{case}: output differs from {path} ({} vs {} lines)\n{}\nrun with UPDATE_GOLDEN=1 to accept",
+            want.lines().count(),
+            body.lines().count(),
+            diff.join("\n")
+        );
+    }
+}
+
+fn holder(ns: &str, pod: &str, container: &str, vgpu: Option<&str>) -> Holder {
+    Holder {
+        pod: PodRef {
+            namespace: ns.into(),
+            pod: pod.into(),
+            container: container.into(),
+        },
+        vgpu: vgpu.map(str::to_owned),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn single_a100() {
+    let body = render_case(
+        "1xA100-40GB",
+        None,
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    check("1xA100-40GB", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn eight_h100() {
+    let body = render_case(
+        "8xH100-SXM",
+        None,
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    check("8xH100-SXM", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn mig_fleet() {
+    let body = render_case(
+        "4xA100-80GB-MIG",
+        None,
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    check("4xA100-80GB-MIG", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn incidents_lost_gpu_dbe_overheat_xid() {
+    let body = render_case(
+        "8xH100-SXM",
+        Some("incidents.toml"),
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    check("8xH100-SXM-incidents", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pods_whole_shared_and_mig() {
+    let mut holders = BTreeMap::new();
+    // GPU 3 (MIG disabled) held by one pod; GPU 0's 3g.40gb instance by one pod; its 1g.10gb
+    // instance 9 shared by two time-sliced replicas.
+    holders.insert(
+        EntityKey {
+            gpu: 3,
+            gi_id: None,
+        },
+        vec![holder("ml", "trainer-0", "main", None)],
+    );
+    holders.insert(
+        EntityKey {
+            gpu: 0,
+            gi_id: Some(2),
+        },
+        vec![holder("ml", "infer-a", "server", None)],
+    );
+    holders.insert(
+        EntityKey {
+            gpu: 0,
+            gi_id: Some(9),
+        },
+        vec![
+            holder("dev", "nb-1", "jupyter", Some("0")),
+            holder("dev", "nb-2", "jupyter", Some("1")),
+        ],
+    );
+    let body = render_case(
+        "4xA100-80GB-MIG",
+        None,
+        common::build_options(),
+        Attribution { holders },
+    )
+    .await;
+    check("4xA100-80GB-MIG-pods", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn legacy_hostname_label_and_gpu_selection() {
+    let opts = BuildOptions {
+        hostname_label: "Hostname".into(),
+        replace_blanks_in_model_name: true,
+        selection: DeviceSelection::Gpus(Some(vec![0])),
+        ..common::build_options()
+    };
+    let body = render_case("4xA100-80GB-MIG", None, opts, Attribution::default()).await;
+    check("4xA100-80GB-MIG-g0-Hostname", &body);
+}

@@ -1,0 +1,97 @@
+//! Every golden file passes `promtool check metrics`, an independent parser and linter. DCGM
+//! series may carry only the findings inherent to dcgm-exporter's names (counters without
+//! `_total`, `modelName`/`UUID`-style labels, `_COUNTER` in a name); `gpu_exporter_*` series may
+//! carry none. promtool comes from Debian's `prometheus` package; `.ci/run` installs it. Outside
+//! CI a machine without promtool skips this test with a message.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+const INHERENT: &[&str] = &[
+    "counter metrics should have \"_total\" suffix",
+    "label names should be written in 'snake_case' not 'camelCase'",
+    "metric name should not include type 'counter'",
+];
+
+fn promtool_available() -> bool {
+    let found = Command::new("promtool").arg("--version").output().is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "promtool is required in CI (apt-get install -y prometheus)"
+        );
+        eprintln!(
+            "promtool not found; skipping (install Debian's `prometheus` package to run this test)"
+        );
+    }
+    found
+}
+
+/// Runs `promtool check metrics` on `body`; returns (exit ok, findings).
+fn check(body: &str) -> (bool, Vec<String>) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn promtool");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write body");
+    let out = child.wait_with_output().expect("promtool output");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.success(),
+        text.lines()
+            .map(str::to_owned)
+            .filter(|l| !l.is_empty())
+            .collect(),
+    )
+}
+
+#[test]
+fn golden_files_pass_promtool_with_only_inherent_dcgm_findings() {
+    if !promtool_available() {
+        return;
+    }
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).expect("golden dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("prom") {
+            continue;
+        }
+        let body = std::fs::read_to_string(&path).expect("read golden");
+        let (_, findings) = check(&body);
+        for f in &findings {
+            let (metric, finding) = f.split_once(' ').unwrap_or((f, ""));
+            assert!(
+                metric.starts_with("DCGM_") && INHERENT.contains(&finding),
+                "{}: unexpected promtool finding: {f}",
+                path.display()
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 5, "expected the golden files, found {checked}");
+}
+
+#[test]
+fn promtool_rejects_what_it_should() {
+    // Guard against a vacuous pass: promtool must flag a broken body and a bad self-metric name.
+    if !promtool_available() {
+        return;
+    }
+    let (ok, _) = check("# TYPE x gauge\nx{a=\"unterminated} 1\n");
+    assert!(!ok, "promtool accepted a malformed body");
+    let (_, findings) = check("# HELP gpu_exporter_things counter\n# TYPE gpu_exporter_things counter\ngpu_exporter_things 1\n");
+    assert!(
+        findings.iter().any(|f| f.contains("_total")),
+        "{findings:?}"
+    );
+}
