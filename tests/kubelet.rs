@@ -1038,3 +1038,100 @@ async fn a_reply_seen_before_the_inventory_is_mapped_again_when_devices_arrive()
     stop.cancel();
     task.await.unwrap();
 }
+
+#[tokio::test]
+async fn one_container_with_two_replicas_of_a_gpu_is_a_single_holder() {
+    let inv = devices("8xH100-SXM");
+    let g0 = &inv[0].identity.uuid;
+    let two = reply(vec![pod(
+        "ml",
+        "greedy",
+        "c",
+        "nvidia.com/gpu",
+        &[&format!("{g0}::0"), &format!("{g0}::1")],
+    )]);
+    let (resolver, _calls) = Scripted::new(vec![], two);
+    let mut p = pipeline("8xH100-SXM", resolver, false, RefresherOptions::default());
+    p.body().await;
+    p.refresher.refresh_once().await;
+    let body = p.body().await;
+    let util0 = lines_for(&body, UTIL, 0, None);
+    assert_eq!(util0.len(), 1);
+    assert!(
+        util0[0].contains(&pod_labels("ml", "greedy", "c")),
+        "{}",
+        util0[0]
+    );
+    assert_eq!(lines_for(&body, POD_INFO, 0, None).len(), 2);
+}
+
+/// A log sink for one test's thread-local subscriber.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuf {
+    fn count(&self, needle: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .matches(needle)
+            .count()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_problem_is_logged_once_with_its_fix() {
+    let logs = LogBuf::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let missing = || {
+        Err(AttributionError::SocketMissing {
+            path: "/var/lib/kubelet/pod-resources/kubelet.sock".into(),
+        })
+    };
+    let (resolver, _calls) = Scripted::new(
+        vec![
+            missing(),
+            missing(),
+            missing(),
+            Ok(reply(vec![])),
+            down(),
+            down(),
+        ],
+        reply(vec![]),
+    );
+    let (_inv_tx, inv_rx) = watch::channel(Arc::new(Vec::new()));
+    let (tx, _rx) = watch::channel(Arc::new(Attribution::default()));
+    let mut r = Refresher::new(
+        resolver,
+        inv_rx,
+        tx,
+        Arc::new(SelfMetrics::default()),
+        RefresherOptions::default(),
+    );
+    for _ in 0..3 {
+        r.refresh_once().await;
+    }
+    assert_eq!(logs.count("pod attribution unavailable"), 1);
+    assert_eq!(logs.count("hostPath"), 1);
+    r.refresh_once().await;
+    assert_eq!(logs.count("answering again"), 1);
+    r.refresh_once().await;
+    r.refresh_once().await;
+    assert_eq!(logs.count("pod attribution unavailable"), 2);
+    assert_eq!(logs.count("reason=\"unavailable\""), 1);
+}
