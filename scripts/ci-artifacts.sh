@@ -46,9 +46,12 @@ kubectl kustomize deploy/ > "$rendered"
 python3 scripts/validate-manifests.py "$rendered"
 
 step "end-to-end (real Prometheus + Alertmanager)"
-bin="${GPU_EXPORTER_BIN:-target/release/gpu-exporter}"
-if [[ ! -x "$bin" ]]; then
-  cargo build --release --quiet
+# Always (re)build unless a binary is given, so a stale release build is never tested.
+if [[ -n "${GPU_EXPORTER_BIN:-}" ]]; then
+  bin="$GPU_EXPORTER_BIN"
+else
+  cargo build --release --quiet --bins
+  bin=target/release/gpu-exporter
 fi
 tests/e2e/run.sh "$bin"
 
