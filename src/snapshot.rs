@@ -403,3 +403,251 @@ fn pod_info(entities: &[Entity<'_>]) -> Option<Family> {
     }
     (!fam.series.is_empty()).then_some(fam)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog;
+    use crate::gpu::{GpuIdentity, InstanceSample};
+    use crate::pods::PodRef;
+
+    fn device(index: u32, model: &str, instances: &[(u32, &str)]) -> Device {
+        Device {
+            identity: GpuIdentity {
+                index,
+                uuid: format!("GPU-{index}"),
+                pci_bus_id: format!("00000000:{index:02X}:00.0"),
+                minor: index,
+                model: model.to_owned(),
+            },
+            mig_enabled: !instances.is_empty(),
+            instances: instances
+                .iter()
+                .map(|&(gi_id, profile)| MigInstance {
+                    gi_id,
+                    ci_id: 0,
+                    profile: profile.to_owned(),
+                    uuid: format!("MIG-{index}-{gi_id}"),
+                })
+                .collect(),
+        }
+    }
+
+    fn outcome(d: Device, temp: i64, fb: i64) -> DeviceOutcome {
+        let instances = d
+            .instances
+            .iter()
+            .map(|i| InstanceSample {
+                gi_id: i.gi_id,
+                readings: vec![(Field::FbUsed, Ok(Value::Int(fb + i64::from(i.gi_id))))],
+            })
+            .collect();
+        DeviceOutcome {
+            device: d,
+            sample: Ok(DeviceSample {
+                readings: vec![
+                    (Field::GpuTemp, Ok(Value::Int(temp))),
+                    (Field::FbUsed, Ok(Value::Int(fb))),
+                    (Field::GpuUtil, Err(FieldError::NoPermission)),
+                ],
+                instances,
+            }),
+            recent: Recent::default(),
+            labels: vec![(Field::DriverVersion, Value::Text("570.1".into()))],
+        }
+    }
+
+    fn opts() -> BuildOptions {
+        BuildOptions {
+            hostname_label: "hostname".into(),
+            hostname: "n1".into(),
+            replace_blanks_in_model_name: false,
+            selection: DeviceSelection::Flex,
+            virtual_gpus: false,
+            xid_window_ms: 300_000,
+            clock_window_ms: 300_000,
+        }
+    }
+
+    fn cat() -> Catalog {
+        catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_FB_USED, gauge, f\nDCGM_FI_DEV_GPU_UTIL, gauge, u\nDCGM_FI_DRIVER_VERSION, label, d\n",
+            "t.csv",
+        )
+        .unwrap()
+        .0
+    }
+
+    fn lines(s: &Snapshot, name: &str) -> Vec<String> {
+        s.families
+            .iter()
+            .filter(|f| f.name == name)
+            .flat_map(|f| {
+                f.series
+                    .iter()
+                    .map(|x| format!("{}{{{}}} {}", f.name, x.labels, x.value))
+            })
+            .collect()
+    }
+
+    fn holder(pod: &str, vgpu: Option<&str>) -> Holder {
+        Holder {
+            pod: PodRef {
+                namespace: "ns".into(),
+                pod: pod.into(),
+                container: "c".into(),
+            },
+            vgpu: vgpu.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn label_order_matches_dcgm_exporter_and_model_names_are_escaped() {
+        let s = build(
+            &cat(),
+            &[outcome(device(0, "A \"quoted\" GPU", &[]), 40, 100)],
+            &Attribution::default(),
+            &opts(),
+        );
+        assert_eq!(
+            lines(&s, "DCGM_FI_DEV_GPU_TEMP"),
+            vec![
+                r#"DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="A \"quoted\" GPU",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1"} 40"#
+            ]
+        );
+        // A failed read is absent and counted; the others stay.
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_UTIL").is_empty());
+        assert_eq!(
+            s.field_errors,
+            vec![(Field::GpuUtil, FieldError::NoPermission)]
+        );
+    }
+
+    #[test]
+    fn flex_exports_instances_for_mig_gpus_with_instance_and_parent_fields() {
+        let outcomes = [
+            outcome(
+                device(0, "A100", &[(2, "3g.40gb"), (9, "1g.10gb")]),
+                50,
+                1000,
+            ),
+            outcome(device(1, "A100", &[]), 41, 7),
+        ];
+        let s = build(&cat(), &outcomes, &Attribution::default(), &opts());
+        let fb = lines(&s, "DCGM_FI_DEV_FB_USED");
+        assert_eq!(fb.len(), 3);
+        assert!(
+            fb[0].contains("GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"2\",hostname")
+                && fb[0].ends_with(" 1002")
+        );
+        assert!(fb[1].contains("GPU_I_ID=\"9\"") && fb[1].ends_with(" 1009"));
+        assert!(
+            fb[2].contains("gpu=\"1\"") && !fb[2].contains("GPU_I_ID") && fb[2].ends_with(" 7")
+        );
+        // Temperature is the parent's, on each instance.
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.iter().filter(|l| l.ends_with(" 50")).count(), 2);
+    }
+
+    #[test]
+    fn selections_pick_gpus_or_instances_by_id() {
+        let outcomes = [
+            outcome(
+                device(0, "A100", &[(2, "3g.40gb"), (9, "1g.10gb")]),
+                50,
+                1000,
+            ),
+            outcome(device(1, "A100", &[]), 41, 7),
+        ];
+        let mut o = opts();
+        o.selection = DeviceSelection::Instances(Some(vec![9]));
+        let fb = lines(
+            &build(&cat(), &outcomes, &Attribution::default(), &o),
+            "DCGM_FI_DEV_FB_USED",
+        );
+        assert_eq!(fb.len(), 1);
+        assert!(fb[0].contains("GPU_I_ID=\"9\""));
+        o.selection = DeviceSelection::Gpus(Some(vec![0]));
+        let fb = lines(
+            &build(&cat(), &outcomes, &Attribution::default(), &o),
+            "DCGM_FI_DEV_FB_USED",
+        );
+        assert_eq!(fb.len(), 1);
+        assert!(
+            fb[0].contains("gpu=\"0\"") && !fb[0].contains("GPU_I_ID") && fb[0].ends_with(" 1000")
+        );
+    }
+
+    #[test]
+    fn shared_gpus_get_pod_info_or_per_holder_copies_in_virtual_mode() {
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(
+            EntityKey {
+                gpu: 0,
+                gi_id: None,
+            },
+            vec![holder("a", Some("0")), holder("b", Some("1"))],
+        );
+        holders.insert(
+            EntityKey {
+                gpu: 1,
+                gi_id: None,
+            },
+            vec![holder("solo", None)],
+        );
+        let att = Attribution { holders };
+        let outcomes = [
+            outcome(device(0, "H100", &[]), 50, 1),
+            outcome(device(1, "H100", &[]), 51, 2),
+        ];
+        let s = build(&cat(), &outcomes, &att, &opts());
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 2);
+        assert!(
+            !temp[0].contains("pod="),
+            "shared GPU keeps unlabelled series: {}",
+            temp[0]
+        );
+        assert!(
+            temp[1].ends_with(
+                r#"DCGM_FI_DRIVER_VERSION="570.1",container="c",namespace="ns",pod="solo"} 51"#
+            ),
+            "{}",
+            temp[1]
+        );
+        let info = lines(&s, POD_INFO);
+        assert_eq!(info.len(), 3);
+        assert!(info[0].contains(r#"pod="a",namespace="ns",container="c",vgpu="0""#));
+
+        let mut o = opts();
+        o.virtual_gpus = true;
+        let temp = lines(&build(&cat(), &outcomes, &att, &o), "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 3);
+        assert!(temp[0].contains(r#"pod="a",vgpu="0"} 50"#), "{}", temp[0]);
+        assert!(temp[1].contains(r#"pod="b",vgpu="1"} 50"#));
+    }
+
+    #[test]
+    fn an_unreadable_gpu_keeps_only_health_and_xid_series() {
+        let cat = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_XID_ERRORS, gauge, x\nDCGM_EXP_GPU_HEALTH_STATUS, gauge, h\nDCGM_FI_DRIVER_VERSION, label, d\n",
+            "t.csv",
+        )
+        .unwrap()
+        .0;
+        let mut lost = outcome(device(0, "H100", &[]), 50, 1);
+        lost.sample = Err("gpu_lost");
+        lost.recent.last_xid = Some(79);
+        let s = build(&cat, &[lost], &Attribution::default(), &opts());
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP").is_empty());
+        let xid = lines(&s, "DCGM_FI_DEV_XID_ERRORS");
+        assert_eq!(xid.len(), 1);
+        assert!(xid[0].ends_with(r#"DCGM_FI_DRIVER_VERSION="570.1",err_code="79",err_msg="GPU has fallen off the bus"} 79"#), "{}", xid[0]);
+        let health = lines(&s, "DCGM_EXP_GPU_HEALTH_STATUS");
+        assert_eq!(health.len(), health::WATCHES.len());
+        assert!(health
+            .iter()
+            .any(|l| l
+                .contains(r#"health_error_code="DCGM_FR_FALLEN_OFF_BUS",health_watch="ALL"} 20"#)));
+    }
+}

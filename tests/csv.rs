@@ -133,3 +133,37 @@ fn shipped_csv_is_the_builtin_default() {
         gpu_exporter::config::BUILTIN_COUNTERS
     );
 }
+
+#[test]
+fn readme_metrics_table_matches_the_shipped_csv() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let csv =
+        std::fs::read_to_string(root.join("metrics-config/default-counters.csv")).expect("csv");
+    let mut table = String::from("| Field | Type | Help |\n|---|---|---|\n");
+    for line in csv
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let mut parts = line.splitn(3, ',').map(str::trim);
+        let (f, t, h) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        table.push_str(&format!("| `{f}` | {t} | {h} |\n"));
+    }
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    let start = readme
+        .find("<!-- metrics-table:begin -->\n")
+        .expect("table start marker")
+        + 29;
+    let end = readme
+        .find("<!-- metrics-table:end -->")
+        .expect("table end marker");
+    assert_eq!(
+        &readme[start..end],
+        table,
+        "README metrics table is out of date with the CSV"
+    );
+}

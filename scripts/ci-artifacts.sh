@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# CI for the shipped artifacts (dashboards/, alerts/, deploy/). Run as root on a clean Debian
+# bookworm clone, after `cargo build --release` (or it builds it):
+#   scripts/ci-artifacts.sh
+# Installs what it needs (idempotent): apt prometheus prometheus-alertmanager kubernetes-client
+# (kubectl only if none is installed), pip kubernetes-validate. Steps, each must pass:
+#   1. generated files are up to date (dashboards, PrometheusRule, ConfigMap CSV copy)
+#   2. promtool check rules + promtool test rules
+#   3. kubectl kustomize deploy/ + scripts/validate-manifests.py
+#   4. tests/e2e/run.sh (20 simulated nodes, real Prometheus + Alertmanager)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+start=$SECONDS
+step() { echo; echo "=== ci-artifacts: $* ($((SECONDS - start))s)"; }
+
+step "installing tools"
+need_apt=()
+command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
+command -v kubectl >/dev/null || need_apt+=(kubernetes-client)
+if ((${#need_apt[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+python3 -c 'import kubernetes_validate, yaml' 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check kubernetes-validate pyyaml
+promtool --version 2>&1 | head -1
+kubectl version --client 2>/dev/null | head -1 || true
+
+step "generated files are up to date"
+python3 scripts/gen-dashboards.py --check
+scripts/gen-prometheusrule.sh --check
+cmp metrics-config/default-counters.csv deploy/default-counters.csv \
+  || { echo "deploy/default-counters.csv differs from metrics-config/default-counters.csv" >&2; exit 1; }
+
+step "promtool check rules / test rules"
+promtool check rules alerts/gpu-exporter.rules.yml
+promtool test rules alerts/gpu-exporter.rules.test.yml
+
+step "kubectl kustomize deploy/ + schema validation"
+rendered="$(mktemp --suffix=.yaml)"
+trap 'rm -f "$rendered"' EXIT
+kubectl kustomize deploy/ > "$rendered"
+python3 scripts/validate-manifests.py "$rendered"
+
+step "end-to-end (real Prometheus + Alertmanager)"
+# Always (re)build unless a binary is given, so a stale release build is never tested.
+if [[ -n "${GPU_EXPORTER_BIN:-}" ]]; then
+  bin="$GPU_EXPORTER_BIN"
+else
+  cargo build --release --quiet --bins
+  bin=target/release/gpu-exporter
+fi
+tests/e2e/run.sh "$bin"
+
+step "all artifact checks passed"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls this). Installs what it needs first, so it
+# works on a fresh Debian machine with a Rust toolchain; run it as root or with sudo rights.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n==> %s\n' "$*"; }
+
+need_apt=()
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+log "cargo fmt --check"
+cargo fmt --all --check
+
+log "cargo clippy"
+cargo clippy --all-targets -- -D warnings
+
+log "cargo test"
+cargo test --all-targets
+cargo test --doc
+
+log "cargo bench --no-run"
+cargo bench --no-run
+
+# `promtool check metrics` on every golden file runs inside cargo test (tests/promtool.rs), which
+# fails on any finding other than those inherent to dcgm-exporter's names.
+
+for extra in scripts/ci-*.sh; do
+  [ -e "$extra" ] || continue
+  log "$extra"
+  bash "$extra"
+done
+
+log "all checks passed"

@@ -1,0 +1,716 @@
+//! The shipped artifacts, tested like code: Grafana dashboards (`dashboards/*.json`), alert rules
+//! (`alerts/*.yml`) and Kubernetes manifests (`deploy/`).
+//!
+//! Every metric a dashboard or rule queries must be one the exporter can serve (a numeric row of
+//! `metrics-config/default-counters.csv`, or a self-metric); dashboards must be importable
+//! anywhere (`${datasource}`, stable uids, current schema); the manifests must agree with the
+//! binary (port, metrics CSV) and keep the deployment rules (selector, read-only hostPath, ...).
+//! `promtool`, `kubectl kustomize` and the end-to-end run live in `scripts/ci-artifacts.sh`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use serde::Deserialize;
+use serde_json::Value as Json;
+use serde_yaml::Value as Yaml;
+
+use gpu_exporter::catalog;
+use gpu_exporter::self_metrics::{SampleStats, SelfMetrics};
+
+/// Grafana 11.0's dashboard schema version; older ones are migrated on import, which rewrites
+/// panels users then see as "changed".
+const MIN_SCHEMA_VERSION: u64 = 39;
+
+/// Self-metrics of the pod-resources client (issue 4, built in parallel); the dashboards and
+/// alerts already use them.
+const POD_RESOURCES_METRICS: &[&str] = &[
+    "gpu_exporter_pod_resources_up",
+    "gpu_exporter_pod_resources_last_success_timestamp_seconds",
+    "gpu_exporter_pod_resources_errors_total",
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    let p = root().join(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+}
+
+fn files(dir: &str, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
+        .unwrap_or_else(|e| panic!("listing {dir}: {e}"))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "no *.{ext} in {dir}");
+    v
+}
+
+/// Every name a query may use: CSV metrics, self-metrics, the pod-info family, Prometheus' `up`.
+fn known_metrics() -> BTreeSet<String> {
+    let (cat, skipped) = catalog::load(&root().join("metrics-config/default-counters.csv"))
+        .expect("metrics-config/default-counters.csv parses");
+    assert!(
+        skipped.is_empty(),
+        "the shipped CSV names fields we skip: {skipped:?}"
+    );
+    let mut known: BTreeSet<String> = cat.metrics.iter().map(|m| m.name.clone()).collect();
+    known.extend(
+        SelfMetrics::default()
+            .families(&SampleStats::default(), "sim")
+            .into_iter()
+            .map(|f| f.name),
+    );
+    known.insert(gpu_exporter::snapshot::POD_INFO.to_owned());
+    known.extend(POD_RESOURCES_METRICS.iter().map(|s| (*s).to_owned()));
+    known.insert("up".to_owned());
+    known
+}
+
+const KEYWORDS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
+    // Aggregation operators, which may be followed by `by (...)` before their parentheses.
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+];
+
+/// Metric names in a PromQL expression: identifiers outside label matchers (`{...}`), ranges
+/// (`[...]`), strings and grouping lists, that are not function names or keywords. A Grafana
+/// `label_values(metric{...}, label)` query yields its metric only.
+fn metric_names(expr: &str) -> Vec<String> {
+    let expr = expr.trim();
+    let expr = match expr
+        .strip_prefix("label_values(")
+        .and_then(|s| s.strip_suffix(')'))
+    {
+        Some(inner) => match top_level_comma(inner) {
+            Some(i) => &inner[..i],
+            None => inner,
+        },
+        None => expr,
+    };
+    let b = expr.as_bytes();
+    let mut names = Vec::new();
+    let (mut i, mut braces, mut brackets) = (0, 0usize, 0usize);
+    let mut grouping_parens: Option<usize> = None;
+    let mut paren_depth = 0usize;
+    let mut last_word = String::new();
+    while i < b.len() {
+        let c = b[i] as char;
+        match c {
+            '"' | '\'' | '`' => {
+                i += 1;
+                while i < b.len() && b[i] as char != c {
+                    if b[i] == b'\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+            }
+            '{' => braces += 1,
+            '}' => braces = braces.saturating_sub(1),
+            '[' => brackets += 1,
+            ']' => brackets = brackets.saturating_sub(1),
+            '(' => {
+                paren_depth += 1;
+                if matches!(
+                    last_word.as_str(),
+                    "by" | "without" | "on" | "ignoring" | "group_left" | "group_right"
+                ) {
+                    grouping_parens = Some(paren_depth);
+                }
+                last_word.clear();
+            }
+            ')' => {
+                if grouping_parens == Some(paren_depth) {
+                    grouping_parens = None;
+                }
+                paren_depth = paren_depth.saturating_sub(1);
+            }
+            '$' => {
+                // A Grafana variable such as $__rate_interval: skip the name.
+                i += 1;
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                    i += 1;
+                }
+                continue;
+            }
+            c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
+                let start = i;
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b':')
+                {
+                    i += 1;
+                }
+                let word = &expr[start..i];
+                let next = expr[i..].trim_start().chars().next();
+                let is_call = next == Some('(');
+                if braces == 0
+                    && brackets == 0
+                    && grouping_parens.is_none()
+                    && !is_call
+                    && !KEYWORDS.contains(&word.to_ascii_lowercase().as_str())
+                {
+                    names.push(word.to_owned());
+                }
+                last_word = word.to_owned();
+                continue;
+            }
+            c if c.is_ascii_digit() => {
+                // A number (1e9, 0.95, 1000000): not a name.
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'.') {
+                    i += 1;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        if !c.is_whitespace() && c != '(' {
+            last_word.clear();
+        }
+        i += 1;
+    }
+    names
+}
+
+fn top_level_comma(s: &str) -> Option<usize> {
+    let mut depth = 0i32;
+    let mut last = None;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' | '{' | '[' => depth += 1,
+            ')' | '}' | ']' => depth -= 1,
+            ',' if depth == 0 => last = Some(i),
+            _ => {}
+        }
+    }
+    last
+}
+
+#[test]
+fn metric_name_extraction_handles_promql_shapes() {
+    assert_eq!(
+        metric_names(
+            r#"max without (GPU_I_ID, pod) (rate(DCGM_FI_DEV_X{a="b", c=~"$x"}[$__rate_interval])) * 60 > 8 or on (UUID) group_left () up == 0"#
+        ),
+        ["DCGM_FI_DEV_X", "up"]
+    );
+    assert_eq!(
+        metric_names(r#"label_values(DCGM_FI_DEV_FB_USED{hostname=~"$hostname"}, namespace)"#),
+        ["DCGM_FI_DEV_FB_USED"]
+    );
+    assert_eq!(
+        metric_names("sum(A_B) / 3.6e9 + count(x) or vector(0)"),
+        ["A_B", "x"]
+    );
+}
+
+/// Dashboards: (file, parsed JSON).
+fn dashboards() -> Vec<(PathBuf, Json)> {
+    files("dashboards", "json")
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("read dashboard");
+            let j: Json = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{}: not JSON: {e}", p.display()));
+            (p, j)
+        })
+        .collect()
+}
+
+/// Every panel, rows' nested panels included.
+fn panels(d: &Json) -> Vec<&Json> {
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().expect("panels array") {
+        out.push(p);
+        if let Some(inner) = p["panels"].as_array() {
+            out.extend(inner.iter());
+        }
+    }
+    out
+}
+
+/// Every PromQL expression in a dashboard (panel targets and variable queries), with where.
+fn dashboard_queries(d: &Json) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for p in panels(d) {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap_or_else(|| panic!("panel {:?} has a target without expr", p["title"]));
+            out.push((format!("panel {:?}", p["title"]), expr.to_owned()));
+        }
+    }
+    for v in d["templating"]["list"].as_array().expect("templating.list") {
+        if v["type"] == "query" {
+            let q = v["query"]["query"]
+                .as_str()
+                .or_else(|| v["query"].as_str())
+                .expect("variable query");
+            out.push((format!("variable {:?}", v["name"]), q.to_owned()));
+        }
+    }
+    out
+}
+
+fn alert_rules() -> Vec<(PathBuf, Yaml)> {
+    files("alerts", "yml")
+        .into_iter()
+        .filter(|p| !p.to_string_lossy().ends_with(".test.yml"))
+        .map(|p| {
+            let y: Yaml = serde_yaml::from_str(&std::fs::read_to_string(&p).expect("read rules"))
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (p, y)
+        })
+        .collect()
+}
+
+fn rules(doc: &Yaml) -> Vec<&Yaml> {
+    doc["groups"]
+        .as_sequence()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules").iter())
+        .collect()
+}
+
+#[test]
+fn every_metric_used_by_dashboards_and_alerts_exists() {
+    let known = known_metrics();
+    let mut unknown = BTreeMap::new();
+    let mut used = BTreeSet::new();
+    for (path, d) in dashboards() {
+        for (at, expr) in dashboard_queries(&d) {
+            for name in metric_names(&expr) {
+                used.insert(name.clone());
+                if !known.contains(&name) {
+                    unknown.insert(format!("{}: {at}: {name}", path.display()), expr.clone());
+                }
+            }
+        }
+    }
+    for (path, doc) in alert_rules() {
+        for r in rules(&doc) {
+            let expr = r["expr"].as_str().expect("expr");
+            for name in metric_names(expr) {
+                used.insert(name.clone());
+                if !known.contains(&name) {
+                    unknown.insert(
+                        format!("{}: rule {:?}: {name}", path.display(), r["alert"]),
+                        expr.to_owned(),
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "metrics the exporter does not serve: {unknown:#?}"
+    );
+    // The extraction found the metrics (a broken extractor would pass the check above vacuously).
+    for must in [
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_EXP_GPU_HEALTH_STATUS",
+        "gpu_exporter_gpus",
+        "up",
+    ] {
+        assert!(used.contains(must), "{must} not found in any query");
+    }
+}
+
+#[test]
+fn dashboards_are_portable_and_have_stable_unique_uids() {
+    let mut uids = BTreeMap::new();
+    for (path, d) in dashboards() {
+        let name = path.display().to_string();
+        let uid = d["uid"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no uid"));
+        assert!(
+            uid.starts_with("gpu-exporter-") && uid.len() <= 40,
+            "{name}: uid {uid:?} is not a stable gpu-exporter-* uid (Grafana limit 40)"
+        );
+        if let Some(other) = uids.insert(uid.to_owned(), name.clone()) {
+            panic!("{name} and {other} share uid {uid}");
+        }
+        let schema = d["schemaVersion"].as_u64().expect("schemaVersion");
+        assert!(
+            schema >= MIN_SCHEMA_VERSION,
+            "{name}: schemaVersion {schema} < {MIN_SCHEMA_VERSION}"
+        );
+        assert!(
+            d["id"].is_null(),
+            "{name}: a numeric id pins the dashboard to one Grafana"
+        );
+        let vars = d["templating"]["list"].as_array().expect("variables");
+        let ds = vars
+            .iter()
+            .find(|v| v["name"] == "datasource")
+            .unwrap_or_else(|| panic!("{name}: no datasource variable"));
+        assert_eq!(ds["type"], "datasource", "{name}");
+        assert_eq!(ds["query"], "prometheus", "{name}");
+        let names: BTreeSet<&str> = vars.iter().filter_map(|v| v["name"].as_str()).collect();
+        assert!(names.contains("hostname"), "{name}: no hostname variable");
+        for v in vars.iter().filter(|v| v["type"] == "query") {
+            assert_eq!(
+                v["datasource"]["uid"], "${datasource}",
+                "{name}: variable {:?}",
+                v["name"]
+            );
+        }
+        let mut ids = BTreeSet::new();
+        for p in panels(&d) {
+            let title = &p["title"];
+            assert!(
+                ids.insert(p["id"].as_u64().expect("panel id")),
+                "{name}: duplicate panel id"
+            );
+            if p["type"] == "row" {
+                continue;
+            }
+            assert_eq!(
+                p["datasource"]["uid"], "${datasource}",
+                "{name}: panel {title}"
+            );
+            let targets = p["targets"].as_array().expect("targets");
+            assert!(!targets.is_empty(), "{name}: panel {title} has no query");
+            for t in targets {
+                assert_eq!(
+                    t["datasource"]["uid"], "${datasource}",
+                    "{name}: panel {title}"
+                );
+            }
+        }
+    }
+    // The three dashboards the README promises, with the variables each needs.
+    let by_uid: BTreeMap<String, Json> = dashboards()
+        .into_iter()
+        .map(|(_, d)| (d["uid"].as_str().unwrap().to_owned(), d))
+        .collect();
+    for (uid, needs) in [
+        ("gpu-exporter-cluster", &["hostname"][..]),
+        ("gpu-exporter-node", &["hostname", "gpu"][..]),
+        (
+            "gpu-exporter-workloads",
+            &["hostname", "namespace", "pod"][..],
+        ),
+    ] {
+        let d = by_uid
+            .get(uid)
+            .unwrap_or_else(|| panic!("no dashboard {uid}"));
+        let vars: Vec<&str> = d["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        for n in needs {
+            assert!(vars.contains(n), "{uid}: no ${n} variable");
+            let used = dashboard_queries(d)
+                .iter()
+                .any(|(_, e)| e.contains(&format!("${n}")));
+            assert!(used, "{uid}: ${n} is defined but no query uses it");
+        }
+    }
+}
+
+#[test]
+fn alert_rules_carry_severity_and_runbook_annotations() {
+    let mut names = BTreeSet::new();
+    for (path, doc) in alert_rules() {
+        for r in rules(&doc) {
+            let alert = r["alert"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{}: recording rule or unnamed", path.display()));
+            assert!(names.insert(alert.to_owned()), "duplicate alert {alert}");
+            let sev = r["labels"]["severity"].as_str().unwrap_or("");
+            assert!(
+                ["critical", "warning", "info"].contains(&sev),
+                "{alert}: severity {sev:?}"
+            );
+            for key in ["summary", "description", "runbook"] {
+                let text = r["annotations"][key].as_str().unwrap_or("");
+                assert!(
+                    text.len() > 20,
+                    "{alert}: annotation {key} missing or too short"
+                );
+            }
+        }
+    }
+    let tests = read("alerts/gpu-exporter.rules.test.yml");
+    for alert in &names {
+        // Firing and not-firing cases both name the alert (promtool checks what they assert).
+        let cases = tests.matches(&format!("alertname: {alert}\n")).count();
+        assert!(
+            cases >= 2,
+            "{alert}: {cases} promtool test case(s), want firing and not firing"
+        );
+    }
+}
+
+/// Every YAML document under deploy/.
+fn manifests() -> Vec<(PathBuf, Yaml)> {
+    let mut out = Vec::new();
+    for p in files("deploy", "yaml") {
+        let text = std::fs::read_to_string(&p).expect("read manifest");
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = Yaml::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            if !v.is_null() {
+                out.push((p.clone(), v));
+            }
+        }
+    }
+    out
+}
+
+/// The binary's defaults (flags unset; the test environment sets none of their variables).
+fn default_args() -> Result<gpu_exporter::config::Args, clap::Error> {
+    gpu_exporter::config::Args::try_parse_from(["gpu-exporter"])
+}
+
+fn kind<'a>(all: &'a [(PathBuf, Yaml)], k: &str) -> &'a Yaml {
+    let found: Vec<&Yaml> = all
+        .iter()
+        .filter(|(_, v)| v["kind"] == k)
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(found.len(), 1, "want exactly one {k} in deploy/");
+    found[0]
+}
+
+#[test]
+fn kustomization_lists_every_manifest() {
+    let k: Yaml = serde_yaml::from_str(&read("deploy/kustomization.yaml")).expect("kustomization");
+    let listed: BTreeSet<String> = k["resources"]
+        .as_sequence()
+        .expect("resources")
+        .iter()
+        .map(|r| r.as_str().expect("resource path").to_owned())
+        .collect();
+    let present: BTreeSet<String> = files("deploy", "yaml")
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .filter(|n| n != "kustomization.yaml")
+        .collect();
+    assert_eq!(
+        listed, present,
+        "deploy/kustomization.yaml resources vs files"
+    );
+}
+
+#[test]
+fn daemonset_matches_the_binary_and_the_deployment_rules() {
+    let all = manifests();
+    let ds = kind(&all, "DaemonSet");
+    let sel = ds["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .expect("matchLabels");
+    assert_eq!(
+        sel.len(),
+        1,
+        "selector must be only app.kubernetes.io/name: {sel:?}"
+    );
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "gpu-exporter"
+    );
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert!(
+        pod["nodeSelector"]
+            .as_mapping()
+            .is_some_and(|m| !m.is_empty()),
+        "GPU node selector"
+    );
+    assert!(
+        pod["tolerations"]
+            .as_sequence()
+            .is_some_and(|t| !t.is_empty()),
+        "tolerations"
+    );
+    let c = &pod["containers"][0];
+
+    // Port: the binary's default --address is :9400.
+    let default_addr = default_args().expect("default args").address;
+    let port: u64 = default_addr.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(c["ports"][0]["containerPort"].as_u64(), Some(port));
+    assert_eq!(c["ports"][0]["name"], "metrics");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/health");
+
+    let env: BTreeMap<String, &Yaml> = c["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_owned(), e))
+        .collect();
+    assert_eq!(
+        env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    assert_eq!(
+        env["DCGM_EXPORTER_LISTEN"]["value"].as_str(),
+        Some(default_addr.as_str())
+    );
+
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"][0], "ALL");
+    assert!(
+        sc["capabilities"]["add"].is_null(),
+        "no capability is added"
+    );
+    assert_ne!(sc["privileged"], true);
+
+    // Small requests/limits: the exporter's footprint target is < 16 MiB RSS.
+    assert_eq!(c["resources"]["requests"]["memory"], "32Mi");
+    assert_eq!(c["resources"]["limits"]["memory"], "64Mi");
+
+    // The kubelet socket directory, read-only, at the path the default flag expects.
+    let socket_dir = default_args()
+        .unwrap()
+        .pod_resources_kubelet_socket
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let vol = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["hostPath"]["path"].as_str() == socket_dir.to_str())
+        .expect("pod-resources hostPath volume");
+    let mount = c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == vol["name"])
+        .expect("pod-resources mount");
+    assert_eq!(
+        mount["readOnly"], true,
+        "the pod-resources hostPath must be read-only"
+    );
+    assert_eq!(mount["mountPath"].as_str(), socket_dir.to_str());
+    for v in pod["volumes"].as_sequence().unwrap() {
+        if !v["hostPath"].is_null() {
+            assert_eq!(
+                v["name"], vol["name"],
+                "only the pod-resources hostPath is mounted"
+            );
+        }
+    }
+
+    // The metrics CSV comes from the generated ConfigMap, at the path --collectors names.
+    let cfg_mount = c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "metrics-config")
+        .expect("metrics-config mount");
+    let args: Vec<&str> = c["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    let expected = format!(
+        "--collectors={}/default-counters.csv",
+        cfg_mount["mountPath"].as_str().unwrap()
+    );
+    assert!(
+        args.contains(&expected.as_str()),
+        "args {args:?} lack {expected}"
+    );
+    let k: Yaml = serde_yaml::from_str(&read("deploy/kustomization.yaml")).unwrap();
+    let gen = &k["configMapGenerator"][0];
+    let cm_name = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "metrics-config")
+        .unwrap()["configMap"]["name"]
+        .clone();
+    assert_eq!(
+        gen["name"], cm_name,
+        "the volume names the generated ConfigMap"
+    );
+    assert_eq!(gen["files"][0], "default-counters.csv");
+}
+
+#[test]
+fn configmap_csv_equals_the_shipped_metrics_csv() {
+    assert_eq!(
+        read("deploy/default-counters.csv"),
+        read("metrics-config/default-counters.csv"),
+        "deploy/default-counters.csv must be a copy of metrics-config/default-counters.csv \
+         (cp metrics-config/default-counters.csv deploy/)"
+    );
+}
+
+#[test]
+fn service_and_servicemonitor_point_at_the_metrics_port() {
+    let all = manifests();
+    let svc = kind(&all, "Service");
+    assert_eq!(
+        svc["spec"]["selector"]["app.kubernetes.io/name"],
+        "gpu-exporter"
+    );
+    assert_eq!(svc["spec"]["ports"][0]["port"].as_u64(), Some(9400));
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "metrics");
+    let sm = kind(&all, "ServiceMonitor");
+    assert_eq!(
+        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "gpu-exporter"
+    );
+    assert_eq!(
+        sm["spec"]["endpoints"][0]["port"],
+        svc["spec"]["ports"][0]["name"]
+    );
+    assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["honorLabels"], true);
+    // The job label Prometheus Operator derives (the Service name) is the one the rules select.
+    assert_eq!(svc["metadata"]["name"], "gpu-exporter");
+    assert!(read("alerts/gpu-exporter.rules.yml").contains(r#"up{job="gpu-exporter"}"#));
+    let sa = kind(&all, "ServiceAccount");
+    assert_eq!(sa["automountServiceAccountToken"], false);
+}
+
+#[test]
+fn prometheusrule_is_generated_from_the_alert_rules() {
+    let all = manifests();
+    let pr = kind(&all, "PrometheusRule");
+    let (_, rules_doc) = alert_rules()
+        .into_iter()
+        .find(|(p, _)| p.ends_with("gpu-exporter.rules.yml"))
+        .expect("alerts/gpu-exporter.rules.yml");
+    assert!(
+        pr["spec"]["groups"] == rules_doc["groups"],
+        "deploy/prometheusrule.yaml is out of date: run scripts/gen-prometheusrule.sh"
+    );
+}

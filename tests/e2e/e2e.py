@@ -1,0 +1,484 @@
+#!/usr/bin/env python3
+"""End-to-end check of the alert rules and dashboards against a real Prometheus and Alertmanager.
+
+Run through tests/e2e/run.sh (see tests/e2e/README.md). Standard library only. Everything listens
+on 127.0.0.1; every wait has a deadline; every process started here is stopped on exit.
+
+What it does:
+1. Starts 20 gpu-exporter processes as simulated nodes (node-01..node-20: 8xH100-SXM, 4xA100-80GB-MIG
+   and 1xA100-40GB profiles, `-c 1000`, NODE_NAME set). Scenario files script one fault per node on
+   node-01..node-07: GPU off the bus, double-bit ECC, overheating, PCIe replays, NVLink errors, row
+   remap failure, XID 119. node-08 is killed once it has been scraped (exporter down).
+2. Starts Alertmanager (webhook to a receiver in this process) and Prometheus (file_sd targets,
+   2 s scrape/eval, the rules from alerts/ with every `for:` longer than 10 s rewritten to 10 s).
+3. Asserts that exactly the expected alerts are pending/firing in Prometheus, active in
+   Alertmanager and delivered to the receiver, no more and no fewer (healthy nodes stay silent).
+4. Runs every dashboard query (variables filled in) and NVIDIA's dashboard 12239 queries through the
+   Prometheus HTTP API and asserts each returns data. Queries that need pod labels are reported as
+   skipped when no fake kubelet is available (pod attribution comes with issue 4).
+"""
+
+import argparse
+import http.server
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented in README.md)
+
+# (node, profile, seed, scenario events as TOML, expected alerts as (alertname, gpu))
+FAULT_AT = "12s"
+NODES = [
+    ("node-01", "8xH100-SXM", 11, [dict(gpu=3, action="fall-off-bus")], [("GPUFallenOffBus", "3")]),
+    ("node-02", "4xA100-80GB-MIG", 12, [dict(gpu=2, action="ecc-dbe", count=2)],
+     [("GPUDoubleBitECCError", "2"), ("GPURetiredPagesPending", "2")]),
+    ("node-03", "8xH100-SXM", 13, [dict(gpu=5, action="thermal-throttle", temperature=95, duration="1h")],
+     [("GPUTemperatureHigh", "5"), ("GPUThermalThrottling", "5")]),
+    ("node-04", "1xA100-40GB", 14, [dict(gpu=0, action="pcie-replays", count=5000)], [("GPUPCIeReplaysRising", "0")]),
+    ("node-05", "8xH100-SXM", 15, [dict(gpu=1, action="nvlink-errors", count=5000)], [("GPUNVLinkErrors", "1")]),
+    ("node-06", "4xA100-80GB-MIG", 16, [dict(gpu=3, action="row-remap-failure")], [("GPURowRemapFailure", "3")]),
+    ("node-07", "8xH100-SXM", 17, [dict(gpu=6, action="xid", xid=119)], [("GPUCriticalXID", "6")]),
+    ("node-08", "1xA100-40GB", 18, [], [("GPUExporterDown", "")]),  # killed after its first scrape
+] + [
+    (f"node-{i:02d}", ["8xH100-SXM", "4xA100-80GB-MIG", "1xA100-40GB"][i % 3], 100 + i,
+     # The GPU a fake-kubelet pod holds (pods mode) is kept busy, so GPUUnderutilized stays quiet.
+     [dict(at="0s", gpu=0, action="utilization", pattern="constant", value=60)] if i in (9, 11) else [], [])
+    for i in range(9, 21)
+]
+KILLED = "node-08"
+# Dashboard variables: one real node for the node dashboard (an H100 node, so NVLink has data).
+VARIABLES = {
+    "gpu-exporter-cluster": {"hostname": ".*"},
+    "gpu-exporter-node": {"hostname": "node-03", "gpu": ".*"},
+    "gpu-exporter-workloads": {"hostname": ".*", "namespace": ".*", "pod": ".*"},
+}
+GRAFANA_BUILTINS = {"__rate_interval": "30s", "__interval": "10s", "__range": "1m"}
+# NVIDIA's dashboard (grafana.com 12239) with its variables $instance and $gpu set to "All".
+NVIDIA_12239 = [
+    'DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"}',
+    'avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"})',
+    'DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"}',
+    'sum(DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"})',
+    'DCGM_FI_DEV_SM_CLOCK{instance=~"$instance", gpu=~"$gpu"} * 1000000',
+    'DCGM_FI_DEV_GPU_UTIL{instance=~"$instance", gpu=~"$gpu"}',
+    'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}',
+    'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}',
+    'label_values(DCGM_FI_DEV_GPU_TEMP, instance)',
+    'label_values(DCGM_FI_DEV_GPU_TEMP, gpu)',
+]
+
+
+def log(msg):
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Failure(Exception):
+    pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read()
+
+
+def wait_for(what, fn, deadline_s, interval=0.5):
+    """Polls fn() until it returns a truthy value or the deadline passes."""
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        try:
+            v = fn()
+            if v:
+                return v
+        except (OSError, urllib.error.URLError, ValueError) as e:
+            last = e
+        time.sleep(interval)
+    raise Failure(f"timed out after {deadline_s}s waiting for {what}" + (f" (last error: {last})" if last else ""))
+
+
+class Procs:
+    """Started processes, stopped (TERM, then KILL) on exit."""
+
+    def __init__(self, logdir):
+        self.procs = {}
+        self.logdir = logdir
+
+    def start(self, name, argv, env=None):
+        out = open(self.logdir / f"{name}.log", "wb")
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=dict(os.environ, **(env or {})), start_new_session=True)
+        self.procs[name] = p
+        return p
+
+    def alive(self, name):
+        return self.procs[name].poll() is None
+
+    def stop(self, name):
+        p = self.procs[name]
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+    def stop_all(self):
+        for name in list(self.procs):
+            self.stop(name)
+
+    def tail(self, name, n=20):
+        try:
+            lines = (self.logdir / f"{name}.log").read_text(errors="replace").splitlines()
+            return "\n".join(lines[-n:])
+        except OSError:
+            return ""
+
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    """Alertmanager webhook receiver: records every alert it is sent."""
+
+    alerts = []
+    lock = threading.Lock()
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        payload = json.loads(body)
+        with Receiver.lock:
+            Receiver.alerts.extend(a["labels"] for a in payload.get("alerts", []) if a.get("status") == "firing")
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def key(labels):
+    host = labels.get("hostname") or labels.get("Hostname") or labels.get("node", "")
+    return (labels["alertname"], host, labels.get("gpu", ""))
+
+
+def expected_alerts():
+    return sorted((a, node, gpu) for node, _, _, _, exp in NODES for a, gpu in exp)
+
+
+def scenario_toml(events):
+    out = []
+    for ev in events:
+        out.append("[[event]]")
+        out.append(f'at = "{ev.get("at", FAULT_AT)}"')
+        for k, v in ev.items():
+            if k == "at":
+                continue
+            out.append(f"{k} = {json.dumps(v)}")
+        out.append("")
+    return "\n".join(out)
+
+
+def shorten_for(rules_text):
+    """The documented mechanical rewrite: every `for:` longer than FOR_CAP_S becomes FOR_CAP_S."""
+    def secs(d):
+        return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+)([hms])", d))
+
+    def repl(m):
+        return f"{m.group(1)}for: {FOR_CAP_S}s" if secs(m.group(2)) > FOR_CAP_S else m.group(0)
+
+    return re.sub(r"^(\s*)for: (\S+)\s*$", repl, rules_text, flags=re.M)
+
+
+def fill(expr, variables):
+    values = dict(GRAFANA_BUILTINS, **variables)
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
+    return expr
+
+
+def needs_pods(expr):
+    return ('pod!=""' in expr or "gpu_exporter_gpu_pod_info" in expr
+            or re.search(r",\s*(namespace|pod)\)\s*$", expr) is not None)
+
+
+class Prom:
+    def __init__(self, base):
+        self.base = base
+
+    def api(self, path, **params):
+        url = f"{self.base}{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
+        _, body = http_get(url, timeout=10)
+        doc = json.loads(body)
+        if doc.get("status") != "success":
+            raise Failure(f"{path} {params}: {doc}")
+        return doc["data"]
+
+    def query(self, expr):
+        m = re.match(r"^label_values\((.*),\s*(\w+)\)$", expr.strip())
+        if m:
+            data = self.api("/api/v1/series", **{"match[]": m.group(1)})
+            return [s for s in data if m.group(2) in s]
+        try:
+            return self.api("/api/v1/query", query=expr)["result"]
+        except urllib.error.HTTPError as e:
+            raise Failure(f"query rejected: {expr}: {e.read().decode(errors='replace')}") from e
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--binary", required=True, help="gpu-exporter release binary")
+    ap.add_argument("--fake-kubelet", default="", help="fake-kubelet binary (issue 4); pods mode when given")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    for tool in ["prometheus", "prometheus-alertmanager", "promtool"]:
+        if not shutil.which(tool):
+            raise Failure(f"{tool} not found: apt-get install prometheus prometheus-alertmanager")
+    work = pathlib.Path(tempfile.mkdtemp(prefix="gpu-exporter-e2e-"))
+    (work / "logs").mkdir()
+    procs = Procs(work / "logs")
+    started = time.monotonic()
+    ok = False
+    try:
+        run(args, work, procs)
+        ok = True
+    finally:
+        procs.stop_all()
+        log(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - started:.0f}s; logs in {work / 'logs'}")
+        if ok and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, work, procs):
+    # Webhook receiver (in this process).
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    hook_port = hook.server_address[1]
+
+    # Exporters.
+    ports = {}
+    pods_mode = bool(args.fake_kubelet)
+    for node, profile, seed, events, _ in NODES:
+        port = free_port()
+        ports[node] = port
+        scen = work / f"{node}.toml"
+        scen.write_text(scenario_toml(events))
+        argv = [args.binary, "--backend", "sim", "--sim-profile", profile, "--sim-seed", str(seed),
+                "--sim-scenario", str(scen), "-a", f"127.0.0.1:{port}", "-c", "1000"]
+        if pods_mode and node in PODS_NODES:
+            argv += ["-k", "--pod-resources-kubelet-socket", str(work / f"{node}-kubelet.sock")]
+        procs.start(node, argv, env={"NODE_NAME": node})
+    for node, port in ports.items():
+        wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready")[0] == 200, 30)
+        if not procs.alive(node):
+            raise Failure(f"{node} exited:\n{procs.tail(node)}")
+    log(f"{len(ports)} exporters ready")
+    if pods_mode:
+        start_fake_kubelets(args.fake_kubelet, work, procs, ports)
+
+    # Alertmanager.
+    am_port = free_port()
+    (work / "alertmanager.yml").write_text(json.dumps({
+        "route": {"receiver": "hook", "group_by": ["..."], "group_wait": "1s", "group_interval": "2s",
+                  "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [
+            {"url": f"http://127.0.0.1:{hook_port}/", "send_resolved": False}]}],
+    }))
+    procs.start("alertmanager", ["prometheus-alertmanager", f"--config.file={work / 'alertmanager.yml'}",
+                                 f"--storage.path={work / 'am-data'}", f"--web.listen-address=127.0.0.1:{am_port}",
+                                 "--cluster.listen-address="])
+    wait_for("alertmanager ready", lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready")[0] == 200, 30)
+
+    # Prometheus.
+    rules = work / "rules.yml"
+    rules.write_text(shorten_for((ROOT / "alerts/gpu-exporter.rules.yml").read_text()))
+    r = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=30)
+    if r.returncode:
+        raise Failure(f"shortened rules do not check: {r.stdout}{r.stderr}")
+    (work / "targets.json").write_text(json.dumps(
+        [{"targets": [f"127.0.0.1:{p}"], "labels": {"node": n}} for n, p in ports.items()]))
+    prom_port = free_port()
+    (work / "prometheus.yml").write_text(json.dumps({
+        "global": {"scrape_interval": "2s", "scrape_timeout": "1s", "evaluation_interval": "2s"},
+        "rule_files": [str(rules)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+        "scrape_configs": [{"job_name": "gpu-exporter",
+                            "file_sd_configs": [{"files": [str(work / "targets.json")], "refresh_interval": "5s"}]}],
+    }))
+    procs.start("prometheus", ["prometheus", f"--config.file={work / 'prometheus.yml'}",
+                               f"--storage.tsdb.path={work / 'prom-data'}", "--storage.tsdb.retention.time=1h",
+                               f"--web.listen-address=127.0.0.1:{prom_port}"])
+    prom = Prom(f"http://127.0.0.1:{prom_port}")
+    wait_for("prometheus ready", lambda: http_get(f"{prom.base}/-/ready")[0] == 200, 60)
+
+    def all_up():
+        active = prom.api("/api/v1/targets")["activeTargets"]
+        return len(active) == len(ports) and all(t["health"] == "up" for t in active)
+    wait_for("every target scraped and up", all_up, 60)
+    log("Prometheus scrapes every exporter")
+    procs.stop(KILLED)
+    log(f"stopped {KILLED} (exporter down)")
+
+    check_alerts(prom, am_port)
+    check_dashboards(prom, pods_mode)
+    report_memory(procs)
+
+
+def check_alerts(prom, am_port):
+    want = expected_alerts()
+
+    def prom_alerts():
+        return sorted(key(a["labels"]) for a in prom.api("/api/v1/alerts")["alerts"])
+
+    def received():
+        with Receiver.lock:
+            return sorted({key(a) for a in Receiver.alerts})
+
+    try:
+        wait_for("every expected alert at the receiver", lambda: set(want) <= set(received()), 180, 1)
+    except Failure as e:
+        raise Failure(f"{e}\n  missing: {sorted(set(want) - set(received()))}\n  "
+                      f"in Prometheus: {prom_alerts()}") from None
+    log(f"all {len(want)} expected alerts delivered")
+    # No more alerts may be on their way: let Prometheus evaluate the rules for longer than the
+    # (shortened) `for:` of any rule, then nothing may be pending or firing beyond the expected set.
+    groups = prom.api("/api/v1/rules")["groups"]
+    t0 = max(g["lastEvaluation"] for g in groups)
+
+    def evaluated_past():
+        gs = prom.api("/api/v1/rules")["groups"]
+        done = [g for g in gs if parse_ts(g["lastEvaluation"]) >= parse_ts(t0) + FOR_CAP_S + 4]
+        return len(done) == len(gs)
+    wait_for(f"rules evaluated {FOR_CAP_S + 4}s past the last expected alert", evaluated_past, 60)
+    got = prom_alerts()
+    if got != want:
+        raise Failure(f"Prometheus alerts differ from the expected set\n  unexpected: "
+                      f"{sorted(set(got) - set(want))}\n  missing: {sorted(set(want) - set(got))}\n  "
+                      f"all: {got}")
+    states = {a["state"] for a in prom.api("/api/v1/alerts")["alerts"]}
+    if states != {"firing"}:
+        raise Failure(f"alerts not all firing: {states}")
+    _, body = http_get(f"http://127.0.0.1:{am_port}/api/v2/alerts?active=true")
+    am = sorted(key(a["labels"]) for a in json.loads(body))
+    if am != want:
+        raise Failure(f"Alertmanager alerts differ: unexpected {sorted(set(am) - set(want))}, "
+                      f"missing {sorted(set(want) - set(am))}")
+    # Alertmanager flushes each group every group_interval (2s): wait for one more flush.
+    wait_for("Alertmanager flush", lambda: received() == want or len(received()) > len(want), 10)
+    if received() != want:
+        raise Failure(f"receiver got {received()}, want {want}")
+    with Receiver.lock:
+        per_alert = {}
+        for a in Receiver.alerts:
+            per_alert.setdefault(key(a), []).append(a)
+    log(f"exactly the expected alerts reached the receiver: {want}")
+    return per_alert
+
+
+def parse_ts(ts):
+    # RFC 3339 with nanoseconds, e.g. 2026-12-02T10:00:00.123456789Z
+    m = re.match(r"(\d+)-(\d+)-(\d+)T(\d+):(\d+):(\d+)(\.\d+)?Z", ts)
+    if not m:
+        raise ValueError(f"timestamp {ts!r}")
+    import calendar
+    y, mo, d, h, mi, s = (int(x) for x in m.groups()[:6])
+    return calendar.timegm((y, mo, d, h, mi, s)) + float(m.group(7) or 0)
+
+
+def check_dashboards(prom, pods_mode):
+    failures, skipped, passed = [], [], 0
+    for path in sorted((ROOT / "dashboards").glob("*.json")):
+        d = json.loads(path.read_text())
+        variables = VARIABLES[d["uid"]]
+        queries = []
+        for p in d["panels"]:
+            for t in p.get("targets", []):
+                queries.append((f'{path.name}: "{p["title"]}" {t["refId"]}', t["expr"]))
+        for v in d["templating"]["list"]:
+            if v["type"] == "query":
+                queries.append((f"{path.name}: variable {v['name']}", v["query"]["query"]))
+        for where, expr in queries:
+            q = fill(expr, variables)
+            if "$" in q:
+                failures.append(f"{where}: unfilled variable in {q}")
+                continue
+            result = prom.query(q)
+            if result:
+                passed += 1
+            elif needs_pods(expr) and not pods_mode:
+                skipped.append(where)
+            else:
+                failures.append(f"{where}: no data for {q}")
+    for expr in NVIDIA_12239:
+        q = fill(expr, {"instance": ".*", "gpu": ".*"})
+        if prom.query(q):
+            passed += 1
+        else:
+            failures.append(f"NVIDIA 12239: no data for {q}")
+    log(f"dashboard queries: {passed} returned data, {len(skipped)} skipped (need pod labels: no fake "
+        f"kubelet), {len(failures)} failed")
+    for s in skipped:
+        log(f"  skipped: {s}")
+    if failures:
+        raise Failure("dashboard queries without data:\n  " + "\n  ".join(failures))
+
+
+def report_memory(procs):
+    peaks = []
+    for node, _, _, _, _ in NODES:
+        if node == KILLED or not procs.alive(node):
+            continue
+        status = pathlib.Path(f"/proc/{procs.procs[node].pid}/status").read_text()
+        hwm = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
+        peaks.append((hwm, node))
+    peaks.sort()
+    log(f"exporter peak RSS (VmHWM): min {peaks[0][0] / 1024:.1f} MiB ({peaks[0][1]}), "
+        f"max {peaks[-1][0] / 1024:.1f} MiB ({peaks[-1][1]})")
+
+
+# --- Pod labels through the fake kubelet (issue 4). Used only when --fake-kubelet is given. ---
+# Assumed interface: `fake-kubelet --socket PATH --assignments FILE`, FILE in the YAML-compatible
+# JSON below (pods -> containers -> devices {resource, ids}). Adjust here if issue 4 chose otherwise.
+PODS_NODES = ("node-09", "node-11")
+
+
+def start_fake_kubelets(binary, work, procs, ports):
+    for node in PODS_NODES:
+        _, body = http_get(f"http://127.0.0.1:{ports[node]}/metrics")
+        uuids = sorted(set(re.findall(r'gpu="0",UUID="(GPU-[^"]+)"', body.decode())))
+        if not uuids:
+            raise Failure(f"{node}: no GPU UUIDs in /metrics")
+        sock = work / f"{node}-kubelet.sock"
+        assignments = work / f"{node}-pods.yaml"
+        assignments.write_text(json.dumps({"pods": [{
+            "namespace": "ml", "name": f"trainer-{node}", "containers": [{
+                "name": "main", "devices": [{"resource": "nvidia.com/gpu", "ids": [uuids[0]]}]}]}]}))
+        procs.start(f"{node}-kubelet", [binary, "--socket", str(sock), "--assignments", str(assignments)])
+        wait_for(f"{node} fake kubelet socket", sock.exists, 20)
+        if not procs.alive(f"{node}-kubelet"):
+            raise Failure(f"fake-kubelet for {node} exited (assignments format?):\n{procs.tail(node + '-kubelet')}")
+    log(f"fake kubelets serve pods for {', '.join(PODS_NODES)}")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
+    try:
+        main()
+    except Failure as e:
+        log(f"FAILED: {e}")
+        sys.exit(1)

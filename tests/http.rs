@@ -1,0 +1,198 @@
+//! HTTP: the router as a `tower::Service` (status codes, content type, body identity, readiness
+//! going stale under paused time) and one real server on 127.0.0.1:0 running the whole pipeline.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use bytes::Bytes;
+use gpu_exporter::http::{router, AppState, CONTENT_TYPE};
+use gpu_exporter::sampler::Published;
+use gpu_exporter::self_metrics::SelfMetrics;
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+const INTERVAL: Duration = Duration::from_secs(10);
+
+fn app() -> (
+    axum::Router,
+    watch::Sender<Option<Arc<Published>>>,
+    Arc<SelfMetrics>,
+) {
+    let (tx, rx) = watch::channel(None);
+    let metrics = Arc::new(SelfMetrics::default());
+    let r = router(AppState {
+        published: rx,
+        interval: INTERVAL,
+        metrics: Arc::clone(&metrics),
+    });
+    (r, tx, metrics)
+}
+
+async fn call(r: &axum::Router, method: Method, uri: &str) -> (StatusCode, Option<String>, Bytes) {
+    let resp = r
+        .clone()
+        .oneshot(
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, ct, body)
+}
+
+fn publish(tx: &watch::Sender<Option<Arc<Published>>>, body: &'static str) {
+    tx.send_replace(Some(Arc::new(Published {
+        body: Bytes::from_static(body.as_bytes()),
+        at: Instant::now(),
+        series: 1,
+    })));
+}
+
+#[tokio::test]
+async fn before_the_first_sample_metrics_and_ready_are_503_and_health_is_200() {
+    let (r, _tx, _) = app();
+    let (s, _, body) = call(&r, Method::GET, "/metrics").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body, "no sample taken yet\n");
+    let (s, _, body) = call(&r, Method::GET, "/ready").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(std::str::from_utf8(&body).unwrap().contains("no sample"));
+    let (s, _, body) = call(&r, Method::GET, "/health").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(body, "OK\n");
+}
+
+#[tokio::test]
+async fn metrics_serves_the_published_bytes_with_the_0_0_4_content_type() {
+    let (r, tx, metrics) = app();
+    publish(&tx, "# HELP x h\n# TYPE x gauge\nx 1\n");
+    let (s, ct, body) = call(&r, Method::GET, "/metrics").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(ct.as_deref(), Some(CONTENT_TYPE));
+    assert_eq!(
+        ct.as_deref(),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    assert_eq!(body, "# HELP x h\n# TYPE x gauge\nx 1\n");
+    let (s, _, body) = call(&r, Method::HEAD, "/metrics").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(body.is_empty());
+    assert_eq!(metrics.scrapes.load(Ordering::Relaxed), 2);
+    // A new sample replaces the body.
+    publish(&tx, "x 2\n");
+    assert_eq!(call(&r, Method::GET, "/metrics").await.2, "x 2\n");
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_get_clean_4xx() {
+    let (r, tx, _) = app();
+    publish(&tx, "x 1\n");
+    assert_eq!(
+        call(&r, Method::GET, "/nope").await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(&r, Method::POST, "/metrics").await.0,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    let (s, ct, body) = call(&r, Method::GET, "/").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(ct.unwrap().starts_with("text/html"));
+    assert!(std::str::from_utf8(&body).unwrap().contains("/metrics"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn ready_goes_503_when_the_last_sample_is_older_than_three_intervals() {
+    let (r, tx, _) = app();
+    publish(&tx, "x 1\n");
+    assert_eq!(call(&r, Method::GET, "/ready").await.0, StatusCode::OK);
+    tokio::time::advance(INTERVAL * 3).await;
+    assert_eq!(call(&r, Method::GET, "/ready").await.0, StatusCode::OK);
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let (s, _, body) = call(&r, Method::GET, "/ready").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        std::str::from_utf8(&body)
+            .unwrap()
+            .contains("more than 3 intervals"),
+        "{body:?}"
+    );
+    // Metrics keep serving the last sample meanwhile; a fresh sample makes it ready again.
+    assert_eq!(call(&r, Method::GET, "/metrics").await.0, StatusCode::OK);
+    publish(&tx, "x 2\n");
+    assert_eq!(call(&r, Method::GET, "/ready").await.0, StatusCode::OK);
+}
+
+async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test]
+async fn real_server_on_loopback_serves_the_sim_fleet_and_shuts_down_gracefully() {
+    let h = common::harness(
+        common::sim("8xH100-SXM", None),
+        common::shipped_catalog(),
+        common::build_options(),
+    );
+    let shutdown = CancellationToken::new();
+    let (pub_tx, mut pub_rx) = watch::channel(None);
+    let sampler = tokio::spawn(h.sampler.run(pub_tx, shutdown.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let r = router(AppState {
+        published: pub_rx.clone(),
+        interval: INTERVAL,
+        metrics: Arc::clone(&h.metrics),
+    });
+    let stop = shutdown.clone();
+    let server = tokio::spawn(gpu_exporter::http::serve(listener, r, async move {
+        stop.cancelled().await
+    }));
+
+    // Wait for the first sample through the channel, not a sleep.
+    pub_rx.wait_for(Option::is_some).await.unwrap();
+    let resp = get(addr, "/metrics").await;
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+        "{head}"
+    );
+    assert_eq!(common::series(body, "DCGM_FI_DEV_GPU_UTIL").len(), 8);
+    assert!(get(addr, "/ready").await.starts_with("HTTP/1.1 200"));
+
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
+    sampler.await.unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "listener still open after shutdown"
+    );
+}
