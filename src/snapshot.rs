@@ -308,7 +308,7 @@ fn entity_series(
         Field::ExpXidErrorsCount => {
             let window = ("window_size_in_ms", opts.xid_window_ms.to_string());
             if recent.xid_counts.is_empty() {
-                push(&[window.clone()], Value::Int(0));
+                push(std::slice::from_ref(&window), Value::Int(0));
             }
             for &(xid, n) in &recent.xid_counts {
                 push(
