@@ -54,6 +54,8 @@ pub struct FakeGpu {
     pub mig_enabled: bool,
     /// MIG slots; `None` is an empty slot.
     pub mig: Vec<Option<FakeMig>>,
+    /// The GPU instance info path answers `NoPermission` (unprivileged container).
+    pub gpu_instance_info_denied: bool,
     /// Field values by V12 `NVML_FI_*` id (scope 0).
     pub fields: HashMap<u32, FieldNum>,
     /// NVLink TX and RX KiB counters summed over links (scope `u32::MAX`).
@@ -129,6 +131,7 @@ impl FakeGpu {
             .collect(),
             mig_enabled: false,
             mig: Vec::new(),
+            gpu_instance_info_denied: false,
             fields,
             nvlink_kib: Some((0, 0)),
             timestamp_us: 1_000_000,
@@ -364,6 +367,10 @@ impl NvmlApi for FakeNvml {
         parent: &FakeHandle,
         gi_id: u32,
     ) -> Result<String, ApiError> {
+        let denied = self.gpu(parent, |g| Some(g.gpu_instance_info_denied))?;
+        if denied {
+            return Err(ApiError::NoPermission);
+        }
         self.gpu(parent, |g| {
             g.mig
                 .iter()

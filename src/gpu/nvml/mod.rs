@@ -312,11 +312,11 @@ impl<A: NvmlApi> NvmlSource<A> {
                                 .map_err(|e| convert::field_error(&e)),
                         ),
                     ];
-                    tracing::info!(
-                        driver = %api.driver_version().unwrap_or_default(),
-                        attempts = *attempts,
-                        "NVML initialised"
-                    );
+                    let driver = match &system[0].1 {
+                        Ok(v) => v.to_string(),
+                        Err(e) => e.as_str().to_owned(),
+                    };
+                    tracing::info!(%driver, attempts = *attempts, "NVML initialised");
                     *state = State::Ready(Box::new(Ready {
                         api,
                         system,
