@@ -189,6 +189,11 @@ pub struct Args {
     #[arg(long, env = "GPU_EXPORTER_BACKEND", value_enum, default_value = "nvml")]
     pub backend: Backend,
 
+    /// With `--backend nvml`: exit with an error when NVML cannot be initialised or finds no
+    /// GPU, instead of retrying in the background with `/ready` failing.
+    #[arg(long, env = "GPU_EXPORTER_REQUIRE_GPUS")]
+    pub require_gpus: bool,
+
     /// Simulated fleet: 1xA100-40GB, 8xH100-SXM, 4xA100-80GB-MIG (default 8xH100-SXM, or the
     /// scenario's profile).
     #[arg(long, env = "GPU_EXPORTER_SIM_PROFILE")]

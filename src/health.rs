@@ -176,7 +176,7 @@ impl History {
     pub fn record_sample(&mut self, uuid: &str, now: u64, sample: &DeviceSample) {
         let g = self.gpus.entry(uuid.to_owned()).or_default();
         if let Some(mask) = sample.get_i64(Field::ClocksEventReasons) {
-            g.clock_events.push_back((now, mask.cast_unsigned()));
+            g.clock_events.push_back((now, mask as u64));
         }
         g.pcie
             .observe(now, sample.get_i64(Field::PcieReplayCounter));

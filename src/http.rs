@@ -77,6 +77,13 @@ async fn ready(State(st): State<AppState>) -> (StatusCode, String) {
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: no sample taken yet\n".into(),
         ),
+        Some(p) if p.not_ready.is_some() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: {}\n",
+                p.not_ready.as_deref().unwrap_or_default()
+            ),
+        ),
         Some(p) => {
             let age = Instant::now().duration_since(p.at);
             if age > st.interval * 3 {

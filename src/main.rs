@@ -10,6 +10,8 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 use gpu_exporter::config::{Args, Backend, Config, LogFormat};
+use gpu_exporter::gpu::nvml::real::RealNvml;
+use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::scenario::Scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::GpuSource;
@@ -74,15 +76,34 @@ async fn run(args: Args) -> Result<()> {
             s.id
         );
     }
-    let backend = match config.args.backend {
-        Backend::Auto => {
-            tracing::warn!("--backend auto: the NVML backend is not available in this build; using the simulated fleet");
-            Backend::Sim
-        }
-        b => b,
+    let nvml = match config.args.backend {
+        Backend::Sim => None,
+        Backend::Nvml | Backend::Auto => Some(nvml_source(&config)?),
     };
-    match backend {
-        Backend::Sim => {
+    match nvml {
+        Some(source) if source.init_error().is_none() || config.args.backend == Backend::Nvml => {
+            serve(
+                config_with_supported(&mut config, &source),
+                Arc::new(source),
+            )
+            .await
+        }
+        Some(source) => {
+            tracing::warn!(
+                "--backend auto: {}; using the simulated fleet",
+                source
+                    .init_error()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default()
+            );
+            let source = sim_source(&config)?;
+            serve(
+                config_with_supported(&mut config, &source),
+                Arc::new(source),
+            )
+            .await
+        }
+        None => {
             let source = sim_source(&config)?;
             if config.args.list_devices {
                 return list_devices(&source);
@@ -93,10 +114,26 @@ async fn run(args: Args) -> Result<()> {
             )
             .await
         }
-        Backend::Nvml | Backend::Auto => anyhow::bail!(
-            "--backend nvml: the NVML backend is not available in this build; use --backend sim"
-        ),
     }
+}
+
+fn nvml_source(config: &Config) -> Result<NvmlSource<RealNvml>> {
+    let source = NvmlSource::real(RetryPolicy::default());
+    if config.args.require_gpus {
+        if let Some(e) = source.init_error() {
+            anyhow::bail!("--require-gpus: {e}");
+        }
+        let gpus = source
+            .devices()
+            .map_err(|e| anyhow::anyhow!(gpu_exporter::error_chain(&e)))
+            .context("--require-gpus")?;
+        if gpus.is_empty() {
+            anyhow::bail!("--require-gpus: NVML is up but lists no GPU");
+        }
+    } else if source.init_error().is_some() && config.args.backend == Backend::Nvml {
+        tracing::warn!("NVML initialisation is retried in the background; /ready answers 503 until it succeeds (use --require-gpus to exit instead)");
+    }
+    Ok(source)
 }
 
 fn sim_source(config: &Config) -> Result<SimulatedSource> {

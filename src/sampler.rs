@@ -31,6 +31,9 @@ pub struct Published {
     pub at: Instant,
     /// GPU series in it.
     pub series: usize,
+    /// Why the GPU source is not ready (device discovery failing, e.g. NVML not loaded yet);
+    /// `None` once a discovery has succeeded. `/ready` answers 503 with this text.
+    pub not_ready: Option<String>,
 }
 
 /// One device and what reading it gave.
@@ -93,6 +96,7 @@ pub struct Sampler<S: GpuSource> {
     history: History,
     devices: Vec<Device>,
     discovered_at: Option<Instant>,
+    not_ready: Option<String>,
     started: Instant,
     inventory: Option<watch::Sender<Arc<Vec<Device>>>>,
     /// Label-type field values from each GPU's last good sample, by UUID.
@@ -119,6 +123,7 @@ impl<S: GpuSource> Sampler<S> {
             history,
             devices: Vec::new(),
             discovered_at: None,
+            not_ready: Some("no device discovery yet".into()),
             started: Instant::now(),
             inventory: None,
             last_labels: HashMap::new(),
@@ -259,6 +264,7 @@ impl<S: GpuSource> Sampler<S> {
             body: Bytes::from(body),
             at: begun,
             series: snap.series,
+            not_ready: self.not_ready.clone(),
         })
     }
 
@@ -289,17 +295,25 @@ impl<S: GpuSource> Sampler<S> {
                         changed
                     });
                 }
+                self.not_ready = None;
+                self.discovered_at = Some(now);
             }
+            // A failed discovery is retried at the next tick (the source paces its own
+            // retries, e.g. NVML initialisation with backoff).
             Ok(Err(e)) => {
                 self.metrics.count_sample_error(e.reason());
-                tracing::warn!(error = %crate::error_chain(&e), "device discovery failed; keeping the previous device list");
+                let why = crate::error_chain(&e);
+                if self.not_ready.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(error = %why, "device discovery failed; keeping the previous device list");
+                }
+                self.not_ready = Some(why);
             }
             Err(e) => {
                 self.metrics.count_sample_error("discovery_error");
                 tracing::warn!(error = %e, "device discovery thread failed");
+                self.not_ready = Some(format!("device discovery thread failed: {e}"));
             }
         }
-        self.discovered_at = Some(now);
     }
 }
 

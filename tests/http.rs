@@ -63,6 +63,7 @@ fn publish(tx: &watch::Sender<Option<Arc<Published>>>, body: &'static str) {
         body: Bytes::from_static(body.as_bytes()),
         at: Instant::now(),
         series: 1,
+        not_ready: None,
     })));
 }
 

@@ -1,0 +1,263 @@
+//! The narrow low-level NVML seam, in our vocabulary.
+//!
+//! [`NvmlApi`] lists exactly the NVML calls gpu-exporter makes, one method per C call (so a
+//! [`super::counting::Counting`] wrapper can count them), returning plain data in NVML's own
+//! units. [`super::real::RealNvml`] implements it over `nvml-wrapper`; [`super::fake::FakeNvml`]
+//! implements it in memory for tests and benchmarks. Everything above this trait (field mapping,
+//! unit conversion, MIG, GPM deltas, GPU loss) is testable without a GPU.
+
+/// Why one NVML call failed, in the terms the source acts on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// `NVML_ERROR_NOT_SUPPORTED` (or a symbol missing from an old driver).
+    #[error("not supported")]
+    NotSupported,
+    /// `NVML_ERROR_NO_PERMISSION`.
+    #[error("no permission")]
+    NoPermission,
+    /// `NVML_ERROR_NOT_FOUND` (an empty MIG slot, a GPU that went away).
+    #[error("not found")]
+    NotFound,
+    /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus.
+    #[error("GPU is lost")]
+    GpuLost,
+    /// `NVML_ERROR_TIMEOUT`.
+    #[error("timed out")]
+    Timeout,
+    /// Any other failure, with NVML's text.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// One entry of a batched `nvmlDeviceGetFieldValues` request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FieldRequest {
+    /// `NVML_FI_*` id in the V12 numbering (translated to the driver's numbering by the
+    /// implementation, see [`super::convert::translate_field_id`]).
+    pub id: u32,
+    /// `scopeId`: 0 for device-wide fields, a link id, or `u32::MAX` for "all links".
+    pub scope: u32,
+}
+
+/// A numeric field value as NVML typed it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FieldNum {
+    /// `NVML_VALUE_TYPE_UNSIGNED_*`.
+    Unsigned(u64),
+    /// `NVML_VALUE_TYPE_SIGNED_*`.
+    Signed(i64),
+    /// `NVML_VALUE_TYPE_DOUBLE`.
+    Float(f64),
+}
+
+/// One entry of a batched field-values answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldResult {
+    /// When the driver sampled the value, µs since the epoch.
+    pub timestamp_us: i64,
+    /// The value, or the per-field error.
+    pub value: Result<FieldNum, ApiError>,
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryInfo {
+    /// Total installed framebuffer.
+    pub total: u64,
+    /// Unallocated.
+    pub free: u64,
+    /// Allocated (excluding `reserved`).
+    pub used: u64,
+    /// Reserved by the driver.
+    pub reserved: u64,
+}
+
+/// Which clock `nvmlDeviceGetClockInfo` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockKind {
+    /// Streaming multiprocessor clock.
+    Sm,
+    /// Memory clock.
+    Memory,
+    /// Video engine clock.
+    Video,
+}
+
+/// An infoROM object (`nvmlDeviceGetInforomVersion`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InforomObject {
+    /// OEM object.
+    Oem,
+    /// ECC object.
+    Ecc,
+    /// Power management object.
+    Power,
+}
+
+/// The GPM metrics gpu-exporter asks for (`NVML_GPM_METRIC_*`). Utilisations are 0-100 %,
+/// rates MiB/s, as NVML defines them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GpmMetric {
+    /// `GRAPHICS_UTIL`.
+    GraphicsUtil,
+    /// `SM_UTIL`.
+    SmUtil,
+    /// `SM_OCCUPANCY`.
+    SmOccupancy,
+    /// `ANY_TENSOR_UTIL`.
+    AnyTensorUtil,
+    /// `DRAM_BW_UTIL`.
+    DramBwUtil,
+    /// `FP64_UTIL`.
+    Fp64Util,
+    /// `FP32_UTIL`.
+    Fp32Util,
+    /// `FP16_UTIL`.
+    Fp16Util,
+    /// `PCIE_TX_PER_SEC`.
+    PcieTxPerSec,
+    /// `PCIE_RX_PER_SEC`.
+    PcieRxPerSec,
+    /// `NVLINK_TOTAL_TX_PER_SEC`.
+    NvlinkTotalTxPerSec,
+    /// `NVLINK_TOTAL_RX_PER_SEC`.
+    NvlinkTotalRxPerSec,
+}
+
+/// An XID reported through the event set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XidReport {
+    /// UUID of the GPU it happened on (`GPU-…`).
+    pub uuid: String,
+    /// The XID.
+    pub xid: u64,
+}
+
+/// An event set and the devices (by position in the request) that could not register, with why.
+pub type Registered<E> = (E, Vec<(usize, ApiError)>);
+
+/// A registered NVML event set (`nvmlEventSetWait_v2`). `Send`, used from one thread.
+pub trait EventWait: Send + 'static {
+    /// Waits up to `timeout_ms` for the next critical XID. `Ok(None)` on timeout.
+    ///
+    /// # Errors
+    /// The NVML error that stopped waiting.
+    fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidReport>, ApiError>;
+}
+
+/// The NVML calls gpu-exporter makes. One method per C call; blocking.
+pub trait NvmlApi: Send + Sync + 'static {
+    /// A device handle (physical GPU or MIG device). Cheap to clone.
+    type Device: Clone + Send + Sync + 'static;
+    /// A GPM sample buffer.
+    type GpmSample: Send + 'static;
+    /// The event set type.
+    type Events: EventWait;
+
+    /// `nvmlSystemGetDriverVersion`.
+    fn driver_version(&self) -> Result<String, ApiError>;
+    /// `nvmlSystemGetNVMLVersion`.
+    fn nvml_version(&self) -> Result<String, ApiError>;
+    /// `nvmlSystemGetCudaDriverVersion_v2` (major*1000 + minor*10).
+    fn cuda_driver_version(&self) -> Result<i32, ApiError>;
+    /// `nvmlDeviceGetCount_v2`.
+    fn device_count(&self) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetHandleByIndex_v2`.
+    fn device_by_index(&self, index: u32) -> Result<Self::Device, ApiError>;
+
+    /// `nvmlDeviceGetUUID`.
+    fn uuid(&self, d: &Self::Device) -> Result<String, ApiError>;
+    /// `nvmlDeviceGetPciInfo_v3`: the bus id, `00000000:8D:00.0` form.
+    fn pci_bus_id(&self, d: &Self::Device) -> Result<String, ApiError>;
+    /// `nvmlDeviceGetMinorNumber`.
+    fn minor_number(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetName`.
+    fn name(&self, d: &Self::Device) -> Result<String, ApiError>;
+    /// `nvmlDeviceGetBrand`, as a display string.
+    fn brand(&self, d: &Self::Device) -> Result<String, ApiError>;
+    /// `nvmlDeviceGetSerial`.
+    fn serial(&self, d: &Self::Device) -> Result<String, ApiError>;
+    /// `nvmlDeviceGetVbiosVersion`.
+    fn vbios_version(&self, d: &Self::Device) -> Result<String, ApiError>;
+    /// `nvmlDeviceGetInforomVersion`.
+    fn inforom_version(&self, d: &Self::Device, obj: InforomObject) -> Result<String, ApiError>;
+    /// `nvmlDeviceGetInforomImageVersion`.
+    fn inforom_image_version(&self, d: &Self::Device) -> Result<String, ApiError>;
+    /// `nvmlGpmQueryDeviceSupport`.
+    fn gpm_supported(&self, d: &Self::Device) -> Result<bool, ApiError>;
+
+    /// `nvmlDeviceGetMigMode`: whether MIG is currently enabled.
+    fn mig_enabled(&self, d: &Self::Device) -> Result<bool, ApiError>;
+    /// `nvmlDeviceGetMaxMigDeviceCount`: MIG device *slots*.
+    fn mig_device_slots(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetMigDeviceHandleByIndex`; `Err(NotFound)` for an empty slot.
+    fn mig_device_by_index(&self, d: &Self::Device, slot: u32) -> Result<Self::Device, ApiError>;
+    /// `nvmlDeviceGetGpuInstanceId` of a MIG device.
+    fn gpu_instance_id(&self, mig: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetComputeInstanceId` of a MIG device.
+    fn compute_instance_id(&self, mig: &Self::Device) -> Result<u32, ApiError>;
+    /// The GPU instance profile name NVML reports for GPU instance `gi_id` of `parent`
+    /// (`nvmlDeviceGetGpuInstanceById` → `nvmlGpuInstanceGetInfo` →
+    /// `nvmlDeviceGetGpuInstanceProfileInfoByIdV`), e.g. `MIG 3g.40gb`.
+    fn gpu_instance_profile_name(
+        &self,
+        parent: &Self::Device,
+        gi_id: u32,
+    ) -> Result<String, ApiError>;
+
+    /// `nvmlDeviceGetFieldValues`: one call for the whole batch. The outer error is the call's;
+    /// per-field errors are inside, in request order.
+    fn field_values(
+        &self,
+        d: &Self::Device,
+        requests: &[FieldRequest],
+    ) -> Result<Vec<FieldResult>, ApiError>;
+    /// `nvmlDeviceGetMemoryInfo_v2` (works on MIG device handles).
+    fn memory_info(&self, d: &Self::Device) -> Result<MemoryInfo, ApiError>;
+    /// `nvmlDeviceGetUtilizationRates`: (gpu %, memory %).
+    fn utilization(&self, d: &Self::Device) -> Result<(u32, u32), ApiError>;
+    /// `nvmlDeviceGetEncoderUtilization`, %.
+    fn encoder_utilization(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetDecoderUtilization`, %.
+    fn decoder_utilization(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetClockInfo`, MHz.
+    fn clock(&self, d: &Self::Device, kind: ClockKind) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)`, °C.
+    fn temperature(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetPowerUsage`, mW.
+    fn power_usage(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetPowerManagementLimit`, mW.
+    fn power_limit(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetEnforcedPowerLimit`, mW.
+    fn enforced_power_limit(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetPerformanceState`, 0-15.
+    fn performance_state(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetFanSpeed_v2(fan 0)`, %.
+    fn fan_speed(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetCurrPcieLinkGeneration`.
+    fn pcie_link_gen(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetCurrPcieLinkWidth`.
+    fn pcie_link_width(&self, d: &Self::Device) -> Result<u32, ApiError>;
+    /// `nvmlDeviceGetCurrentClocksEventReasons`: the bitmask.
+    fn clocks_event_reasons(&self, d: &Self::Device) -> Result<u64, ApiError>;
+
+    /// `nvmlGpmSampleGet` on a physical GPU.
+    fn gpm_sample(&self, d: &Self::Device) -> Result<Self::GpmSample, ApiError>;
+    /// `nvmlGpmMigSampleGet` for GPU instance `gi_id` of `parent`.
+    fn gpm_mig_sample(
+        &self,
+        parent: &Self::Device,
+        gi_id: u32,
+    ) -> Result<Self::GpmSample, ApiError>;
+    /// `nvmlGpmMetricsGet` over two samples of the same device, in request order.
+    fn gpm_metrics(
+        &self,
+        earlier: &Self::GpmSample,
+        later: &Self::GpmSample,
+        metrics: &[GpmMetric],
+    ) -> Result<Vec<Result<f64, ApiError>>, ApiError>;
+
+    /// `nvmlEventSetCreate` + `nvmlDeviceRegisterEvents(nvmlEventTypeXidCriticalError)` for
+    /// each device. Devices that cannot register are skipped and returned with their error.
+    fn xid_events(&self, devices: &[Self::Device]) -> Result<Registered<Self::Events>, ApiError>;
+}

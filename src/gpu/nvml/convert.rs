@@ -1,0 +1,605 @@
+//! Pure translation between NVML and DCGM: which NVML call serves each [`Field`], the unit
+//! conversions DCGM applies, and the `NVML_FI_*` renumbering of drivers ≥ 580.82.
+//!
+//! Nothing here calls NVML; every function is a plain function of its arguments.
+
+use crate::catalog::Field;
+use crate::gpu::{FieldError, Value};
+
+use super::api::{ApiError, ClockKind, FieldNum, GpmMetric, InforomObject};
+
+/// `NVML_FI_*` ids used here, V12 numbering (nvml-wrapper-sys 0.10 / CUDA ≤ 13.0).
+pub mod fi {
+    /// `NVML_FI_DEV_ECC_CURRENT`.
+    pub const ECC_CURRENT: u32 = 1;
+    /// `NVML_FI_DEV_ECC_SBE_VOL_TOTAL`.
+    pub const ECC_SBE_VOL_TOTAL: u32 = 3;
+    /// `NVML_FI_DEV_ECC_DBE_VOL_TOTAL`.
+    pub const ECC_DBE_VOL_TOTAL: u32 = 4;
+    /// `NVML_FI_DEV_ECC_SBE_AGG_TOTAL`.
+    pub const ECC_SBE_AGG_TOTAL: u32 = 5;
+    /// `NVML_FI_DEV_ECC_DBE_AGG_TOTAL`.
+    pub const ECC_DBE_AGG_TOTAL: u32 = 6;
+    /// `NVML_FI_DEV_RETIRED_SBE`.
+    pub const RETIRED_SBE: u32 = 29;
+    /// `NVML_FI_DEV_RETIRED_DBE`.
+    pub const RETIRED_DBE: u32 = 30;
+    /// `NVML_FI_DEV_RETIRED_PENDING`.
+    pub const RETIRED_PENDING: u32 = 31;
+    /// `NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL`.
+    pub const NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: u32 = 38;
+    /// `NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL`.
+    pub const NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: u32 = 45;
+    /// `NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL`.
+    pub const NVLINK_REPLAY_ERROR_COUNT_TOTAL: u32 = 52;
+    /// `NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL`.
+    pub const NVLINK_RECOVERY_ERROR_COUNT_TOTAL: u32 = 59;
+    /// `NVML_FI_DEV_PERF_POLICY_POWER` (ns).
+    pub const PERF_POLICY_POWER: u32 = 74;
+    /// `NVML_FI_DEV_PERF_POLICY_THERMAL` (ns).
+    pub const PERF_POLICY_THERMAL: u32 = 75;
+    /// `NVML_FI_DEV_PERF_POLICY_SYNC_BOOST` (ns).
+    pub const PERF_POLICY_SYNC_BOOST: u32 = 76;
+    /// `NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT` (ns).
+    pub const PERF_POLICY_BOARD_LIMIT: u32 = 77;
+    /// `NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION` (ns).
+    pub const PERF_POLICY_LOW_UTILIZATION: u32 = 78;
+    /// `NVML_FI_DEV_PERF_POLICY_RELIABILITY` (ns).
+    pub const PERF_POLICY_RELIABILITY: u32 = 79;
+    /// `NVML_FI_DEV_MEMORY_TEMP` (°C).
+    pub const MEMORY_TEMP: u32 = 82;
+    /// `NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION` (mJ).
+    pub const TOTAL_ENERGY_CONSUMPTION: u32 = 83;
+    /// `NVML_FI_DEV_PCIE_REPLAY_COUNTER`.
+    pub const PCIE_REPLAY_COUNTER: u32 = 94;
+    /// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX` (KiB, cumulative; scope = link or all).
+    pub const NVLINK_THROUGHPUT_DATA_TX: u32 = 138;
+    /// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX` (KiB, cumulative).
+    pub const NVLINK_THROUGHPUT_DATA_RX: u32 = 139;
+    /// `NVML_FI_DEV_REMAPPED_COR`.
+    pub const REMAPPED_COR: u32 = 142;
+    /// `NVML_FI_DEV_REMAPPED_UNC`.
+    pub const REMAPPED_UNC: u32 = 143;
+    /// `NVML_FI_DEV_REMAPPED_PENDING`.
+    pub const REMAPPED_PENDING: u32 = 144;
+    /// `NVML_FI_DEV_REMAPPED_FAILURE`.
+    pub const REMAPPED_FAILURE: u32 = 145;
+    /// `NVML_FI_DEV_POWER_INSTANT` (mW).
+    pub const POWER_INSTANT: u32 = 186;
+    /// `NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN` (first id NVIDIA renumbered).
+    pub const CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: u32 = 251;
+}
+
+/// `scopeId` meaning "summed over all links" for NVLink fields.
+pub const ALL_LINKS: u32 = u32::MAX;
+
+/// The `NVML_FI_*` numbering a driver uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldIdScheme {
+    /// CUDA ≤ 13.0 numbering (drivers before 580.82), the one [`fi`] uses.
+    V12,
+    /// CUDA 13.0 Update 1 numbering (drivers 580.82 and later): ids 251–273 moved.
+    V13Update1,
+}
+
+impl FieldIdScheme {
+    /// The scheme of a driver version string such as `580.82.07`. Unparseable versions are
+    /// taken as the older scheme, as the ids below 251 are the same in both.
+    pub fn for_driver(version: &str) -> Self {
+        let mut parts = version.trim().split('.');
+        let major: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let minor: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        if (major, minor) >= (580, 82) {
+            Self::V13Update1
+        } else {
+            Self::V12
+        }
+    }
+}
+
+/// A V12 field id in `scheme`'s numbering. In V13U1 the clock-event/power-sync block (V12
+/// 251–255) moved to 269–273 and the power-smoothing block (V12 256–273) to 251–268.
+pub fn translate_field_id(scheme: FieldIdScheme, v12: u32) -> u32 {
+    match (scheme, v12) {
+        (FieldIdScheme::V12, id) => id,
+        (FieldIdScheme::V13Update1, id @ 251..=255) => id + 18,
+        (FieldIdScheme::V13Update1, id @ 256..=273) => id - 5,
+        (FieldIdScheme::V13Update1, id) => id,
+    }
+}
+
+/// The inverse of [`translate_field_id`]: a driver's id in V12 numbering.
+pub fn field_id_to_v12(scheme: FieldIdScheme, id: u32) -> u32 {
+    match (scheme, id) {
+        (FieldIdScheme::V12, id) => id,
+        (FieldIdScheme::V13Update1, id @ 269..=273) => id - 18,
+        (FieldIdScheme::V13Update1, id @ 251..=268) => id + 5,
+        (FieldIdScheme::V13Update1, id) => id,
+    }
+}
+
+/// Static facts read once per discovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaticFact {
+    /// `nvmlSystemGetDriverVersion`.
+    DriverVersion,
+    /// `nvmlSystemGetNVMLVersion`.
+    NvmlVersion,
+    /// `nvmlSystemGetCudaDriverVersion_v2`.
+    CudaDriverVersion,
+    /// `nvmlDeviceGetName`.
+    Name,
+    /// `nvmlDeviceGetBrand`.
+    Brand,
+    /// `nvmlDeviceGetSerial`.
+    Serial,
+    /// `nvmlDeviceGetInforomVersion`.
+    Inforom(InforomObject),
+    /// `nvmlDeviceGetInforomImageVersion`.
+    InforomImage,
+    /// `nvmlDeviceGetVbiosVersion`.
+    Vbios,
+}
+
+/// How NVML serves one field.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Plan {
+    /// Cached at discovery.
+    Static(StaticFact),
+    /// One entry of the batched field-values call; the value is converted with `unit`.
+    FieldValue(u32, Unit),
+    /// `NVLINK_THROUGHPUT_DATA_TX` + `_RX` with scope "all links", turned into a MB/s rate.
+    NvlinkBandwidth,
+    /// `nvmlDeviceGetMemoryInfo_v2`.
+    Memory(MemoryPart),
+    /// `nvmlDeviceGetUtilizationRates` (`true`: the GPU share, `false`: memory).
+    Utilization(bool),
+    /// `nvmlDeviceGetEncoderUtilization`.
+    EncoderUtil,
+    /// `nvmlDeviceGetDecoderUtilization`.
+    DecoderUtil,
+    /// `nvmlDeviceGetClockInfo`.
+    Clock(ClockKind),
+    /// `nvmlDeviceGetTemperature`.
+    Temperature,
+    /// `nvmlDeviceGetPowerUsage`.
+    PowerUsage,
+    /// `nvmlDeviceGetPowerManagementLimit`.
+    PowerLimit,
+    /// `nvmlDeviceGetEnforcedPowerLimit`.
+    EnforcedPowerLimit,
+    /// `nvmlDeviceGetPerformanceState`.
+    Pstate,
+    /// `nvmlDeviceGetFanSpeed_v2`.
+    Fan,
+    /// `nvmlDeviceGetCurrPcieLinkGeneration`.
+    PcieLinkGen,
+    /// `nvmlDeviceGetCurrPcieLinkWidth`.
+    PcieLinkWidth,
+    /// `nvmlDeviceGetCurrentClocksEventReasons`.
+    ClocksEventReasons,
+    /// GPM metric over the interval since the previous tick.
+    Gpm(GpmMetric),
+    /// Produced by the exporter from events and history, not read per tick.
+    Derived,
+    /// Not available through NVML.
+    Unavailable,
+}
+
+/// Which part of the memory info a field reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryPart {
+    /// Total, MiB.
+    Total,
+    /// Free, MiB.
+    Free,
+    /// Used, MiB.
+    Used,
+    /// Reserved, MiB.
+    Reserved,
+    /// used / (total − reserved), 0–1.
+    UsedRatio,
+}
+
+/// The unit conversion of a field-values entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Kept as an integer.
+    Same,
+    /// mW → W.
+    MilliwattsToWatts,
+}
+
+/// How NVML serves `field`.
+pub fn plan(field: Field) -> Plan {
+    use Field as F;
+    let fv = |id| Plan::FieldValue(id, Unit::Same);
+    match field {
+        F::DriverVersion => Plan::Static(StaticFact::DriverVersion),
+        F::NvmlVersion => Plan::Static(StaticFact::NvmlVersion),
+        F::CudaDriverVersion => Plan::Static(StaticFact::CudaDriverVersion),
+        F::DevName => Plan::Static(StaticFact::Name),
+        F::Brand => Plan::Static(StaticFact::Brand),
+        F::Serial => Plan::Static(StaticFact::Serial),
+        F::OemInforomVer => Plan::Static(StaticFact::Inforom(InforomObject::Oem)),
+        F::EccInforomVer => Plan::Static(StaticFact::Inforom(InforomObject::Ecc)),
+        F::PowerInforomVer => Plan::Static(StaticFact::Inforom(InforomObject::Power)),
+        F::InforomImageVer => Plan::Static(StaticFact::InforomImage),
+        F::VbiosVersion => Plan::Static(StaticFact::Vbios),
+        F::SmClock => Plan::Clock(ClockKind::Sm),
+        F::MemClock => Plan::Clock(ClockKind::Memory),
+        F::VideoClock => Plan::Clock(ClockKind::Video),
+        F::ClocksEventReasons => Plan::ClocksEventReasons,
+        F::MemoryTemp => fv(fi::MEMORY_TEMP),
+        F::GpuTemp => Plan::Temperature,
+        F::PowerUsage => Plan::PowerUsage,
+        F::TotalEnergyConsumption => fv(fi::TOTAL_ENERGY_CONSUMPTION),
+        F::PowerUsageInstant => Plan::FieldValue(fi::POWER_INSTANT, Unit::MilliwattsToWatts),
+        F::PowerMgmtLimit => Plan::PowerLimit,
+        F::EnforcedPowerLimit => Plan::EnforcedPowerLimit,
+        F::Pstate => Plan::Pstate,
+        F::FanSpeed => Plan::Fan,
+        F::PcieReplayCounter => fv(fi::PCIE_REPLAY_COUNTER),
+        F::GpuUtil => Plan::Utilization(true),
+        F::MemCopyUtil => Plan::Utilization(false),
+        F::EncUtil => Plan::EncoderUtil,
+        F::DecUtil => Plan::DecoderUtil,
+        F::PcieLinkGen => Plan::PcieLinkGen,
+        F::PcieLinkWidth => Plan::PcieLinkWidth,
+        F::PowerViolation => fv(fi::PERF_POLICY_POWER),
+        F::ThermalViolation => fv(fi::PERF_POLICY_THERMAL),
+        F::SyncBoostViolation => fv(fi::PERF_POLICY_SYNC_BOOST),
+        F::BoardLimitViolation => fv(fi::PERF_POLICY_BOARD_LIMIT),
+        F::LowUtilViolation => fv(fi::PERF_POLICY_LOW_UTILIZATION),
+        F::ReliabilityViolation => fv(fi::PERF_POLICY_RELIABILITY),
+        F::FbTotal => Plan::Memory(MemoryPart::Total),
+        F::FbFree => Plan::Memory(MemoryPart::Free),
+        F::FbUsed => Plan::Memory(MemoryPart::Used),
+        F::FbReserved => Plan::Memory(MemoryPart::Reserved),
+        F::FbUsedPercent => Plan::Memory(MemoryPart::UsedRatio),
+        F::EccCurrent => fv(fi::ECC_CURRENT),
+        F::EccSbeVolTotal => fv(fi::ECC_SBE_VOL_TOTAL),
+        F::EccDbeVolTotal => fv(fi::ECC_DBE_VOL_TOTAL),
+        F::EccSbeAggTotal => fv(fi::ECC_SBE_AGG_TOTAL),
+        F::EccDbeAggTotal => fv(fi::ECC_DBE_AGG_TOTAL),
+        F::RetiredSbe => fv(fi::RETIRED_SBE),
+        F::RetiredDbe => fv(fi::RETIRED_DBE),
+        F::RetiredPending => fv(fi::RETIRED_PENDING),
+        F::UncorrectableRemappedRows => fv(fi::REMAPPED_UNC),
+        F::CorrectableRemappedRows => fv(fi::REMAPPED_COR),
+        F::RowRemapFailure => fv(fi::REMAPPED_FAILURE),
+        F::RowRemapPending => fv(fi::REMAPPED_PENDING),
+        F::NvlinkCrcFlitErrorCountTotal => fv(fi::NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL),
+        F::NvlinkCrcDataErrorCountTotal => fv(fi::NVLINK_CRC_DATA_ERROR_COUNT_TOTAL),
+        F::NvlinkReplayErrorCountTotal => fv(fi::NVLINK_REPLAY_ERROR_COUNT_TOTAL),
+        F::NvlinkRecoveryErrorCountTotal => fv(fi::NVLINK_RECOVERY_ERROR_COUNT_TOTAL),
+        F::NvlinkBandwidthTotal => Plan::NvlinkBandwidth,
+        F::ProfGrEngineActive => Plan::Gpm(GpmMetric::GraphicsUtil),
+        F::ProfSmActive => Plan::Gpm(GpmMetric::SmUtil),
+        F::ProfSmOccupancy => Plan::Gpm(GpmMetric::SmOccupancy),
+        F::ProfPipeTensorActive => Plan::Gpm(GpmMetric::AnyTensorUtil),
+        F::ProfDramActive => Plan::Gpm(GpmMetric::DramBwUtil),
+        F::ProfPipeFp64Active => Plan::Gpm(GpmMetric::Fp64Util),
+        F::ProfPipeFp32Active => Plan::Gpm(GpmMetric::Fp32Util),
+        F::ProfPipeFp16Active => Plan::Gpm(GpmMetric::Fp16Util),
+        F::ProfPcieTxBytes => Plan::Gpm(GpmMetric::PcieTxPerSec),
+        F::ProfPcieRxBytes => Plan::Gpm(GpmMetric::PcieRxPerSec),
+        F::ProfNvlinkTxBytes => Plan::Gpm(GpmMetric::NvlinkTotalTxPerSec),
+        F::ProfNvlinkRxBytes => Plan::Gpm(GpmMetric::NvlinkTotalRxPerSec),
+        F::XidErrors | F::ExpClockEventsCount | F::ExpXidErrorsCount | F::ExpGpuHealthStatus => {
+            Plan::Derived
+        }
+        F::ExpP2pStatus => Plan::Unavailable,
+    }
+}
+
+/// The [`FieldError`] an NVML call error becomes (`GpuLost` is handled before this, for the
+/// whole device).
+pub fn field_error(e: &ApiError) -> FieldError {
+    match e {
+        ApiError::NotSupported | ApiError::NotFound => FieldError::NotSupported,
+        ApiError::NoPermission => FieldError::NoPermission,
+        ApiError::GpuLost | ApiError::Timeout | ApiError::Other(_) => FieldError::Failed,
+    }
+}
+
+/// Framebuffer bytes → MiB, truncated, as DCGM reports `DCGM_FI_DEV_FB_*`.
+pub fn bytes_to_mib(bytes: u64) -> i64 {
+    i64::try_from(bytes / 1_048_576).unwrap_or(i64::MAX)
+}
+
+/// A memory-info part in DCGM's unit.
+pub fn memory_value(m: &super::api::MemoryInfo, part: MemoryPart) -> Value {
+    match part {
+        MemoryPart::Total => Value::Int(bytes_to_mib(m.total)),
+        MemoryPart::Free => Value::Int(bytes_to_mib(m.free)),
+        MemoryPart::Used => Value::Int(bytes_to_mib(m.used)),
+        MemoryPart::Reserved => Value::Int(bytes_to_mib(m.reserved)),
+        MemoryPart::UsedRatio => {
+            let usable = bytes_to_mib(m.total) - bytes_to_mib(m.reserved);
+            if usable <= 0 {
+                Value::Float(0.0)
+            } else {
+                Value::Float(bytes_to_mib(m.used) as f64 / usable as f64)
+            }
+        }
+    }
+}
+
+/// Milliwatts → watts (`DCGM_FI_DEV_POWER_USAGE` = `nvmlDeviceGetPowerUsage` / 1000).
+pub fn milliwatts_to_watts(mw: u64) -> f64 {
+    mw as f64 / 1000.0
+}
+
+/// A field-values entry in DCGM's unit.
+///
+/// # Errors
+/// [`FieldError::Invalid`] for a value that does not fit (a negative count, NaN).
+pub fn field_value(v: FieldNum, unit: Unit) -> Result<Value, FieldError> {
+    match unit {
+        Unit::Same => match v {
+            FieldNum::Unsigned(u) => i64::try_from(u)
+                .map(Value::Int)
+                .map_err(|_| FieldError::Invalid),
+            FieldNum::Signed(i) => Ok(Value::Int(i)),
+            FieldNum::Float(f) if f.is_finite() => Ok(Value::Float(f)),
+            FieldNum::Float(_) => Err(FieldError::Invalid),
+        },
+        Unit::MilliwattsToWatts => match v {
+            FieldNum::Unsigned(u) => Ok(Value::Float(milliwatts_to_watts(u))),
+            FieldNum::Signed(i) if i >= 0 => Ok(Value::Float(milliwatts_to_watts(i as u64))),
+            FieldNum::Float(f) if f.is_finite() && f >= 0.0 => Ok(Value::Float(f / 1000.0)),
+            _ => Err(FieldError::Invalid),
+        },
+    }
+}
+
+/// A field-values entry as an unsigned counter (for the NVLink throughput sums).
+pub fn as_counter(v: FieldNum) -> Option<u64> {
+    match v {
+        FieldNum::Unsigned(u) => Some(u),
+        FieldNum::Signed(i) => u64::try_from(i).ok(),
+        FieldNum::Float(f) if f.is_finite() && f >= 0.0 => Some(f as u64),
+        FieldNum::Float(_) => None,
+    }
+}
+
+/// One reading of the NVLink TX+RX throughput counters: KiB summed over all links and both
+/// directions, and the driver's timestamp of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvlinkCounter {
+    /// TX + RX, KiB.
+    pub kib: u64,
+    /// Driver timestamp, µs.
+    pub timestamp_us: i64,
+}
+
+/// `DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` as DCGM computes it: the increase of the summed TX+RX
+/// KiB counters over the interval, per second, divided by 1000 (≈ MB/s). The first reading
+/// (no previous one), a counter reset and a non-advancing clock give 0, as in DCGM.
+pub fn nvlink_bandwidth_mbps(prev: Option<NvlinkCounter>, cur: NvlinkCounter) -> i64 {
+    let Some(prev) = prev else { return 0 };
+    let dt_us = cur.timestamp_us - prev.timestamp_us;
+    if dt_us <= 0 || cur.kib < prev.kib {
+        return 0;
+    }
+    let per_second = (cur.kib - prev.kib) as f64 / (dt_us as f64 / 1e6);
+    (per_second / 1000.0).round() as i64
+}
+
+/// A GPM metric in DCGM's unit: utilisations 0–100 % → 0–1 ratios (DCGM divides by 100),
+/// PCIe/NVLink MiB/s → bytes/s.
+///
+/// # Errors
+/// [`FieldError::Invalid`] for a negative or non-finite value.
+pub fn gpm_value(metric: GpmMetric, raw: f64) -> Result<Value, FieldError> {
+    if !raw.is_finite() || raw < 0.0 {
+        return Err(FieldError::Invalid);
+    }
+    Ok(Value::Float(match metric {
+        GpmMetric::PcieTxPerSec
+        | GpmMetric::PcieRxPerSec
+        | GpmMetric::NvlinkTotalTxPerSec
+        | GpmMetric::NvlinkTotalRxPerSec => (raw * 1_048_576.0).round(),
+        _ => (raw / 100.0).min(1.0),
+    }))
+}
+
+/// A MIG GPU instance profile name as the NVIDIA device plugin spells it: NVML says
+/// `MIG 3g.40gb`, the device plugin (and `GPU_I_PROFILE`) `3g.40gb`.
+pub fn mig_profile_name(nvml_name: &str) -> String {
+    let n = nvml_name.trim();
+    n.strip_prefix("MIG ").unwrap_or(n).trim().to_owned()
+}
+
+/// The delay before the next NVML initialisation attempt: `initial` after the first failure,
+/// doubling after each further one, at most `max`.
+pub fn next_backoff(
+    previous: Option<std::time::Duration>,
+    initial: std::time::Duration,
+    max: std::time::Duration,
+) -> std::time::Duration {
+    match previous {
+        None => initial.min(max),
+        Some(p) => p.saturating_mul(2).min(max),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn driver_versions_pick_the_field_id_scheme() {
+        assert_eq!(FieldIdScheme::for_driver("570.172.08"), FieldIdScheme::V12);
+        assert_eq!(FieldIdScheme::for_driver("580.65.06"), FieldIdScheme::V12);
+        assert_eq!(
+            FieldIdScheme::for_driver("580.82.07"),
+            FieldIdScheme::V13Update1
+        );
+        assert_eq!(
+            FieldIdScheme::for_driver("590.10"),
+            FieldIdScheme::V13Update1
+        );
+        assert_eq!(FieldIdScheme::for_driver("garbage"), FieldIdScheme::V12);
+    }
+
+    #[test]
+    fn renumbered_block_moves_and_the_rest_stays() {
+        let s = FieldIdScheme::V13Update1;
+        assert_eq!(
+            translate_field_id(s, fi::CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN),
+            269
+        );
+        assert_eq!(translate_field_id(s, 253), 271);
+        assert_eq!(translate_field_id(s, 255), 273);
+        assert_eq!(translate_field_id(s, 256), 251);
+        assert_eq!(translate_field_id(s, 273), 268);
+        for id in [
+            fi::MEMORY_TEMP,
+            fi::POWER_INSTANT,
+            fi::NVLINK_THROUGHPUT_DATA_RX,
+            250,
+            274,
+        ] {
+            assert_eq!(translate_field_id(s, id), id);
+            assert_eq!(translate_field_id(FieldIdScheme::V12, id), id);
+        }
+        for id in 0..300 {
+            assert_eq!(field_id_to_v12(s, translate_field_id(s, id)), id, "{id}");
+        }
+        // The translation is a permutation of 251..=273.
+        let mut moved: Vec<u32> = (251..=273).map(|id| translate_field_id(s, id)).collect();
+        moved.sort_unstable();
+        assert_eq!(moved, (251..=273).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn every_collected_field_has_a_plan_except_p2p() {
+        for &f in Field::ALL {
+            let p = plan(f);
+            assert_eq!(
+                p == Plan::Unavailable,
+                f == Field::ExpP2pStatus,
+                "{f:?} -> {p:?}"
+            );
+            if (f.is_exporter() && f != Field::ExpP2pStatus) || f == Field::XidErrors {
+                assert_eq!(p, Plan::Derived, "{f:?}");
+            }
+        }
+        assert_eq!(plan(Field::MemoryTemp), Plan::FieldValue(82, Unit::Same));
+        assert_eq!(
+            plan(Field::ProfPipeTensorActive),
+            Plan::Gpm(GpmMetric::AnyTensorUtil)
+        );
+    }
+
+    #[test]
+    fn framebuffer_is_integer_mib_and_ratio_excludes_reserved() {
+        assert_eq!(bytes_to_mib(0), 0);
+        assert_eq!(bytes_to_mib(1_048_575), 0);
+        assert_eq!(bytes_to_mib(1_048_576), 1);
+        assert_eq!(bytes_to_mib(42_949_672_960), 40_960);
+        let m = super::super::api::MemoryInfo {
+            total: 1024 * 1_048_576,
+            reserved: 24 * 1_048_576,
+            used: 250 * 1_048_576 + 5,
+            free: 750 * 1_048_576,
+        };
+        assert_eq!(memory_value(&m, MemoryPart::Used), Value::Int(250));
+        assert_eq!(memory_value(&m, MemoryPart::Reserved), Value::Int(24));
+        assert_eq!(memory_value(&m, MemoryPart::UsedRatio), Value::Float(0.25));
+    }
+
+    #[test]
+    fn field_values_convert_to_dcgm_units() {
+        assert_eq!(
+            field_value(FieldNum::Unsigned(302_206), Unit::MilliwattsToWatts),
+            Ok(Value::Float(302.206))
+        );
+        assert_eq!(
+            field_value(FieldNum::Unsigned(123_456_789), Unit::Same),
+            Ok(Value::Int(123_456_789))
+        );
+        assert_eq!(
+            field_value(FieldNum::Unsigned(u64::MAX), Unit::Same),
+            Err(FieldError::Invalid)
+        );
+        assert_eq!(
+            field_value(FieldNum::Signed(-1), Unit::MilliwattsToWatts),
+            Err(FieldError::Invalid)
+        );
+        assert_eq!(milliwatts_to_watts(700_000), 700.0);
+    }
+
+    #[test]
+    fn nvlink_bandwidth_is_a_rate_over_the_interval() {
+        let at = |kib, s: i64| NvlinkCounter {
+            kib,
+            timestamp_us: s * 1_000_000,
+        };
+        assert_eq!(nvlink_bandwidth_mbps(None, at(5_000, 10)), 0);
+        // 30 000 000 KiB over 30 s = 1 000 000 KiB/s = 1000 "MB/s" as DCGM divides by 1000.
+        assert_eq!(
+            nvlink_bandwidth_mbps(Some(at(0, 0)), at(30_000_000, 30)),
+            1000
+        );
+        assert_eq!(nvlink_bandwidth_mbps(Some(at(10, 5)), at(5, 6)), 0);
+        assert_eq!(nvlink_bandwidth_mbps(Some(at(10, 5)), at(20, 5)), 0);
+    }
+
+    #[test]
+    fn gpm_percentages_become_ratios_and_mib_become_bytes() {
+        assert_eq!(gpm_value(GpmMetric::SmUtil, 87.5), Ok(Value::Float(0.875)));
+        assert_eq!(gpm_value(GpmMetric::Fp16Util, 100.4), Ok(Value::Float(1.0)));
+        assert_eq!(
+            gpm_value(GpmMetric::PcieRxPerSec, 2.0),
+            Ok(Value::Float(2_097_152.0))
+        );
+        assert_eq!(
+            gpm_value(GpmMetric::NvlinkTotalTxPerSec, 0.5),
+            Ok(Value::Float(524_288.0))
+        );
+        assert_eq!(
+            gpm_value(GpmMetric::DramBwUtil, f64::NAN),
+            Err(FieldError::Invalid)
+        );
+    }
+
+    #[test]
+    fn profile_names_lose_the_mig_prefix() {
+        assert_eq!(mig_profile_name("MIG 3g.40gb"), "3g.40gb");
+        assert_eq!(mig_profile_name("MIG 1g.10gb+me"), "1g.10gb+me");
+        assert_eq!(mig_profile_name("7g.80gb"), "7g.80gb");
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap() {
+        let (i, m) = (Duration::from_secs(1), Duration::from_secs(60));
+        let mut d = None;
+        let mut seen = Vec::new();
+        for _ in 0..8 {
+            let n = next_backoff(d, i, m);
+            seen.push(n.as_secs());
+            d = Some(n);
+        }
+        assert_eq!(seen, vec![1, 2, 4, 8, 16, 32, 60, 60]);
+    }
+
+    #[test]
+    fn call_errors_map_to_field_errors() {
+        assert_eq!(
+            field_error(&ApiError::NotSupported),
+            FieldError::NotSupported
+        );
+        assert_eq!(
+            field_error(&ApiError::NoPermission),
+            FieldError::NoPermission
+        );
+        assert_eq!(
+            field_error(&ApiError::Other("x".into())),
+            FieldError::Failed
+        );
+    }
+}

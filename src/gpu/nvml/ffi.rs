@@ -1,0 +1,192 @@
+//! Raw NVML calls `nvml-wrapper` lacks or gets wrong, through its loaded symbol table:
+//! field values with per-entry `scopeId` (the wrapper always sends 0, so NVLink throughput
+//! "all links" is unreachable through it), the GPU/compute instance ids of a MIG device, the
+//! GPU instance profile name, and the non-deprecated clock event reasons call.
+//!
+//! This is the crate's only `unsafe` code. Every block calls one NVML function with pointers
+//! to live, correctly sized locals, as `nvml.h` documents for it.
+#![allow(unsafe_code)]
+
+use std::ffi::CStr;
+
+use nvml_wrapper::error::nvml_try;
+use nvml_wrapper::Nvml;
+use nvml_wrapper_sys::bindings::{
+    nvmlFieldValue_t, nvmlGpuInstanceInfo_t, nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstance_t,
+    nvmlReturn_t, nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE as DOUBLE,
+    nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT as SIGNED_INT,
+    nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG as SIGNED_LONG_LONG,
+    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT as UNSIGNED_INT,
+    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG as UNSIGNED_LONG,
+    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG as UNSIGNED_LONG_LONG,
+    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_SHORT as UNSIGNED_SHORT, nvmlValue_t,
+    NVML_GPU_INSTANCE_PROFILE_COUNT,
+};
+
+use super::api::{ApiError, FieldNum, FieldRequest, FieldResult};
+use super::convert::{translate_field_id, FieldIdScheme};
+use super::real::{api_error, RealDevice};
+
+fn missing(e: impl std::fmt::Display) -> ApiError {
+    tracing::debug!(error = %e, "NVML symbol missing from this driver");
+    ApiError::NotSupported
+}
+
+fn ret(code: nvmlReturn_t) -> Result<(), ApiError> {
+    nvml_try(code).map_err(api_error)
+}
+
+/// `nvmlDeviceGetFieldValues` with each request's `scopeId`, ids translated to the driver's
+/// numbering.
+pub(super) fn field_values(
+    nvml: &Nvml,
+    scheme: FieldIdScheme,
+    d: &RealDevice,
+    requests: &[FieldRequest],
+) -> Result<Vec<FieldResult>, ApiError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetFieldValues
+        .as_ref()
+        .map_err(missing)?;
+    let mut values: Vec<nvmlFieldValue_t> = requests
+        .iter()
+        .map(|r| nvmlFieldValue_t {
+            fieldId: translate_field_id(scheme, r.id),
+            scopeId: r.scope,
+            timestamp: 0,
+            latencyUsec: 0,
+            valueType: 0,
+            nvmlReturn: 0,
+            value: nvmlValue_t { ullVal: 0 },
+        })
+        .collect();
+    let count =
+        i32::try_from(values.len()).map_err(|_| ApiError::Other("too many fields".into()))?;
+    // SAFETY: `values` holds `count` initialised entries that NVML fills in place; the device
+    // handle is valid for the lifetime of the leaked `Nvml` it came from.
+    ret(unsafe { sym(d.handle(), count, values.as_mut_ptr()) })?;
+    Ok(values
+        .iter()
+        .map(|v| FieldResult {
+            timestamp_us: v.timestamp,
+            value: ret(v.nvmlReturn).and_then(|()| {
+                // SAFETY: NVML wrote the union member named by `valueType`; only that member
+                // is read.
+                unsafe {
+                    match v.valueType {
+                        DOUBLE => Ok(FieldNum::Float(v.value.dVal)),
+                        UNSIGNED_INT => Ok(FieldNum::Unsigned(u64::from(v.value.uiVal))),
+                        UNSIGNED_LONG => Ok(FieldNum::Unsigned(v.value.ulVal)),
+                        UNSIGNED_LONG_LONG => Ok(FieldNum::Unsigned(v.value.ullVal)),
+                        SIGNED_LONG_LONG => Ok(FieldNum::Signed(v.value.sllVal)),
+                        SIGNED_INT => Ok(FieldNum::Signed(i64::from(v.value.siVal))),
+                        UNSIGNED_SHORT => Ok(FieldNum::Unsigned(u64::from(v.value.usVal))),
+                        other => Err(ApiError::Other(format!("unknown NVML value type {other}"))),
+                    }
+                }
+            }),
+        })
+        .collect())
+}
+
+/// `nvmlDeviceGetGpuInstanceId`.
+pub(super) fn gpu_instance_id(nvml: &Nvml, mig: &RealDevice) -> Result<u32, ApiError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetGpuInstanceId
+        .as_ref()
+        .map_err(missing)?;
+    let mut id = 0u32;
+    // SAFETY: `id` is a live u32 the call writes; the handle is a valid MIG device handle.
+    ret(unsafe { sym(mig.handle(), &mut id) })?;
+    Ok(id)
+}
+
+/// `nvmlDeviceGetComputeInstanceId`.
+pub(super) fn compute_instance_id(nvml: &Nvml, mig: &RealDevice) -> Result<u32, ApiError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetComputeInstanceId
+        .as_ref()
+        .map_err(missing)?;
+    let mut id = 0u32;
+    // SAFETY: as for `gpu_instance_id`.
+    ret(unsafe { sym(mig.handle(), &mut id) })?;
+    Ok(id)
+}
+
+/// `nvmlDeviceGetCurrentClocksEventReasons`.
+pub(super) fn clocks_event_reasons(nvml: &Nvml, d: &RealDevice) -> Result<u64, ApiError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetCurrentClocksEventReasons
+        .as_ref()
+        .map_err(missing)?;
+    let mut mask = 0u64;
+    // SAFETY: `mask` is a live u64 the call writes; the handle is valid.
+    ret(unsafe { sym(d.handle(), &mut mask) })?;
+    Ok(mask)
+}
+
+/// `NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2)`.
+fn profile_info_v2_version() -> u32 {
+    (std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32) | (2 << 24)
+}
+
+/// The profile name of GPU instance `gi_id` on `parent`: GPU instance → its profile id → the
+/// v2 profile info, which carries the name (`MIG 3g.40gb`).
+pub(super) fn gpu_instance_profile_name(
+    nvml: &Nvml,
+    parent: &RealDevice,
+    gi_id: u32,
+) -> Result<String, ApiError> {
+    let lib = nvml.lib();
+    let by_id = lib.nvmlDeviceGetGpuInstanceById.as_ref().map_err(missing)?;
+    let get_info = lib.nvmlGpuInstanceGetInfo.as_ref().map_err(missing)?;
+    let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
+    // SAFETY: `gi` is a live out-pointer; the parent handle is valid.
+    ret(unsafe { by_id(parent.handle(), gi_id, &mut gi) })?;
+    // SAFETY: all-zero is a valid bit pattern for this plain C struct (ints and pointers).
+    let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `gi` was just returned by NVML; `info` is a live out-struct.
+    ret(unsafe { get_info(gi, &mut info) })?;
+
+    // SAFETY: all-zero is a valid bit pattern (ints and a char array).
+    let mut p: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+    p.version = profile_info_v2_version();
+    let found = match lib.nvmlDeviceGetGpuInstanceProfileInfoByIdV.as_ref() {
+        // SAFETY: `p` is a live, versioned out-struct; the handle is valid.
+        Ok(sym) => ret(unsafe { sym(parent.handle(), info.profileId, &mut p) }).is_ok(),
+        Err(_) => false,
+    };
+    if !found {
+        // Older drivers: scan the profiles for the one with this id.
+        let sym = lib
+            .nvmlDeviceGetGpuInstanceProfileInfoV
+            .as_ref()
+            .map_err(missing)?;
+        let mut hit = false;
+        for profile in 0..NVML_GPU_INSTANCE_PROFILE_COUNT {
+            // SAFETY: all-zero is a valid bit pattern.
+            let mut q: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+            q.version = profile_info_v2_version();
+            // SAFETY: `q` is a live, versioned out-struct; the handle is valid.
+            if ret(unsafe { sym(parent.handle(), profile, &mut q) }).is_ok()
+                && q.id == info.profileId
+            {
+                p = q;
+                hit = true;
+                break;
+            }
+        }
+        if !hit {
+            return Err(ApiError::NotFound);
+        }
+    }
+    // The name is NUL-terminated within its fixed array; never read past it.
+    let bytes: Vec<u8> = p.name.iter().map(|&c| c as u8).collect();
+    let name = CStr::from_bytes_until_nul(&bytes)
+        .map_err(|_| ApiError::Other("profile name not terminated".into()))?;
+    Ok(name.to_string_lossy().into_owned())
+}

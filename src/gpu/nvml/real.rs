@@ -1,0 +1,326 @@
+//! [`RealNvml`]: the [`NvmlApi`] over `nvml-wrapper`. The only module (with [`super::ffi`])
+//! that names `nvml_wrapper`.
+
+use std::sync::Arc;
+
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{Clock, InfoRom, TemperatureSensor};
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::error::NvmlError as WrapperError;
+use nvml_wrapper::{EventSet, GpmSample, Nvml};
+
+use super::api::{
+    ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GpmMetric, InforomObject,
+    MemoryInfo, NvmlApi, Registered, XidReport,
+};
+use super::convert::FieldIdScheme;
+use super::{ffi, InitError, NvmlSource, RetryPolicy};
+
+/// NVML through `libnvidia-ml.so.1`. The library handle lives for the rest of the process
+/// (NVML is initialised once; `nvmlShutdown` is never needed by an exporter).
+#[derive(Debug, Clone, Copy)]
+pub struct RealNvml {
+    nvml: &'static Nvml,
+    scheme: FieldIdScheme,
+}
+
+/// A device handle of the real NVML.
+pub type RealDevice = Arc<nvml_wrapper::Device<'static>>;
+
+impl RealNvml {
+    /// Loads `libnvidia-ml.so.1` and calls `nvmlInit_v2`.
+    ///
+    /// # Errors
+    /// An [`InitError`] saying what is missing.
+    pub fn init() -> Result<Self, InitError> {
+        let nvml = Nvml::init().map_err(|e| match e {
+            WrapperError::LibloadingError(l) => InitError::LibraryNotFound {
+                detail: l.to_string(),
+            },
+            WrapperError::DriverNotLoaded => InitError::DriverNotLoaded,
+            WrapperError::NoPermission => InitError::NoPermission,
+            other => InitError::Failed(other.to_string()),
+        })?;
+        let scheme = nvml
+            .sys_driver_version()
+            .map(|v| FieldIdScheme::for_driver(&v))
+            .unwrap_or(FieldIdScheme::V12);
+        // Initialised once per process; leaking keeps `Device<'static>` handles valid without
+        // a global.
+        Ok(Self {
+            nvml: Box::leak(Box::new(nvml)),
+            scheme,
+        })
+    }
+}
+
+impl NvmlSource<RealNvml> {
+    /// The NVML source over the real library, retrying initialisation per `retry`.
+    pub fn real(retry: RetryPolicy) -> Self {
+        NvmlSource::new(RealNvml::init, retry)
+    }
+}
+
+/// Maps a wrapper error to ours.
+pub(super) fn api_error(e: WrapperError) -> ApiError {
+    match e {
+        WrapperError::NotSupported
+        | WrapperError::FailedToLoadSymbol(_)
+        | WrapperError::FunctionNotFound => ApiError::NotSupported,
+        WrapperError::NoPermission => ApiError::NoPermission,
+        WrapperError::NotFound => ApiError::NotFound,
+        WrapperError::GpuLost => ApiError::GpuLost,
+        WrapperError::Timeout => ApiError::Timeout,
+        other => ApiError::Other(other.to_string()),
+    }
+}
+
+fn gpm_id(m: GpmMetric) -> GpmMetricId {
+    match m {
+        GpmMetric::GraphicsUtil => GpmMetricId::GraphicsUtil,
+        GpmMetric::SmUtil => GpmMetricId::SmUtil,
+        GpmMetric::SmOccupancy => GpmMetricId::SmOccupancy,
+        GpmMetric::AnyTensorUtil => GpmMetricId::AnyTensorUtil,
+        GpmMetric::DramBwUtil => GpmMetricId::DramBwUtil,
+        GpmMetric::Fp64Util => GpmMetricId::Fp64Util,
+        GpmMetric::Fp32Util => GpmMetricId::Fp32Util,
+        GpmMetric::Fp16Util => GpmMetricId::Fp16Util,
+        GpmMetric::PcieTxPerSec => GpmMetricId::PcieTxPerSec,
+        GpmMetric::PcieRxPerSec => GpmMetricId::PcieRxPerSec,
+        GpmMetric::NvlinkTotalTxPerSec => GpmMetricId::NvlinkTotalTxPerSec,
+        GpmMetric::NvlinkTotalRxPerSec => GpmMetricId::NvlinkTotalRxPerSec,
+    }
+}
+
+/// The real event set, waited on by the event thread.
+pub struct RealEvents {
+    set: EventSet<'static>,
+}
+
+impl std::fmt::Debug for RealEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealEvents").finish_non_exhaustive()
+    }
+}
+
+impl EventWait for RealEvents {
+    fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidReport>, ApiError> {
+        match self.set.wait(timeout_ms) {
+            Ok(ev) => {
+                if !ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                    return Ok(None);
+                }
+                let xid = match ev.event_data {
+                    Some(XidError::Value(x)) => x,
+                    Some(XidError::Unknown) | None => 0,
+                };
+                let uuid = ev.device.uuid().map_err(api_error)?;
+                Ok(Some(XidReport { uuid, xid }))
+            }
+            Err(WrapperError::Timeout) => Ok(None),
+            Err(e) => Err(api_error(e)),
+        }
+    }
+}
+
+impl NvmlApi for RealNvml {
+    type Device = RealDevice;
+    type GpmSample = GpmSample<'static>;
+    type Events = RealEvents;
+
+    fn driver_version(&self) -> Result<String, ApiError> {
+        self.nvml.sys_driver_version().map_err(api_error)
+    }
+    fn nvml_version(&self) -> Result<String, ApiError> {
+        self.nvml.sys_nvml_version().map_err(api_error)
+    }
+    fn cuda_driver_version(&self) -> Result<i32, ApiError> {
+        self.nvml.sys_cuda_driver_version().map_err(api_error)
+    }
+    fn device_count(&self) -> Result<u32, ApiError> {
+        self.nvml.device_count().map_err(api_error)
+    }
+    fn device_by_index(&self, index: u32) -> Result<RealDevice, ApiError> {
+        self.nvml
+            .device_by_index(index)
+            .map(Arc::new)
+            .map_err(api_error)
+    }
+    fn uuid(&self, d: &RealDevice) -> Result<String, ApiError> {
+        d.uuid().map_err(api_error)
+    }
+    fn pci_bus_id(&self, d: &RealDevice) -> Result<String, ApiError> {
+        d.pci_info().map(|p| p.bus_id).map_err(api_error)
+    }
+    fn minor_number(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.minor_number().map_err(api_error)
+    }
+    fn name(&self, d: &RealDevice) -> Result<String, ApiError> {
+        d.name().map_err(api_error)
+    }
+    fn brand(&self, d: &RealDevice) -> Result<String, ApiError> {
+        d.brand().map(|b| format!("{b:?}")).map_err(api_error)
+    }
+    fn serial(&self, d: &RealDevice) -> Result<String, ApiError> {
+        d.serial().map_err(api_error)
+    }
+    fn vbios_version(&self, d: &RealDevice) -> Result<String, ApiError> {
+        d.vbios_version().map_err(api_error)
+    }
+    fn inforom_version(&self, d: &RealDevice, obj: InforomObject) -> Result<String, ApiError> {
+        let obj = match obj {
+            InforomObject::Oem => InfoRom::OEM,
+            InforomObject::Ecc => InfoRom::ECC,
+            InforomObject::Power => InfoRom::Power,
+        };
+        d.info_rom_version(obj).map_err(api_error)
+    }
+    fn inforom_image_version(&self, d: &RealDevice) -> Result<String, ApiError> {
+        d.info_rom_image_version().map_err(api_error)
+    }
+    fn gpm_supported(&self, d: &RealDevice) -> Result<bool, ApiError> {
+        d.gpm_support().map_err(api_error)
+    }
+    fn mig_enabled(&self, d: &RealDevice) -> Result<bool, ApiError> {
+        d.mig_mode().map(|m| m.current == 1).map_err(api_error)
+    }
+    fn mig_device_slots(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.mig_device_count().map_err(api_error)
+    }
+    fn mig_device_by_index(&self, d: &RealDevice, slot: u32) -> Result<RealDevice, ApiError> {
+        d.mig_device_by_index(slot).map(Arc::new).map_err(api_error)
+    }
+    fn gpu_instance_id(&self, mig: &RealDevice) -> Result<u32, ApiError> {
+        ffi::gpu_instance_id(self.nvml, mig)
+    }
+    fn compute_instance_id(&self, mig: &RealDevice) -> Result<u32, ApiError> {
+        ffi::compute_instance_id(self.nvml, mig)
+    }
+    fn gpu_instance_profile_name(
+        &self,
+        parent: &RealDevice,
+        gi_id: u32,
+    ) -> Result<String, ApiError> {
+        ffi::gpu_instance_profile_name(self.nvml, parent, gi_id)
+    }
+    fn field_values(
+        &self,
+        d: &RealDevice,
+        requests: &[FieldRequest],
+    ) -> Result<Vec<FieldResult>, ApiError> {
+        ffi::field_values(self.nvml, self.scheme, d, requests)
+    }
+    fn memory_info(&self, d: &RealDevice) -> Result<MemoryInfo, ApiError> {
+        d.memory_info()
+            .map(|m| MemoryInfo {
+                total: m.total,
+                free: m.free,
+                used: m.used,
+                reserved: m.reserved,
+            })
+            .map_err(api_error)
+    }
+    fn utilization(&self, d: &RealDevice) -> Result<(u32, u32), ApiError> {
+        d.utilization_rates()
+            .map(|u| (u.gpu, u.memory))
+            .map_err(api_error)
+    }
+    fn encoder_utilization(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.encoder_utilization()
+            .map(|u| u.utilization)
+            .map_err(api_error)
+    }
+    fn decoder_utilization(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.decoder_utilization()
+            .map(|u| u.utilization)
+            .map_err(api_error)
+    }
+    fn clock(&self, d: &RealDevice, kind: ClockKind) -> Result<u32, ApiError> {
+        let c = match kind {
+            ClockKind::Sm => Clock::SM,
+            ClockKind::Memory => Clock::Memory,
+            ClockKind::Video => Clock::Video,
+        };
+        d.clock_info(c).map_err(api_error)
+    }
+    fn temperature(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.temperature(TemperatureSensor::Gpu).map_err(api_error)
+    }
+    fn power_usage(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.power_usage().map_err(api_error)
+    }
+    fn power_limit(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.power_management_limit().map_err(api_error)
+    }
+    fn enforced_power_limit(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.enforced_power_limit().map_err(api_error)
+    }
+    fn performance_state(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.performance_state().map(|p| p.as_c()).map_err(api_error)
+    }
+    fn fan_speed(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.fan_speed(0).map_err(api_error)
+    }
+    fn pcie_link_gen(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.current_pcie_link_gen().map_err(api_error)
+    }
+    fn pcie_link_width(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        d.current_pcie_link_width().map_err(api_error)
+    }
+    fn clocks_event_reasons(&self, d: &RealDevice) -> Result<u64, ApiError> {
+        ffi::clocks_event_reasons(self.nvml, d)
+    }
+    fn gpm_sample(&self, d: &RealDevice) -> Result<GpmSample<'static>, ApiError> {
+        d.gpm_sample().map_err(api_error)
+    }
+    fn gpm_mig_sample(
+        &self,
+        parent: &RealDevice,
+        gi_id: u32,
+    ) -> Result<GpmSample<'static>, ApiError> {
+        parent.gpm_mig_sample(gi_id).map_err(api_error)
+    }
+    fn gpm_metrics(
+        &self,
+        earlier: &GpmSample<'static>,
+        later: &GpmSample<'static>,
+        metrics: &[GpmMetric],
+    ) -> Result<Vec<Result<f64, ApiError>>, ApiError> {
+        let ids: Vec<GpmMetricId> = metrics.iter().map(|&m| gpm_id(m)).collect();
+        nvml_wrapper::gpm::gpm_metrics_get(self.nvml, earlier, later, &ids)
+            .map(|rs| {
+                rs.into_iter()
+                    .map(|r| r.map(|v| v.value).map_err(api_error))
+                    .collect()
+            })
+            .map_err(api_error)
+    }
+    fn xid_events(&self, devices: &[RealDevice]) -> Result<Registered<RealEvents>, ApiError> {
+        // `nvmlDeviceRegisterEvents` consumes the set on failure, so a device that cannot
+        // register is excluded and registration starts over with a fresh set.
+        let mut skipped: Vec<(usize, ApiError)> = Vec::new();
+        loop {
+            let mut set = Some(self.nvml.create_event_set().map_err(api_error)?);
+            let mut failed = None;
+            for (i, d) in devices.iter().enumerate() {
+                if skipped.iter().any(|(s, _)| *s == i) {
+                    continue;
+                }
+                let Some(s) = set.take() else { break };
+                match d.register_events(EventTypes::CRITICAL_XID_ERROR, s) {
+                    Ok(s) => set = Some(s),
+                    Err(e) => {
+                        failed = Some((i, api_error(e.error)));
+                        break;
+                    }
+                }
+            }
+            match (failed, set) {
+                (Some(f), _) => skipped.push(f),
+                (None, Some(set)) => return Ok((RealEvents { set }, skipped)),
+                (None, None) => return Err(ApiError::Other("event set lost".into())),
+            }
+        }
+    }
+}
