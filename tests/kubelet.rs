@@ -824,12 +824,7 @@ async fn gke_device_names_through_the_binary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_mode_body_passes_promtool() {
-    if Command::new("promtool").arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "promtool is required in CI (apt-get install -y prometheus)"
-        );
-        eprintln!("promtool not found; skipping");
+    if !common::promtool_available() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -846,22 +841,12 @@ async fn kubernetes_mode_body_passes_promtool() {
     p.refresher.refresh_once().await;
     let body = p.body().await;
     assert!(body.contains("gpu_exporter_pod_resources_errors_total"));
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), body.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let (_, findings) = common::promtool_check(&body);
     // DCGM_* names carry findings inherent to dcgm-exporter's contract (see tests/promtool.rs);
     // anything else is ours and must be clean.
-    let ours: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.is_empty() && !l.starts_with("DCGM_"))
+    let ours: Vec<&String> = findings
+        .iter()
+        .filter(|l| !l.starts_with("DCGM_"))
         .collect();
     assert!(
         ours.is_empty(),

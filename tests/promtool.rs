@@ -4,55 +4,15 @@
 //! carry none. promtool comes from Debian's `prometheus` package; `.ci/run` installs it. Outside
 //! CI a machine without promtool skips this test with a message.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+mod common;
+
+use common::{promtool_available, promtool_check as check};
 
 const INHERENT: &[&str] = &[
     "counter metrics should have \"_total\" suffix",
     "label names should be written in 'snake_case' not 'camelCase'",
     "metric name should not include type 'counter'",
 ];
-
-fn promtool_available() -> bool {
-    let found = Command::new("promtool").arg("--version").output().is_ok();
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "promtool is required in CI (apt-get install -y prometheus)"
-        );
-        eprintln!(
-            "promtool not found; skipping (install Debian's `prometheus` package to run this test)"
-        );
-    }
-    found
-}
-
-/// Runs `promtool check metrics` on `body`; returns (exit ok, findings).
-fn check(body: &str) -> (bool, Vec<String>) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn promtool");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(body.as_bytes())
-        .expect("write body");
-    let out = child.wait_with_output().expect("promtool output");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (
-        out.status.success(),
-        text.lines()
-            .map(str::to_owned)
-            .filter(|l| !l.is_empty())
-            .collect(),
-    )
-}
 
 #[test]
 fn golden_files_pass_promtool_with_only_inherent_dcgm_findings() {

@@ -108,3 +108,50 @@ pub fn series<'a>(body: &'a str, metric: &str) -> Vec<&'a str> {
         .filter(|l| l.split(['{', ' ']).next() == Some(metric))
         .collect()
 }
+
+/// Whether promtool is installed. In CI (`CI` set) its absence is a failure, not a skip.
+pub fn promtool_available() -> bool {
+    let found = std::process::Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "promtool is required in CI (apt-get install -y prometheus)"
+        );
+        eprintln!(
+            "promtool not found; skipping (install Debian's `prometheus` package to run this test)"
+        );
+    }
+    found
+}
+
+/// Runs `promtool check metrics` on `body`; returns (exit ok, non-empty output lines).
+pub fn promtool_check(body: &str) -> (bool, Vec<String>) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn promtool");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write body");
+    let out = child.wait_with_output().expect("promtool output");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.success(),
+        text.lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
+}
