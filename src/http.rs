@@ -173,7 +173,7 @@ pub async fn serve_with(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
-    let max = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let max = limits.max_connections.clamp(1, 1_000_000);
     let slots = Arc::new(Semaphore::new(max));
     let limits = Arc::new(limits);
     let mut shutdown = std::pin::pin!(shutdown);
