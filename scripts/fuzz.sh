@@ -17,22 +17,23 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 mkdir -p corpus/catalog_csv corpus/scenario corpus/web_config corpus/basic_auth_header
-cp "$root"/metrics-config/*.csv "$root"/tests/fixtures/csv/*.csv "$root"/tests/fixtures/upstream/*.csv corpus/catalog_csv/ 2>/dev/null || true
+cp "$root"/metrics-config/*.csv "$root"/tests/fixtures/csv/*.csv corpus/catalog_csv/ 2>/dev/null || true
+cp "$root"/tests/fixtures/upstream/dcp-metrics-included.csv corpus/catalog_csv/upstream-dcp.csv
 cp seeds/scenario/* corpus/scenario/
 cp seeds/web_config/* corpus/web_config/
 printf 'Basic cHJvbWV0aGV1czpzM2NyZXQ=' > corpus/basic_auth_header/seed
 
-cargo fuzz build -O
+cargo fuzz build
 status=0
 for target in $(cargo fuzz list); do
     echo "== fuzzing $target for ${secs}s"
-    if ! cargo fuzz run -O "$target" "corpus/$target" -- \
+    rc=0
+    cargo fuzz run "$target" "corpus/$target" -- \
         -max_total_time="$secs" -max_len=8192 -rss_limit_mb=2048 -print_final_stats=1 \
-        2>&1 | tee "/tmp/fuzz-$target.log" | grep -E '^(#[0-9]+ +DONE|==[0-9]+==|stat::number_of_executed_units|SUMMARY|Done)' ; then
-        :
-    fi
-    if [ "${PIPESTATUS[0]}" -ne 0 ]; then
-        echo "!! $target found a crash; see fuzz/artifacts/$target/ and /tmp/fuzz-$target.log"
+        > "/tmp/fuzz-$target.log" 2>&1 || rc=$?
+    grep -E '^(Done [0-9]+ runs|stat::number_of_executed_units|SUMMARY|==[0-9]+== ERROR)' "/tmp/fuzz-$target.log" || true
+    if [ "$rc" -ne 0 ]; then
+        echo "!! $target failed (rc $rc); crash input in fuzz/artifacts/$target/, log /tmp/fuzz-$target.log"
         status=1
     fi
 done
