@@ -139,7 +139,8 @@ pub struct Args {
     )]
     pub devices: String,
 
-    /// exporter-toolkit web configuration (TLS, basic auth). Not implemented yet: refuses to start.
+    /// exporter-toolkit web configuration file (TLS, mTLS, basic auth, headers); re-read when it
+    /// or the certificates it names change. See docs/security.md.
     #[arg(long, env = "DCGM_EXPORTER_WEB_CONFIG_FILE")]
     pub web_config_file: Option<PathBuf>,
 
@@ -280,6 +281,8 @@ pub struct Config {
     pub catalog: Catalog,
     /// Where the catalog came from (for logs).
     pub catalog_origin: String,
+    /// The CSV file the catalog was read from (`None`: the built-in copy); watched for reloads.
+    pub catalog_path: Option<PathBuf>,
     /// Rows naming DCGM fields gpu-exporter does not collect.
     pub skipped: Vec<Skipped>,
     /// Socket address to bind.
@@ -304,12 +307,6 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] naming the flag at fault.
     pub fn resolve(args: Args) -> Result<Config, ConfigError> {
-        if args.web_config_file.is_some() {
-            return Err(ConfigError::Unsupported {
-                flag: "--web-config-file",
-                reason: "TLS and basic auth are not implemented in this version; refusing to serve metrics without the protection the file asks for",
-            });
-        }
         if args.configmap_data.as_deref().is_some_and(|v| v != "none") {
             return Err(ConfigError::Unsupported {
                 flag: "--configmap-data",
@@ -323,6 +320,10 @@ impl Config {
             });
         }
         let (catalog, skipped, catalog_origin) = load_catalog(args.collectors.as_deref())?;
+        let catalog_path = match &args.collectors {
+            Some(p) => Some(p.clone()),
+            None => Some(PathBuf::from(DCGM_DEFAULT_COLLECTORS)).filter(|p| p.exists()),
+        };
         let listen = parse_address(&args.address)?;
         let selection = parse_devices(&args.devices)?;
         let scenario = match &args.sim_scenario {
@@ -352,6 +353,7 @@ impl Config {
         Ok(Config {
             catalog,
             catalog_origin,
+            catalog_path,
             skipped,
             listen,
             interval: Duration::from_millis(args.collect_interval),
@@ -565,8 +567,8 @@ mod tests {
 
     #[test]
     fn unimplemented_flags_refuse_to_start_and_inert_ones_are_noticed() {
-        let e = Config::resolve(args(&["--web-config-file", "/x.yml"])).unwrap_err();
-        assert!(e.to_string().starts_with("--web-config-file:"));
+        let e = Config::resolve(args(&["-m", "default:metrics"])).unwrap_err();
+        assert!(e.to_string().starts_with("--configmap-data:"));
         let c = Config::resolve(args(&["-r", "localhost:5555"])).unwrap();
         assert_eq!(c.notices.len(), 1);
     }

@@ -4,22 +4,32 @@
 //! scrape costs the same however many Prometheus replicas ask. `router` is a plain function of
 //! its state so tests can drive it as a `tower::Service`; `serve` takes the listener and the
 //! shutdown future from the caller.
+//!
+//! `serve_with` owns the connections (hyper directly, not `axum::serve`) so that it can apply
+//! [`Limits`]: a header read timeout (slowloris), a header size limit, a connection limit and a
+//! request timeout; and the `--web-config-file` settings: TLS, basic auth, a rate limit and
+//! extra headers. Every failure of one connection ends that connection only.
 
+use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Request, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 use crate::sampler::Published;
 use crate::self_metrics::SelfMetrics;
+use crate::web::{Active, WebSecurity};
 
 /// The content type of Prometheus text format 0.0.4.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -42,7 +52,12 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/", get(index))
+        .fallback(not_found)
         .with_state(state)
+}
+
+async fn not_found() -> (StatusCode, &'static str) {
+    (StatusCode::NOT_FOUND, "not found\n")
 }
 
 async fn metrics(State(st): State<AppState>) -> Response {
@@ -113,16 +128,197 @@ async fn index() -> Html<&'static str> {
     ))
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then finishes in-flight requests.
+/// Per-connection limits.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Time a client has to send a complete request head (and, with TLS, to finish the
+    /// handshake) before the connection is closed. Also closes idle keep-alive connections.
+    pub header_read_timeout: Duration,
+    /// Time a request may take from its head being read to its response being ready.
+    pub request_timeout: Duration,
+    /// Largest request head accepted; larger ones get 431. hyper's floor is 8192.
+    pub max_header_bytes: usize,
+    /// Connections served at once; more are closed on accept.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            max_header_bytes: 16 * 1024,
+            max_connections: 128,
+        }
+    }
+}
+
+/// Serves `router` on `listener` with default [`Limits`] and no web configuration, until
+/// `shutdown` resolves, then finishes in-flight requests.
 ///
 /// # Errors
-/// The I/O error that stopped the server.
+/// None at present (accept errors are logged and retried); the type is kept for callers.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, router, Limits::default(), None, shutdown).await
+}
+
+/// Serves `router` on `listener` applying `limits` and, when given, the web configuration
+/// (TLS, basic auth, rate limit, headers) until `shutdown` resolves; then lets open
+/// connections finish their current request.
+///
+/// # Errors
+/// None at present (accept errors are logged and retried); the type is kept for callers.
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    web: Option<Arc<WebSecurity>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let stop = CancellationToken::new();
+    let max = limits.max_connections.clamp(1, 1_000_000);
+    let slots = Arc::new(Semaphore::new(max));
+    let limits = Arc::new(limits);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::debug!(%peer, "connection limit ({max}) reached; closing the new connection");
+            drop(stream);
+            continue;
+        };
+        let active = web.as_ref().map(|w| w.current());
+        let (router, limits, stop) = (router.clone(), Arc::clone(&limits), stop.clone());
+        tokio::spawn(async move {
+            serve_connection(stream, router, &limits, active, stop).await;
+            drop(permit);
+        });
+    }
+    stop.cancel();
+    // Every connection holds a permit until it is done: taking them all waits for the last.
+    let _ = slots.acquire_many(max as u32).await;
+    Ok(())
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    router: Router,
+    limits: &Limits,
+    active: Option<Arc<Active>>,
+    stop: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    match active.as_ref().and_then(|a| a.tls.clone()) {
+        Some(config) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(config);
+            let handshake =
+                tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream));
+            match handshake.await {
+                Ok(Ok(tls)) => serve_http1(TokioIo::new(tls), router, limits, active, stop).await,
+                Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
+                Err(_) => tracing::debug!("TLS handshake timed out"),
+            }
+        }
+        None => serve_http1(TokioIo::new(stream), router, limits, active, stop).await,
+    }
+}
+
+async fn serve_http1<I>(
+    io: I,
+    router: Router,
+    limits: &Limits,
+    active: Option<Arc<Active>>,
+    stop: CancellationToken,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let request_timeout = limits.request_timeout;
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        handle(router.clone(), request_timeout, active.clone(), req)
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .serve_connection(io, service);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => if let Err(e) = r {
+            tracing::debug!("HTTP connection ended: {e}");
+        },
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+fn plain(status: StatusCode, body: &'static str) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn handle(
+    router: Router,
+    request_timeout: Duration,
+    active: Option<Arc<Active>>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response, Infallible> {
+    let work = async {
+        if let Some(a) = &active {
+            if a.rate_limit.as_ref().is_some_and(|r| !r.allow()) {
+                return plain(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n");
+            }
+            if let Some(auth) = &a.auth {
+                let given = req
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .map(HeaderValue::as_bytes);
+                if !auth.allows(given).await {
+                    let mut r = plain(StatusCode::UNAUTHORIZED, "unauthorized\n");
+                    r.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        HeaderValue::from_static("Basic realm=\"gpu-exporter\""),
+                    );
+                    return r;
+                }
+            }
+        }
+        match router.oneshot(req.map(axum::body::Body::new)).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        }
+    };
+    let mut response = match tokio::time::timeout(request_timeout, work).await {
+        Ok(r) => r,
+        Err(_) => plain(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
+    };
+    if let Some(a) = &active {
+        for (k, v) in &a.headers {
+            response.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    Ok(response)
 }

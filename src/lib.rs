@@ -13,7 +13,9 @@
 //! - [`render`]: families → Prometheus text 0.0.4 (pure).
 //! - [`sampler`]: the loop that ties the above together once per interval and publishes bytes.
 //! - [`self_metrics`]: the exporter's own `gpu_exporter_*` series.
-//! - [`http`]: `/metrics`, `/health`, `/ready`.
+//! - [`http`]: `/metrics`, `/health`, `/ready`, with connection limits.
+//! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
+//! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
 //!
 //! `main.rs` is the only composition root.
 
@@ -23,10 +25,12 @@ pub mod gpu;
 pub mod health;
 pub mod http;
 pub mod pods;
+pub mod reload;
 pub mod render;
 pub mod sampler;
 pub mod self_metrics;
 pub mod snapshot;
+pub mod web;
 
 /// Formats an error with its chain of causes: `outer: cause: root cause`.
 pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {

@@ -20,9 +20,14 @@ use gpu_exporter::pods::kubelet::KubeletPodResources;
 use gpu_exporter::pods::mapping::MappingOptions;
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::Attribution;
+use gpu_exporter::reload::CatalogReloader;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
 use gpu_exporter::snapshot::BuildOptions;
+use gpu_exporter::web::WebSecurity;
+
+/// How often the metrics CSV is checked for changes (SIGHUP reloads at once).
+const CSV_POLL: Duration = Duration::from_secs(5);
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -200,7 +205,39 @@ fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Config
 async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
     let shutdown = CancellationToken::new();
     let metrics = Arc::new(SelfMetrics::default());
-    let (_catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
+    let web = match &config.args.web_config_file {
+        Some(p) => Some(Arc::new(
+            WebSecurity::load(p, gpu_exporter::web::DEFAULT_RECHECK)
+                .context("--web-config-file")?,
+        )),
+        None => None,
+    };
+    let (catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
+    spawn_sighup_forwarder(reload_tx);
+    match &config.catalog_path {
+        Some(path) => {
+            let initial = std::fs::read(path).unwrap_or_default();
+            let s = Arc::clone(&source);
+            let reloader = CatalogReloader::new(path.clone(), &initial, move |f| s.supports(f));
+            tokio::spawn(reloader.run(
+                catalog_tx,
+                reload_rx,
+                CSV_POLL,
+                Arc::clone(&metrics),
+                shutdown.clone(),
+            ));
+        }
+        None => {
+            tokio::spawn(async move {
+                let mut rx = reload_rx;
+                while rx.recv().await.is_some() {
+                    tracing::warn!("SIGHUP: the metrics CSV is the built-in copy; pass --collectors FILE to reload one");
+                }
+                drop(catalog_tx);
+            });
+        }
+    }
     let (pods_tx, pods_rx) = watch::channel(Arc::new(Attribution::default()));
     let (pub_tx, pub_rx) = watch::channel(None);
 
@@ -259,6 +296,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             )
         })?;
     tracing::info!(
+        tls = web.as_ref().is_some_and(|w| w.tls_enabled()),
         address = %listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
         metrics = config.catalog.metrics.len(),
         interval_ms = config.interval.as_millis() as u64,
@@ -277,12 +315,31 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
         stop.cancel();
     });
     let stopped = shutdown.clone();
-    http::serve(listener, router, async move { stopped.cancelled().await })
-        .await
-        .context("serving HTTP")?;
+    http::serve_with(listener, router, http::Limits::default(), web, async move {
+        stopped.cancelled().await;
+    })
+    .await
+    .context("serving HTTP")?;
     shutdown.cancel();
     let _ = sampler_task.await;
     Ok(())
+}
+
+/// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).
+fn spawn_sighup_forwarder(tx: tokio::sync::mpsc::Sender<()>) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            tracing::warn!("cannot listen for SIGHUP; the metrics CSV reloads only on file change");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            let _ = tx.try_send(());
+        }
+    });
+    #[cfg(not(unix))]
+    drop(tx);
 }
 
 async fn shutdown_signal() {

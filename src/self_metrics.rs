@@ -6,7 +6,7 @@
 //! body and a scrape still costs nothing. A scrape therefore sees the counts as of the last sample.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::catalog::{Field, MetricType};
@@ -24,6 +24,9 @@ pub struct SelfMetrics {
     field_errors: Mutex<BTreeMap<(Field, FieldError), u64>>,
     /// Pod-resources (kubelet) health, rendered only in Kubernetes mode.
     pub pod_resources: PodResourcesStatus,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
+    last_reload_failed: AtomicBool,
 }
 
 /// The pod-resources client's health, updated by the attribution refresher and rendered with
@@ -193,6 +196,17 @@ impl SelfMetrics {
         *m.entry(reason).or_default() += 1;
     }
 
+    /// Counts a metrics-CSV reload attempt and remembers whether the last one worked.
+    pub fn count_reload(&self, success: bool) {
+        let c = if success {
+            &self.reloads_ok
+        } else {
+            &self.reloads_failed
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        self.last_reload_failed.store(!success, Ordering::Relaxed);
+    }
+
     /// Counts field read failures.
     pub fn count_field_errors(&self, errors: &[(Field, FieldError)]) {
         if errors.is_empty() {
@@ -309,6 +323,19 @@ impl SelfMetrics {
                 "gpu_exporter_field_errors_total",
                 "Field reads that failed (their series is missing), by field and reason.",
                 field_errors,
+            ),
+            counter(
+                "gpu_exporter_config_reloads_total",
+                "Metrics CSV reloads (SIGHUP or file change), by result.",
+                vec![
+                    labelled(&[("result", "failure")], count(self.reloads_failed.load(Ordering::Relaxed))),
+                    labelled(&[("result", "success")], count(self.reloads_ok.load(Ordering::Relaxed))),
+                ],
+            ),
+            gauge(
+                "gpu_exporter_config_last_reload_success",
+                "1 if the last metrics CSV reload succeeded (or none was attempted), 0 if it was rejected and the previous configuration is serving.",
+                one(Value::Int(i64::from(!self.last_reload_failed.load(Ordering::Relaxed)))),
             ),
             counter(
                 "gpu_exporter_scrapes_total",

@@ -1,0 +1,252 @@
+//! Metrics-CSV hot reload: on SIGHUP, or when the `--collectors` file's contents change, the
+//! file is parsed again and, if valid, published to the sampler's catalog channel.
+//!
+//! The decision is pure ([`CatalogReloader::consider`] takes the file's text), the loop
+//! ([`CatalogReloader::run`]) only reads the file, waits for triggers and publishes. A bad file
+//! is logged with its `file:line` error and counted; the old catalog keeps serving. The new
+//! catalog goes through the same `retain_supported` filter as at startup.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::{self, Catalog, CatalogError, Field, MetricSpec, Skipped};
+use crate::self_metrics::SelfMetrics;
+
+/// Why a reload was attempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// SIGHUP (or another explicit request): always re-parse, even if unchanged.
+    Signal,
+    /// The periodic check: re-parse only if the contents changed.
+    Poll,
+}
+
+/// What [`CatalogReloader::consider`] decided.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The contents are as last seen (a poll); nothing to do.
+    Unchanged,
+    /// A valid catalog to publish, with the rows dropped for the source and those skipped.
+    Reloaded {
+        /// The new catalog, already filtered by the source's support.
+        catalog: Catalog,
+        /// Rows the source cannot read.
+        dropped: Vec<MetricSpec>,
+        /// Rows naming fields gpu-exporter does not collect.
+        skipped: Vec<Skipped>,
+    },
+    /// The new contents are invalid (or the file unreadable); the old catalog stays.
+    Rejected(CatalogError),
+}
+
+/// Watches one metrics CSV file.
+pub struct CatalogReloader<F> {
+    path: PathBuf,
+    supported: F,
+    seen: [u8; 32],
+}
+
+impl<F> std::fmt::Debug for CatalogReloader<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogReloader")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+impl<F: Fn(Field) -> bool + Send + 'static> CatalogReloader<F> {
+    /// Watches `path`, whose contents at startup were `initial` (so an unchanged file is not
+    /// reloaded by the first poll). `supported` is the source's `supports`.
+    pub fn new(path: PathBuf, initial: &[u8], supported: F) -> Self {
+        Self {
+            path,
+            supported,
+            seen: digest(initial),
+        }
+    }
+
+    /// Decides what to do with the file's current contents (`Err`: it could not be read).
+    pub fn consider(
+        &mut self,
+        contents: Result<String, std::io::Error>,
+        trigger: Trigger,
+    ) -> Outcome {
+        let origin = self.path.display().to_string();
+        let seen = match &contents {
+            Ok(text) => digest(text.as_bytes()),
+            Err(e) => digest(format!("unreadable: {e}").as_bytes()),
+        };
+        if trigger == Trigger::Poll && seen == self.seen {
+            return Outcome::Unchanged;
+        }
+        self.seen = seen;
+        let text = match contents {
+            Ok(t) => t,
+            Err(source) => {
+                return Outcome::Rejected(CatalogError::Io {
+                    path: origin,
+                    source,
+                })
+            }
+        };
+        match catalog::parse(&text, &origin) {
+            Ok((mut catalog, skipped)) => {
+                let dropped = catalog.retain_supported(&self.supported);
+                Outcome::Reloaded {
+                    catalog,
+                    dropped,
+                    skipped,
+                }
+            }
+            Err(e) => Outcome::Rejected(e),
+        }
+    }
+
+    /// Reloads on every message on `requests` (SIGHUP) and on content changes seen every
+    /// `poll_every`, publishing valid catalogs on `tx`, until `shutdown`.
+    pub async fn run(
+        mut self,
+        tx: watch::Sender<Arc<Catalog>>,
+        mut requests: mpsc::Receiver<()>,
+        poll_every: Duration,
+        metrics: Arc<SelfMetrics>,
+        shutdown: CancellationToken,
+    ) {
+        let mut poll = tokio::time::interval(poll_every);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        poll.tick().await;
+        loop {
+            let trigger = tokio::select! {
+                () = shutdown.cancelled() => return,
+                r = requests.recv() => match r {
+                    Some(()) => Trigger::Signal,
+                    None => return,
+                },
+                _ = poll.tick() => Trigger::Poll,
+            };
+            let path = self.path.clone();
+            let contents = tokio::task::spawn_blocking(move || std::fs::read_to_string(path))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            match self.consider(contents, trigger) {
+                Outcome::Unchanged => {}
+                Outcome::Reloaded {
+                    catalog,
+                    dropped,
+                    skipped,
+                } => {
+                    let origin = self.path.display();
+                    for s in &skipped {
+                        tracing::warn!(
+                            "{origin}:{}: skipping {} (DCGM field {}): gpu-exporter does not collect it",
+                            s.line,
+                            s.name,
+                            s.id
+                        );
+                    }
+                    for m in &dropped {
+                        tracing::warn!(
+                            "{origin}:{}: skipping {}: the GPU backend cannot read it",
+                            m.line,
+                            m.name
+                        );
+                    }
+                    tracing::info!(
+                        collectors = %origin,
+                        metrics = catalog.metrics.len(),
+                        ?trigger,
+                        "metrics CSV reloaded"
+                    );
+                    metrics.count_reload(true);
+                    tx.send_replace(Arc::new(catalog));
+                }
+                Outcome::Rejected(e) => {
+                    tracing::error!(
+                        "metrics CSV reload rejected, the previous configuration keeps serving: {}",
+                        crate::error_chain(&e)
+                    );
+                    metrics.count_reload(false);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n";
+    const TWO: &str = "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\nDCGM_FI_DEV_GPU_TEMP, gauge, Temperature (in C).\n";
+
+    fn reloader() -> CatalogReloader<impl Fn(Field) -> bool + Send> {
+        CatalogReloader::new("/etc/x/counters.csv".into(), GOOD.as_bytes(), |f| {
+            f != Field::GpuTemp
+        })
+    }
+
+    #[test]
+    fn an_unchanged_file_is_left_alone_on_poll_but_reloaded_on_signal() {
+        let mut r = reloader();
+        assert!(matches!(
+            r.consider(Ok(GOOD.into()), Trigger::Poll),
+            Outcome::Unchanged
+        ));
+        assert!(matches!(
+            r.consider(Ok(GOOD.into()), Trigger::Signal),
+            Outcome::Reloaded { .. }
+        ));
+    }
+
+    #[test]
+    fn a_changed_file_is_reloaded_through_the_support_filter() {
+        let mut r = reloader();
+        match r.consider(Ok(TWO.into()), Trigger::Poll) {
+            Outcome::Reloaded {
+                catalog, dropped, ..
+            } => {
+                assert_eq!(catalog.metrics.len(), 1);
+                assert_eq!(dropped[0].name, "DCGM_FI_DEV_GPU_TEMP");
+                assert_eq!(dropped[0].line, 2);
+            }
+            o => panic!("{o:?}"),
+        }
+        assert!(matches!(
+            r.consider(Ok(TWO.into()), Trigger::Poll),
+            Outcome::Unchanged
+        ));
+    }
+
+    #[test]
+    fn a_bad_file_is_rejected_with_file_and_line_once() {
+        let mut r = reloader();
+        let bad = "DCGM_FI_DEV_GPU_UTIL, gauge, ok\nDCGM_FI_NOPE, gauge, x\n";
+        match r.consider(Ok(bad.into()), Trigger::Poll) {
+            Outcome::Rejected(e) => assert!(
+                e.to_string()
+                    .starts_with("/etc/x/counters.csv:2: unknown field \"DCGM_FI_NOPE\""),
+                "{e}"
+            ),
+            o => panic!("{o:?}"),
+        }
+        // The same bad contents are not re-reported by every poll.
+        assert!(matches!(
+            r.consider(Ok(bad.into()), Trigger::Poll),
+            Outcome::Unchanged
+        ));
+        let gone = Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        assert!(matches!(
+            r.consider(gone, Trigger::Poll),
+            Outcome::Rejected(CatalogError::Io { .. })
+        ));
+    }
+}

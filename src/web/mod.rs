@@ -1,0 +1,276 @@
+//! `--web-config-file`: TLS, client certificates, basic auth, response headers and a rate
+//! limit, in Prometheus exporter-toolkit's format, with certificate rotation without restart.
+//!
+//! [`config`] parses the file (pure); [`tls`] builds the rustls configuration; [`auth`] checks
+//! basic-auth credentials. [`WebSecurity`] holds the [`Active`] settings the HTTP server applies
+//! to each new connection and re-reads the file and every certificate it names when their
+//! contents change (checked at most once per `recheck` interval, on new connections). A new
+//! version that fails to load is logged and the old one keeps serving.
+
+pub mod auth;
+pub mod config;
+pub mod tls;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use axum::http::{HeaderName, HeaderValue};
+use sha2::{Digest, Sha256};
+
+pub use config::{WebConfig, WebConfigError};
+
+/// How often, at most, the files are checked for changes.
+pub const DEFAULT_RECHECK: Duration = Duration::from_secs(1);
+
+/// The settings applied to a connection (snapshotted when it is accepted).
+#[derive(Debug)]
+pub struct Active {
+    /// TLS server configuration, when `tls_server_config` names a certificate.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Basic auth, when users are configured.
+    pub auth: Option<auth::BasicAuth>,
+    /// Extra response headers.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The request rate limit.
+    pub rate_limit: Option<RateLimiter>,
+}
+
+impl Active {
+    /// Builds the settings for `config`, reading the certificate files it names.
+    ///
+    /// # Errors
+    /// [`WebConfigError`] naming the key whose material is unusable.
+    pub fn build(config: &WebConfig, origin: &str) -> Result<Active, WebConfigError> {
+        let tls = match &config.tls {
+            Some(t) => Some(tls::server_config(t, origin)?),
+            None => None,
+        };
+        let auth = (!config.basic_auth_users.is_empty())
+            .then(|| auth::BasicAuth::new(config.basic_auth_users.clone()));
+        let mut headers = Vec::new();
+        for (k, v) in &config.headers {
+            let bad = |reason: &str| WebConfigError::Invalid {
+                origin: origin.to_owned(),
+                key: format!("http_server_config.headers.{k}"),
+                reason: reason.to_owned(),
+            };
+            let name = HeaderName::try_from(k.as_str()).map_err(|_| bad("not a header name"))?;
+            let value = HeaderValue::try_from(v.as_str()).map_err(|_| bad("not a header value"))?;
+            headers.push((name, value));
+        }
+        let rate_limit = config
+            .rate_limit
+            .map(|r| RateLimiter::new(r.interval, r.burst));
+        Ok(Active {
+            tls,
+            auth,
+            headers,
+            rate_limit,
+        })
+    }
+}
+
+/// A token bucket shared by all connections (exporter-toolkit's `rate_limit`).
+#[derive(Debug)]
+pub struct RateLimiter {
+    interval: Duration,
+    burst: u32,
+    state: Mutex<(f64, tokio::time::Instant)>,
+}
+
+impl RateLimiter {
+    /// `burst` tokens, one more every `interval`.
+    pub fn new(interval: Duration, burst: u32) -> Self {
+        Self {
+            interval,
+            burst,
+            state: Mutex::new((f64::from(burst), tokio::time::Instant::now())),
+        }
+    }
+
+    /// Takes a token; `false` when the bucket is empty.
+    pub fn allow(&self) -> bool {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = tokio::time::Instant::now();
+        let refill = now.duration_since(s.1).as_secs_f64() / self.interval.as_secs_f64();
+        s.0 = (s.0 + refill).min(f64::from(self.burst));
+        s.1 = now;
+        if s.0 >= 1.0 {
+            s.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The web configuration in force, re-read when its files change.
+#[derive(Debug)]
+pub struct WebSecurity {
+    path: PathBuf,
+    recheck: Duration,
+    active: RwLock<Arc<Active>>,
+    watch: Mutex<Watch>,
+}
+
+#[derive(Debug)]
+struct Watch {
+    checked: std::time::Instant,
+    fingerprint: [u8; 32],
+}
+
+impl WebSecurity {
+    /// Loads `path` at startup; every error is fatal here.
+    ///
+    /// # Errors
+    /// [`WebConfigError`] naming the file and key.
+    pub fn load(path: &Path, recheck: Duration) -> Result<Self, WebConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| WebConfigError::Io {
+            path: origin.clone(),
+            source,
+        })?;
+        let config = config::parse(&text, &origin)?;
+        let active = Active::build(&config, &origin)?;
+        Ok(Self {
+            path: path.to_owned(),
+            recheck,
+            active: RwLock::new(Arc::new(active)),
+            watch: Mutex::new(Watch {
+                checked: std::time::Instant::now(),
+                fingerprint: fingerprint(&text, Some(&config)),
+            }),
+        })
+    }
+
+    /// Whether TLS is on (it cannot be switched on or off without a restart).
+    pub fn tls_enabled(&self) -> bool {
+        self.current_unchecked().tls.is_some()
+    }
+
+    fn current_unchecked(&self) -> Arc<Active> {
+        Arc::clone(
+            &self
+                .active
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// The settings for a new connection, after re-reading the files if they changed.
+    pub fn current(&self) -> Arc<Active> {
+        self.refresh();
+        self.current_unchecked()
+    }
+
+    /// Re-reads the files if `recheck` has passed and their contents changed. A version that
+    /// fails to load is logged once and ignored; the old settings stay.
+    fn refresh(&self) {
+        let mut watch = self
+            .watch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if watch.checked.elapsed() < self.recheck {
+            return;
+        }
+        watch.checked = std::time::Instant::now();
+        let origin = self.path.display().to_string();
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) => {
+                let fp = fingerprint(&format!("unreadable: {e}"), None);
+                if fp != watch.fingerprint {
+                    watch.fingerprint = fp;
+                    tracing::warn!("{origin}: cannot re-read the web configuration ({e}); keeping the current one");
+                }
+                return;
+            }
+        };
+        let parsed = config::parse(&text, &origin);
+        let fp = fingerprint(&text, parsed.as_ref().ok());
+        if fp == watch.fingerprint {
+            return;
+        }
+        watch.fingerprint = fp;
+        let built = parsed.and_then(|c| Active::build(&c, &origin));
+        match built {
+            Ok(new) if new.tls.is_some() != self.tls_enabled() => tracing::warn!(
+                "{origin}: the new web configuration switches TLS {}; that needs a restart, keeping the current configuration",
+                if new.tls.is_some() { "on" } else { "off" }
+            ),
+            Ok(new) => {
+                *self
+                    .active
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
+                tracing::info!("{origin}: web configuration reloaded (certificates, users, headers)");
+            }
+            Err(e) => tracing::warn!(
+                "rejected the changed web configuration, keeping the current one: {}",
+                crate::error_chain(&e)
+            ),
+        }
+    }
+}
+
+/// SHA-256 over the file and every PEM file it names, so rotation of any of them is noticed.
+fn fingerprint(text: &str, config: Option<&WebConfig>) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(text.as_bytes());
+    if let Some(t) = config.and_then(|c| c.tls.as_ref()) {
+        for pem in [Some(&t.cert), Some(&t.key), t.client_ca.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            if let config::Pem::File(p) = pem {
+                h.update(p.as_os_str().as_encoded_bytes());
+                match std::fs::read(p) {
+                    Ok(b) => h.update(&b),
+                    Err(e) => h.update(e.to_string().as_bytes()),
+                }
+            }
+        }
+    }
+    h.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limiter_allows_a_burst_then_one_per_interval() {
+        let r = RateLimiter::new(Duration::from_secs(1), 2);
+        assert!(r.allow());
+        assert!(r.allow());
+        assert!(!r.allow());
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        assert!(r.allow());
+        assert!(!r.allow());
+    }
+
+    #[test]
+    fn a_broken_change_keeps_the_old_settings_and_a_good_one_replaces_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("web.yml");
+        std::fs::write(
+            &p,
+            "http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
+        )
+        .unwrap();
+        let w = WebSecurity::load(&p, Duration::ZERO).unwrap();
+        assert_eq!(w.current().headers[0].1, "deny");
+        std::fs::write(&p, "http_server_config:\n  headerz: {}\n").unwrap();
+        assert_eq!(w.current().headers[0].1, "deny");
+        std::fs::write(
+            &p,
+            "http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n",
+        )
+        .unwrap();
+        assert_eq!(w.current().headers[0].1, "sameorigin");
+    }
+}

@@ -1,0 +1,626 @@
+//! End-to-end tests of `--web-config-file` and the HTTP limits over real sockets on
+//! 127.0.0.1:0: TLS, mTLS, client SANs, basic auth, certificate rotation, method and size
+//! limits, slowloris. Certificates are generated per test with rcgen.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use gpu_exporter::http::{self, AppState, Limits};
+use gpu_exporter::sampler::Published;
+use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::web::WebSecurity;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+const BODY: &str = "# HELP DCGM_FI_DEV_GPU_TEMP t\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{gpu=\"0\"} 41\n";
+
+/// A CA and what it signs.
+struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Self {
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name.push(DnType::CommonName, name);
+        Self {
+            issuer: CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap(),
+        }
+    }
+
+    fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// (certificate PEM, key PEM) for `sans`; `expired` puts validity in 2000.
+    fn leaf(&self, sans: &[&str], expired: bool) -> (String, String) {
+        let mut p =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, sans[0]);
+        if expired {
+            p.not_before = rcgen::date_time_ymd(2000, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2000, 2, 1);
+        }
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    // Write through a temporary file and rename, as a Secret update does: never half a file.
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::File::create(&tmp)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    std::fs::rename(&tmp, &p).unwrap();
+    p
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    done: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    async fn start(web: Option<&Path>, limits: Limits) -> Server {
+        let published = Published {
+            body: Bytes::from_static(BODY.as_bytes()),
+            at: tokio::time::Instant::now(),
+            series: 1,
+            not_ready: None,
+        };
+        let (_tx, rx) = watch::channel(Some(Arc::new(published)));
+        // Keep the sender alive for the server's lifetime.
+        std::mem::forget(_tx);
+        let router = http::router(AppState {
+            published: rx,
+            interval: Duration::from_secs(3600),
+            metrics: Arc::new(SelfMetrics::default()),
+        });
+        let web = web.map(|p| Arc::new(WebSecurity::load(p, Duration::ZERO).unwrap()));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let done = tokio::spawn(http::serve_with(
+            listener,
+            router,
+            limits,
+            web,
+            async move { s.cancelled().await },
+        ));
+        Server { addr, stop, done }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.done.await.unwrap().unwrap();
+    }
+}
+
+fn roots(ca_pem: &str) -> rustls::RootCertStore {
+    let mut r = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        r.add(c.unwrap()).unwrap();
+    }
+    r
+}
+
+/// What a TLS GET saw: status line code, whole response text, the server's leaf certificate.
+struct Reply {
+    status: u16,
+    text: String,
+    server_cert: Vec<u8>,
+}
+
+async fn https_get(
+    addr: SocketAddr,
+    ca_pem: &str,
+    client: Option<&(String, String)>,
+    extra_header: &str,
+) -> Result<Reply, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let b = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots(ca_pem));
+    let config = match client {
+        None => b.with_no_client_auth(),
+        Some((cert, key)) => b
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let mut tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let server_cert = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let req = format!(
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra_header}\r\n"
+    );
+    tls.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    tls.read_to_end(&mut buf).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = status_of(&text).ok_or_else(|| format!("no HTTP response: {text:?}"))?;
+    Ok(Reply {
+        status,
+        text,
+        server_cert,
+    })
+}
+
+fn status_of(text: &str) -> Option<u16> {
+    text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+async fn http_raw(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+fn tls_files(dir: &Path, ca: &Ca, expired: bool) -> (PathBuf, PathBuf) {
+    let (cert, key) = ca.leaf(&["localhost", "127.0.0.1"], expired);
+    (write(dir, "tls.crt", &cert), write(dir, "tls.key", &key))
+}
+
+#[tokio::test]
+async fn tls_serves_metrics_with_configured_headers_to_a_verifying_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (crt, key) = tls_files(dir.path(), &ca, false);
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  min_version: TLS12\nhttp_server_config:\n  headers:\n    Strict-Transport-Security: max-age=31536000\n",
+            crt.display(),
+            key.display()
+        ),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let r = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.text.ends_with(BODY), "{}", r.text);
+    assert!(r
+        .text
+        .to_ascii_lowercase()
+        .contains("strict-transport-security: max-age=31536000"));
+    // Plain HTTP to a TLS port gets no metrics.
+    let plain = http_raw(server.addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(!plain.contains("DCGM_FI_DEV_GPU_TEMP"), "{plain}");
+    // A client that trusts another CA refuses the server.
+    let other = Ca::new("other CA");
+    let e = https_get(server.addr, &other.pem(), None, "")
+        .await
+        .err()
+        .unwrap();
+    assert!(e.contains("UnknownIssuer"), "{e}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_expired_server_certificate_is_rejected_by_a_verifying_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (crt, key) = tls_files(dir.path(), &ca, true);
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            crt.display(),
+            key.display()
+        ),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let e = https_get(server.addr, &ca.pem(), None, "")
+        .await
+        .err()
+        .unwrap();
+    assert!(e.contains("certificate expired"), "{e}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn mtls_admits_only_clients_with_a_certificate_from_the_client_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("server CA");
+    let client_ca = Ca::new("client CA");
+    let (crt, key) = tls_files(dir.path(), &ca, false);
+    let client_ca_file = write(dir.path(), "ca.crt", &client_ca.pem());
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
+            crt.display(),
+            key.display(),
+            client_ca_file.display()
+        ),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let good = client_ca.leaf(&["prometheus"], false);
+    let r = https_get(server.addr, &ca.pem(), Some(&good), "")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+
+    let none = https_get(server.addr, &ca.pem(), None, "").await;
+    assert!(none.is_err(), "a client without a certificate got in");
+
+    let rogue = Ca::new("rogue CA").leaf(&["prometheus"], false);
+    let e = https_get(server.addr, &ca.pem(), Some(&rogue), "")
+        .await
+        .err()
+        .unwrap();
+    assert!(!e.is_empty());
+
+    let expired = client_ca.leaf(&["prometheus"], true);
+    assert!(https_get(server.addr, &ca.pem(), Some(&expired), "")
+        .await
+        .is_err());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn client_allowed_sans_turn_away_other_certificates_of_the_same_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("server CA");
+    let client_ca = Ca::new("client CA");
+    let (crt, key) = tls_files(dir.path(), &ca, false);
+    let client_ca_file = write(dir.path(), "ca.crt", &client_ca.pem());
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n  client_allowed_sans: [prometheus.monitoring.svc]\n",
+            crt.display(),
+            key.display(),
+            client_ca_file.display()
+        ),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let allowed = client_ca.leaf(&["prometheus.monitoring.svc"], false);
+    assert_eq!(
+        https_get(server.addr, &ca.pem(), Some(&allowed), "")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    let other = client_ca.leaf(&["grafana.monitoring.svc"], false);
+    assert!(https_get(server.addr, &ca.pem(), Some(&other), "")
+        .await
+        .is_err());
+    server.stop().await;
+}
+
+fn basic(user: &str, password: &str) -> String {
+    // Test-only encoder (the server's decoder is tested separately).
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let raw = format!("{user}:{password}");
+    let mut s = String::new();
+    for c in raw.as_bytes().chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            s.push(if i <= c.len() {
+                A[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    format!("Authorization: Basic {s}\r\n")
+}
+
+#[tokio::test]
+async fn the_helm_chart_shape_tls_plus_basic_auth_checks_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (crt, key) = tls_files(dir.path(), &ca, false);
+    // Helm's htpasswd writes $2a$ hashes; cost 4 keeps the test quick.
+    let hash = bcrypt::hash_with_result("s3cret", 4)
+        .unwrap()
+        .format_for_version(bcrypt::Version::TwoA);
+    let web = write(
+        dir.path(),
+        "web-config.yaml",
+        &format!(
+            "tls_server_config:\n   cert_file: \"{}\"\n   key_file: \"{}\"\nbasic_auth_users:\n  prometheus: {hash}\n",
+            crt.display(),
+            key.display()
+        ),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let pem = ca.pem();
+    let ok = https_get(server.addr, &pem, None, &basic("prometheus", "s3cret"))
+        .await
+        .unwrap();
+    assert_eq!(ok.status, 200);
+    assert!(ok.text.ends_with(BODY));
+    for header in [
+        basic("prometheus", "wrong"),
+        basic("nobody", "s3cret"),
+        String::new(),
+        "Authorization: Bearer x\r\n".into(),
+    ] {
+        let r = https_get(server.addr, &pem, None, &header).await.unwrap();
+        assert_eq!(r.status, 401, "{header:?}: {}", r.text);
+        assert!(r.text.contains("www-authenticate: Basic"), "{}", r.text);
+        assert!(!r.text.contains("DCGM_FI"), "{}", r.text);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rotated_certificates_are_served_without_restart_and_a_broken_one_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (crt, key) = tls_files(dir.path(), &ca, false);
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            crt.display(),
+            key.display()
+        ),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let first = https_get(server.addr, &ca.pem(), None, "")
+        .await
+        .unwrap()
+        .server_cert;
+
+    // Rotate: a new key pair from the same CA.
+    let (cert2, key2) = ca.leaf(&["localhost", "127.0.0.1"], false);
+    write(dir.path(), "tls.key", &key2);
+    write(dir.path(), "tls.crt", &cert2);
+    let second = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
+    assert_eq!(second.status, 200);
+    assert_ne!(
+        second.server_cert, first,
+        "the rotated certificate was not picked up"
+    );
+    let expected = CertificateDer::pem_slice_iter(cert2.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.server_cert, expected.to_vec());
+
+    // A broken certificate is rejected; the last good one keeps serving.
+    write(
+        dir.path(),
+        "tls.crt",
+        "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
+    );
+    let third = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
+    assert_eq!(third.server_cert, expected.to_vec());
+    // A mismatched key (new key, old cert) is also rejected.
+    let (_, key3) = ca.leaf(&["localhost"], false);
+    write(dir.path(), "tls.crt", &cert2);
+    write(dir.path(), "tls.key", &key3);
+    let fourth = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
+    assert_eq!(fourth.server_cert, expected.to_vec());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn only_get_and_head_reach_metrics_and_unknown_paths_get_404() {
+    let server = Server::start(None, Limits::default()).await;
+    let get = http_raw(
+        server.addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&get), Some(200));
+    let head = http_raw(
+        server.addr,
+        b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&head), Some(200));
+    assert!(!head.contains("DCGM_FI"), "HEAD carried a body: {head}");
+    for method in ["POST", "PUT", "DELETE", "PATCH"] {
+        let r = http_raw(
+            server.addr,
+            format!("{method} /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert_eq!(status_of(&r), Some(405), "{method}: {r}");
+        assert!(r.to_ascii_lowercase().contains("allow: get,head"), "{r}");
+    }
+    let missing = http_raw(
+        server.addr,
+        b"GET /debug/pprof HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&missing), Some(404));
+    let garbage = http_raw(server.addr, b"\x16\x03\x01 not http at all\r\n\r\n").await;
+    assert_eq!(status_of(&garbage).map(|s| s / 100), Some(4), "{garbage:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_request_heads_get_431_and_the_server_keeps_serving() {
+    let server = Server::start(
+        None,
+        Limits {
+            max_header_bytes: 8192,
+            ..Limits::default()
+        },
+    )
+    .await;
+    let big = format!(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(20_000)
+    );
+    let r = http_raw(server.addr, big.as_bytes()).await;
+    assert_eq!(status_of(&r), Some(431), "{r}");
+    let ok = http_raw(
+        server.addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&ok), Some(200));
+    server.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slowloris_client_is_cut_off_after_the_header_read_timeout() {
+    let limits = Limits {
+        header_read_timeout: Duration::from_secs(10),
+        ..Limits::default()
+    };
+    let server = Server::start(None, limits).await;
+    let started = tokio::time::Instant::now();
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    // Half a request head, then silence.
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf);
+    assert!(!text.contains("200 OK"), "{text}");
+    // Closed by the timer (paused clock: this is virtual time, exact and deterministic).
+    assert!(
+        started.elapsed() >= Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // A complete request on a fresh connection is still served.
+    let ok = http_raw(
+        server.addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&ok), Some(200));
+    server.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_tls_client_is_cut_off_after_the_handshake_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (crt, key) = tls_files(dir.path(), &ca, false);
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            crt.display(),
+            key.display()
+        ),
+    );
+    let server = Server::start(
+        Some(&web),
+        Limits {
+            header_read_timeout: Duration::from_secs(5),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    let mut buf = Vec::new();
+    let n = s.read_to_end(&mut buf).await.unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(started.elapsed() >= Duration::from_secs(5));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_limit_are_closed_at_once() {
+    let server = Server::start(
+        None,
+        Limits {
+            max_connections: 1,
+            ..Limits::default()
+        },
+    )
+    .await;
+    // The first connection holds the only slot (it has sent nothing yet).
+    let mut first = TcpStream::connect(server.addr).await.unwrap();
+    let second = http_raw(
+        server.addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(second, "", "a connection over the limit was served");
+    // The first is served normally.
+    first
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    first.read_to_end(&mut buf).await.unwrap();
+    assert_eq!(status_of(&String::from_utf8_lossy(&buf)), Some(200));
+    server.stop().await;
+}
+
+#[test]
+fn startup_errors_name_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let web = write(
+        dir.path(),
+        "web.yml",
+        "tls_server_config:\n  cert_file: /nonexistent/tls.crt\n  key_file: /nonexistent/tls.key\n",
+    );
+    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO).unwrap_err());
+    assert!(
+        e.contains("web.yml: tls_server_config.cert_file: reading /nonexistent/tls.crt"),
+        "{e}"
+    );
+    let ca = Ca::new("test CA");
+    let (crt, _) = tls_files(dir.path(), &ca, false);
+    let (_, other_key) = ca.leaf(&["x"], false);
+    let k = write(dir.path(), "other.key", &other_key);
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            crt.display(),
+            k.display()
+        ),
+    );
+    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO).unwrap_err());
+    assert!(
+        e.contains("tls_server_config.key_file: using the key in"),
+        "{e}"
+    );
+    let e = gpu_exporter::error_chain(
+        &WebSecurity::load(&dir.path().join("missing.yml"), Duration::ZERO).unwrap_err(),
+    );
+    assert!(e.contains("reading web configuration"), "{e}");
+}
