@@ -105,7 +105,7 @@ fn decode_base64(s: &str) -> Option<Vec<u8>> {
         } as u32)
     }
     let bytes = s.as_bytes();
-    if bytes.len() % 4 != 0 || bytes.len() > 8192 {
+    if !bytes.len().is_multiple_of(4) || bytes.len() > 8192 {
         return None;
     }
     let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
