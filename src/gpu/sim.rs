@@ -81,7 +81,27 @@ struct Profile {
 }
 
 /// The profiles `--sim-profile` accepts.
-pub const PROFILES: &[&str] = &["1xA100-40GB", "8xH100-SXM", "4xA100-80GB-MIG"];
+///
+/// The last two are scale profiles for benchmarks: more GPUs, or more MIG instances, than most
+/// nodes have, to show how the cost grows with the number of series.
+pub const PROFILES: &[&str] = &[
+    "1xA100-40GB",
+    "8xH100-SXM",
+    "4xA100-80GB-MIG",
+    "64xH100-SXM",
+    "8xA100-80GB-7xMIG",
+];
+
+/// Seven 1g.10gb instances, the most an A100 80GB can hold (GPU instance ids 7-13).
+const SEVEN_1G_10GB: &[(&str, u32)] = &[
+    ("1g.10gb", 7),
+    ("1g.10gb", 8),
+    ("1g.10gb", 9),
+    ("1g.10gb", 10),
+    ("1g.10gb", 11),
+    ("1g.10gb", 12),
+    ("1g.10gb", 13),
+];
 
 fn profile(name: &str) -> Option<Profile> {
     Some(match name {
@@ -113,6 +133,18 @@ fn profile(name: &str) -> Option<Profile> {
                 &[("4g.40gb", 1), ("3g.40gb", 2)],
                 &[],
             ],
+        },
+        "64xH100-SXM" => Profile {
+            name: "64xH100-SXM",
+            model: H100_SXM,
+            gpus: 64,
+            mig: &[],
+        },
+        "8xA100-80GB-7xMIG" => Profile {
+            name: "8xA100-80GB-7xMIG",
+            model: A100_80GB,
+            gpus: 8,
+            mig: &[SEVEN_1G_10GB; 8],
         },
         _ => return None,
     })
@@ -243,7 +275,12 @@ impl SimulatedSource {
         GpuIdentity {
             index,
             uuid: uuid("GPU", self.seed, index, 0),
-            pci_bus_id: format!("00000000:{:02X}:00.0", BUS[index as usize % BUS.len()]),
+            // Eight GPUs per PCI domain, so the 64-GPU scale profile has distinct addresses.
+            pci_bus_id: format!(
+                "{:08X}:{:02X}:00.0",
+                index as usize / BUS.len(),
+                BUS[index as usize % BUS.len()]
+            ),
             minor: index,
             model: self.profile.model.name.to_owned(),
         }
@@ -737,6 +774,32 @@ mod tests {
         let hot = s.sample(&d[2], Field::ALL).unwrap();
         assert_eq!(int(&hot, Field::GpuTemp), 95);
         assert_eq!(int(&hot, Field::ClocksEventReasons) & 0x40, 0x40);
+    }
+
+    #[test]
+    fn scale_profiles_have_distinct_identities() {
+        let big = fleet("64xH100-SXM", "").devices().unwrap();
+        assert_eq!(big.len(), 64);
+        let mut buses: Vec<&str> = big.iter().map(|d| d.identity.pci_bus_id.as_str()).collect();
+        buses.sort_unstable();
+        buses.dedup();
+        assert_eq!(buses.len(), 64, "PCI bus ids repeat");
+        assert_eq!(big[9].identity.pci_bus_id, "00000001:2A:00.0");
+
+        let mig = fleet("8xA100-80GB-7xMIG", "").devices().unwrap();
+        assert_eq!(mig.len(), 8);
+        for d in &mig {
+            assert!(d.mig_enabled);
+            let ids: Vec<u32> = d.instances.iter().map(|i| i.gi_id).collect();
+            assert_eq!(ids, (7..14).collect::<Vec<_>>());
+        }
+        let mut uuids: Vec<&str> = mig
+            .iter()
+            .flat_map(|d| d.instances.iter().map(|i| i.uuid.as_str()))
+            .collect();
+        uuids.sort_unstable();
+        uuids.dedup();
+        assert_eq!(uuids.len(), 56, "MIG UUIDs repeat");
     }
 
     #[test]
