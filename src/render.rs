@@ -98,6 +98,10 @@ pub fn push_label(labels: &mut String, name: &str, value: &str) {
 
 /// Escapes a label value: backslash, double quote and line feed.
 pub fn escape_label_value(value: &str, out: &mut String) {
+    if !value.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
+        out.push_str(value);
+        return;
+    }
     for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
@@ -110,6 +114,10 @@ pub fn escape_label_value(value: &str, out: &mut String) {
 
 /// Escapes help text: backslash and line feed.
 pub fn escape_help(help: &str, out: &mut String) {
+    if !help.bytes().any(|b| matches!(b, b'\\' | b'\n')) {
+        out.push_str(help);
+        return;
+    }
     for c in help.chars() {
         match c {
             '\\' => out.push_str("\\\\"),

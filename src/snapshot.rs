@@ -111,13 +111,31 @@ pub struct Snapshot {
 /// Name of the family joining shared GPUs to their holders.
 pub const POD_INFO: &str = "gpu_exporter_gpu_pod_info";
 
+/// The per-copy attributes of an entity's series (pod labels, `vgpu`), kept both as pairs (to
+/// merge with per-series attributes in name order) and pre-escaped, for the common series that
+/// has no other attributes.
+struct Variant {
+    attrs: Vec<(&'static str, String)>,
+    rendered: String,
+}
+
+impl Variant {
+    fn new(attrs: Vec<(&'static str, String)>) -> Self {
+        let mut rendered = String::new();
+        for (k, v) in &attrs {
+            push_label(&mut rendered, k, v);
+        }
+        Self { attrs, rendered }
+    }
+}
+
 struct Entity<'a> {
     outcome: &'a DeviceOutcome,
     instance: Option<&'a MigInstance>,
     /// Escaped label prefix: identity, hostname and label-type fields.
     prefix: String,
     /// Attribute sets, one per exported copy of each series.
-    variants: Vec<Vec<(&'static str, String)>>,
+    variants: Vec<Variant>,
     /// Who holds the entity.
     holders: &'a [Holder],
 }
@@ -224,6 +242,7 @@ fn entity<'a>(
         },
         (many, true) => many.iter().map(|h| pod_attrs(h, true)).collect(),
     };
+    let variants = variants.into_iter().map(Variant::new).collect();
     let mut e = Entity {
         outcome,
         instance,
@@ -270,20 +289,22 @@ fn identity_labels(
 }
 
 /// Renders prefix + sorted merge of `extras` and `variant` attributes.
-fn labels(
-    prefix: &str,
-    extras: &[(&'static str, String)],
-    variant: &[(&'static str, String)],
-) -> String {
-    let mut s = String::with_capacity(prefix.len() + 64);
-    s.push_str(prefix);
+fn labels(prefix: &str, extras: &[(&'static str, String)], variant: &Variant) -> String {
     if extras.is_empty() {
-        for (k, v) in variant {
-            push_label(&mut s, k, v);
+        // The common case: one allocation of the exact size, two copies.
+        let mut s = String::with_capacity(prefix.len() + 1 + variant.rendered.len());
+        s.push_str(prefix);
+        if !variant.rendered.is_empty() {
+            if !s.is_empty() {
+                s.push(',');
+            }
+            s.push_str(&variant.rendered);
         }
         return s;
     }
-    let mut attrs: Vec<&(&'static str, String)> = extras.iter().chain(variant).collect();
+    let mut s = String::with_capacity(prefix.len() + variant.rendered.len() + 64);
+    s.push_str(prefix);
+    let mut attrs: Vec<&(&'static str, String)> = extras.iter().chain(&variant.attrs).collect();
     attrs.sort_by_key(|(k, _)| *k);
     for (k, v) in attrs {
         push_label(&mut s, k, v);
