@@ -1,0 +1,403 @@
+//! Criterion benchmarks of the pure pipeline stages and one full sampling tick.
+//!
+//! ```text
+//! cargo bench --bench pipeline                 # all of them (~4 min on 2 cores)
+//! cargo bench --bench pipeline -- render/      # one group
+//! python3 benches/criterion_table.py           # the table in BENCHMARKS.md, from target/criterion
+//! ```
+//!
+//! Groups (criterion ids are `group/case`; every case reports its series count as throughput,
+//! so `time / series` shows whether the cost is linear in the series count):
+//! - `build/…`: snapshot build (samples + attribution → families with dcgm-exporter labels);
+//! - `render/…`: families → text 0.0.4;
+//! - `build_render/…`: both, which is what a tick spends outside the GPU reads;
+//! - `csv_parse/…`: the shipped CSV and dcgm-exporter's largest upstream CSV;
+//! - `pod_mapping/…`: a kubelet `List` reply of 1,000 pods → attribution;
+//! - `tick/…`: one full `Sampler::tick` on the simulated backend (reads, history, build, render,
+//!   self-metrics);
+//! - `nvml_fake_tick/…`: reading 8 GPUs through the NVML backend over the in-memory fake driver
+//!   (our side of the NVML cost; the call counts per GPU are printed once).
+#![allow(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tokio::sync::watch;
+
+use gpu_exporter::catalog::{self, Catalog};
+use gpu_exporter::config::{GpuIdType, BUILTIN_COUNTERS};
+use gpu_exporter::gpu::nvml::counting::Counting;
+use gpu_exporter::gpu::nvml::fake::{FakeGpu, FakeNvml};
+use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
+use gpu_exporter::gpu::sim::SimulatedSource;
+use gpu_exporter::gpu::{Device, GpuSource};
+use gpu_exporter::health::Recent;
+use gpu_exporter::pods::mapping::{attribution_from, MappingOptions};
+use gpu_exporter::pods::proto::{
+    ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
+};
+use gpu_exporter::pods::{Attribution, EntityKey, Holder, PodRef};
+use gpu_exporter::render::render;
+use gpu_exporter::sampler::{fields_to_read, Sampler, SamplerOptions};
+use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::snapshot::{self, BuildOptions, DeviceOutcome, DeviceSelection};
+
+const INTERVAL: Duration = Duration::from_secs(1);
+
+fn options() -> BuildOptions {
+    BuildOptions {
+        hostname_label: "hostname".into(),
+        hostname: "gpu-node-017".into(),
+        replace_blanks_in_model_name: false,
+        selection: DeviceSelection::Flex,
+        virtual_gpus: false,
+        xid_window_ms: 300_000,
+        clock_window_ms: 300_000,
+    }
+}
+
+fn sim(profile: &str) -> SimulatedSource {
+    SimulatedSource::new(profile, 7, INTERVAL, Default::default(), "")
+        .expect("known simulation profile")
+}
+
+/// The shipped CSV, less the rows the simulated backend cannot produce (as at startup).
+fn catalog_for(source: &impl GpuSource) -> Catalog {
+    let (mut cat, _) = catalog::parse(BUILTIN_COUNTERS, "default-counters.csv").expect("parses");
+    cat.retain_supported(|f| source.supports(f));
+    cat
+}
+
+/// Device outcomes after two samples, as the sampler hands them to the snapshot builder.
+fn outcomes(source: &SimulatedSource, cat: &Catalog) -> Vec<DeviceOutcome> {
+    let fields = fields_to_read(cat, |f| source.supports(f));
+    let devices = source.devices().expect("sim devices");
+    devices
+        .into_iter()
+        .map(|device| {
+            source.sample(&device, &fields).expect("sample");
+            let sample = source.sample(&device, &fields).expect("sample");
+            let labels = cat
+                .labels
+                .iter()
+                .filter_map(|spec| sample.get(spec.field).map(|v| (spec.field, v.clone())))
+                .collect();
+            DeviceOutcome {
+                device,
+                sample: Ok(sample),
+                recent: Recent::default(),
+                labels,
+            }
+        })
+        .collect()
+}
+
+fn holder(i: usize, vgpu: Option<usize>) -> Holder {
+    Holder {
+        pod: PodRef {
+            namespace: format!("team-{:02}", i % 13),
+            pod: format!("inference-{i:04}-7f9c8d6b5-x2k4q"),
+            container: "server".into(),
+        },
+        vgpu: vgpu.map(|v| v.to_string()),
+    }
+}
+
+/// `pods` pods spread over the entities (GPUs, or MIG instances where MIG is on): one holder per
+/// entity when there are no more pods than entities, time-sliced replicas otherwise.
+fn attribution(devices: &[Device], pods: usize) -> Attribution {
+    let keys: Vec<EntityKey> = devices
+        .iter()
+        .flat_map(|d| {
+            let gpu = d.identity.index;
+            if d.mig_enabled && !d.instances.is_empty() {
+                d.instances
+                    .iter()
+                    .map(|i| EntityKey {
+                        gpu,
+                        gi_id: Some(i.gi_id),
+                    })
+                    .collect::<Vec<_>>()
+            } else {
+                vec![EntityKey { gpu, gi_id: None }]
+            }
+        })
+        .collect();
+    let shared = pods > keys.len();
+    let mut holders: BTreeMap<EntityKey, Vec<Holder>> = BTreeMap::new();
+    for i in 0..pods {
+        let key = keys[i % keys.len()];
+        let replica = shared.then_some(i / keys.len());
+        holders.entry(key).or_default().push(holder(i, replica));
+    }
+    for list in holders.values_mut() {
+        list.sort();
+    }
+    Attribution { holders }
+}
+
+struct Case {
+    name: String,
+    catalog: Catalog,
+    outcomes: Vec<DeviceOutcome>,
+    attribution: Attribution,
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for (profile, pods) in [
+        ("1xA100-40GB", 0),
+        ("8xH100-SXM", 0),
+        ("64xH100-SXM", 0),
+        ("8xH100-SXM", 8),
+        ("8xH100-SXM", 200),
+        ("8xA100-80GB-7xMIG", 0),
+        ("8xA100-80GB-7xMIG", 56),
+    ] {
+        let source = sim(profile);
+        let catalog = catalog_for(&source);
+        let outcomes = outcomes(&source, &catalog);
+        let devices: Vec<Device> = outcomes.iter().map(|o| o.device.clone()).collect();
+        out.push(Case {
+            name: format!("{profile}/{pods}pods"),
+            catalog,
+            outcomes,
+            attribution: attribution(&devices, pods),
+        });
+    }
+    out
+}
+
+fn bench_snapshot(c: &mut Criterion) {
+    let opts = options();
+    let cases = cases();
+    for (group_name, stage) in [("build", 0), ("render", 1), ("build_render", 2)] {
+        let mut group = c.benchmark_group(group_name);
+        for case in &cases {
+            let snap = snapshot::build(&case.catalog, &case.outcomes, &case.attribution, &opts);
+            let mut body = String::new();
+            render(&snap.families, &mut body);
+            group.throughput(Throughput::Elements(snap.series as u64));
+            group.bench_with_input(BenchmarkId::from_parameter(&case.name), case, |b, case| {
+                match stage {
+                    0 => b.iter(|| {
+                        snapshot::build(
+                            black_box(&case.catalog),
+                            &case.outcomes,
+                            &case.attribution,
+                            &opts,
+                        )
+                    }),
+                    1 => b.iter(|| {
+                        let mut out = String::with_capacity(body.len() + 4096);
+                        render(black_box(&snap.families), &mut out);
+                        out
+                    }),
+                    _ => b.iter(|| {
+                        let s = snapshot::build(
+                            black_box(&case.catalog),
+                            &case.outcomes,
+                            &case.attribution,
+                            &opts,
+                        );
+                        let mut out = String::with_capacity(s.series * 200 + 4096);
+                        render(&s.families, &mut out);
+                        out
+                    }),
+                }
+            });
+        }
+        group.finish();
+    }
+}
+
+fn bench_csv(c: &mut Criterion) {
+    let upstream = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/upstream/dcp-metrics-included.csv"
+    ))
+    .expect("upstream fixture");
+    let mut group = c.benchmark_group("csv_parse");
+    for (name, text) in [
+        ("default-counters.csv", BUILTIN_COUNTERS),
+        ("dcp-metrics-included.csv", upstream.as_str()),
+    ] {
+        let rows = catalog::parse(text, name).expect("parses").0.metrics.len();
+        group.throughput(Throughput::Elements(rows as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(name), text, |b, text| {
+            b.iter(|| catalog::parse(black_box(text), name).expect("parses"));
+        });
+    }
+    group.finish();
+}
+
+/// A `List` reply of `pods` pods on an 8-GPU node: every fifth pod holds a time-sliced replica
+/// of a GPU (a node this dense shares its GPUs), the rest hold CPU-only devices or nothing.
+fn list_reply(devices: &[Device], pods: usize) -> ListPodResourcesResponse {
+    let pod_resources = (0..pods)
+        .map(|i| {
+            let devices = if i % 5 == 0 {
+                let gpu = &devices[(i / 5) % devices.len()];
+                vec![ContainerDevices {
+                    resource_name: "nvidia.com/gpu".into(),
+                    device_ids: vec![format!("{}::{}", gpu.identity.uuid, i / 5)],
+                    ..Default::default()
+                }]
+            } else if i % 5 == 1 {
+                vec![ContainerDevices {
+                    resource_name: "example.com/nic".into(),
+                    device_ids: vec![format!("nic-{i}")],
+                    ..Default::default()
+                }]
+            } else {
+                Vec::new()
+            };
+            PodResources {
+                name: format!("workload-{i:04}-6d8f7c9b4-abcde"),
+                namespace: format!("team-{:02}", i % 13),
+                containers: vec![
+                    ContainerResources {
+                        name: "main".into(),
+                        devices,
+                        ..Default::default()
+                    },
+                    ContainerResources {
+                        name: "sidecar".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }
+        })
+        .collect();
+    ListPodResourcesResponse { pod_resources }
+}
+
+fn bench_pod_mapping(c: &mut Criterion) {
+    let devices = sim("8xH100-SXM").devices().expect("devices");
+    let opts = MappingOptions {
+        extra_resource_names: Vec::new(),
+        id_type: GpuIdType::Uid,
+    };
+    let mut group = c.benchmark_group("pod_mapping");
+    let pods = 1000usize;
+    let reply = list_reply(&devices, pods);
+    let mapped = attribution_from(&reply, &devices, &opts);
+    assert_eq!(mapped.unknown_devices, 0);
+    assert_eq!(
+        mapped
+            .attribution
+            .holders
+            .values()
+            .map(Vec::len)
+            .sum::<usize>(),
+        pods / 5
+    );
+    group.throughput(Throughput::Elements(pods as u64));
+    group.bench_with_input(
+        BenchmarkId::from_parameter(format!("8xH100-SXM/{pods}pods")),
+        &reply,
+        |b, reply| b.iter(|| attribution_from(black_box(reply), &devices, &opts)),
+    );
+    group.finish();
+}
+
+fn bench_tick(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("tick");
+    for (profile, pods) in [
+        ("1xA100-40GB", 0),
+        ("8xH100-SXM", 200),
+        ("64xH100-SXM", 0),
+        ("8xA100-80GB-7xMIG", 56),
+    ] {
+        let source = sim(profile);
+        let catalog = catalog_for(&source);
+        let devices = source.devices().expect("devices");
+        let (_catalog_tx, catalog_rx) = watch::channel(Arc::new(catalog));
+        let (_pods_tx, pods_rx) = watch::channel(Arc::new(attribution(&devices, pods)));
+        let mut sampler = Sampler::new(
+            Arc::new(source),
+            catalog_rx,
+            pods_rx,
+            SamplerOptions {
+                interval: INTERVAL,
+                rediscover_every: Duration::from_secs(3600),
+                build: options(),
+            },
+            Arc::new(SelfMetrics::default()),
+        );
+        let series = rt.block_on(sampler.tick()).series;
+        group.throughput(Throughput::Elements(series as u64));
+        group.bench_function(
+            BenchmarkId::from_parameter(format!("{profile}/{pods}pods")),
+            |b| {
+                b.iter(|| rt.block_on(sampler.tick()));
+            },
+        );
+    }
+    group.finish();
+}
+
+fn nvml_source<A: gpu_exporter::gpu::nvml::api::NvmlApi + Clone + Send + Sync + 'static>(
+    api: A,
+) -> NvmlSource<A> {
+    let no_wait = RetryPolicy {
+        initial: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+    NvmlSource::new(move || Ok(api.clone()), no_wait)
+}
+
+fn bench_nvml_fake(c: &mut Criterion) {
+    let gpus = || (0..8).map(FakeGpu::h100).collect::<Vec<_>>();
+    let (cat, _) = catalog::parse(BUILTIN_COUNTERS, "default-counters.csv").expect("parses");
+
+    // The call budget, through the counting layer.
+    let counting = Counting::new(FakeNvml::new("570.172.08", gpus()));
+    let counter = counting.counter();
+    let source = nvml_source(counting);
+    let devices = source.devices().expect("fake devices");
+    let fields = fields_to_read(&cat, |f| source.supports(f));
+    for _ in 0..2 {
+        counter.take();
+        for d in &devices {
+            source.sample(d, &fields).expect("fake sample");
+        }
+    }
+    let calls = counter.take();
+    let total: u64 = calls.values().sum();
+    eprintln!(
+        "NVML calls per steady tick, 8 GPUs: {total} ({} per GPU): {calls:?}",
+        total / devices.len() as u64
+    );
+
+    // The time, without the counting layer.
+    let source = nvml_source(FakeNvml::new("570.172.08", gpus()));
+    let devices = source.devices().expect("fake devices");
+    let mut group = c.benchmark_group("nvml_fake_tick");
+    group.throughput(Throughput::Elements(devices.len() as u64));
+    group.bench_function("8xH100-fake/default-counters", |b| {
+        b.iter(|| {
+            for d in &devices {
+                black_box(source.sample(d, &fields).expect("fake sample"));
+            }
+        });
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = bench_snapshot, bench_csv, bench_pod_mapping, bench_tick, bench_nvml_fake
+}
+criterion_main!(benches);
