@@ -23,8 +23,9 @@ use gpu_exporter::self_metrics::{SampleStats, SelfMetrics};
 /// panels users then see as "changed".
 const MIN_SCHEMA_VERSION: u64 = 39;
 
-/// Self-metrics of the pod-resources client (issue 4, built in parallel); the dashboards and
-/// alerts already use them.
+/// Self-metrics of the pod-resources client that rules and dashboards may query. They are only
+/// emitted with `-k` (the `SelfMetrics::default()` of `known_metrics` has them off), so they are
+/// listed here.
 const POD_RESOURCES_METRICS: &[&str] = &[
     "gpu_exporter_pod_resources_up",
     "gpu_exporter_pod_resources_last_success_timestamp_seconds",

@@ -9,16 +9,29 @@ What it does:
    and 1xA100-40GB profiles, `-c 1000`, NODE_NAME set). Scenario files script one fault per node on
    node-01..node-07: GPU off the bus, double-bit ECC, overheating, PCIe replays, NVLink errors, row
    remap failure, XID 119. node-08 is killed once it has been scraped (exporter down).
-2. Starts Alertmanager (webhook to a receiver in this process) and Prometheus (file_sd targets,
+2. Pod labels: node-09 (8xH100-SXM) and node-10 (4xA100-80GB-MIG) run with `-k` against a
+   fake-kubelet each (src/bin/fake-kubelet.rs, docs/pods.md). Their assignments (TOML, written
+   here from the ids `gpu-exporter --list-devices` prints for the node's profile and seed) cover a
+   whole GPU held by one pod, a MIG instance held by one pod (mixed-strategy resource name), a
+   time-sliced GPU shared by two pods (`<uuid>::<n>`), and one idle GPU and one idle MIG instance
+   held by pods (which must raise GPUUnderutilized). Every other GPU a pod holds is kept busy.
+3. Starts Alertmanager (webhook to a receiver in this process) and Prometheus (file_sd targets,
    2 s scrape/eval, the rules from alerts/ with every `for:` longer than 10 s rewritten to 10 s).
-3. Asserts that exactly the expected alerts are pending/firing in Prometheus, active in
+4. Asserts that exactly the expected alerts are pending/firing in Prometheus, active in
    Alertmanager and delivered to the receiver, no more and no fewer (healthy nodes stay silent).
-4. Runs every dashboard query (variables filled in) and NVIDIA's dashboard 12239 queries through the
-   Prometheus HTTP API and asserts each returns data. Queries that need pod labels are reported as
-   skipped when no fake kubelet is available (pod attribution comes with issue 4).
+5. Asserts the pod attribution through the Prometheus HTTP API: pod/namespace/container labels on
+   the series of singly held GPUs and MIG instances (and on nothing else), no pod labels on the
+   shared GPU, one gpu_exporter_gpu_pod_info series per holder (both replicas of the shared GPU),
+   gpu_exporter_pod_resources_up == 1 and no unknown device ids on the pods nodes.
+6. Runs every dashboard query (variables filled in) and NVIDIA's dashboard 12239 queries through the
+   Prometheus HTTP API and asserts each returns data, the pod-label queries included.
+
+run.sh always passes --fake-kubelet. Run without it (python3 tests/e2e/e2e.py --binary BIN), no
+node runs with `-k`, no GPUUnderutilized is expected and pod-label queries may come back empty.
 """
 
 import argparse
+import collections
 import http.server
 import json
 import os
@@ -39,6 +52,36 @@ import urllib.request
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented in README.md)
 
+# Pods mode: which containers a node's fake kubelet says hold which GPU (`gpu`) or MIG instance
+# (`gpu` and `gi`, its GPU_I_ID), through time-slicing replica `replica` when set. The scenario
+# keeps every held GPU at BUSY_UTIL % (a MIG instance follows its GPU), so GPUUnderutilized stays
+# quiet for it, except those held with busy=False: those idle at 0 % and must raise GPUUnderutilized.
+Holder = collections.namedtuple("Holder", "namespace pod container gpu gi replica busy",
+                                defaults=(None, None, True))
+POD_HOLDERS = {
+    "node-09": [  # 8xH100-SXM
+        Holder("ml", "trainer-09", "main", gpu=0),                      # a whole GPU, one pod
+        Holder("infer", "embed-a", "server", gpu=1, replica=0),         # GPU 1 time-sliced,
+        Holder("infer", "embed-b", "server", gpu=1, replica=1),         # shared by two pods
+        Holder("dev", "notebook-09", "jupyter", gpu=2, busy=False),     # held, idle
+    ],
+    "node-10": [  # 4xA100-80GB-MIG
+        Holder("batch", "etl-10", "worker", gpu=0, gi=2),               # MIG 3g.40gb, one pod
+        Holder("dev", "notebook-10", "jupyter", gpu=1, gi=0, busy=False),  # MIG 7g.80gb, idle
+    ],
+}
+BUSY_UTIL = 60
+
+
+def pod_events(node):
+    """Scenario events holding each GPU a pod holds at BUSY_UTIL % (or 0 % if its pods idle)."""
+    busy = {}
+    for h in POD_HOLDERS.get(node, []):
+        busy[h.gpu] = busy.get(h.gpu, False) or h.busy
+    return [dict(at="0s", gpu=g, action="utilization", pattern="constant", value=BUSY_UTIL if b else 0)
+            for g, b in sorted(busy.items())]
+
+
 # (node, profile, seed, scenario events as TOML, expected alerts as (alertname, gpu))
 FAULT_AT = "12s"
 NODES = [
@@ -54,8 +97,7 @@ NODES = [
     ("node-08", "1xA100-40GB", 18, [], [("GPUExporterDown", "")]),  # killed after its first scrape
 ] + [
     (f"node-{i:02d}", ["8xH100-SXM", "4xA100-80GB-MIG", "1xA100-40GB"][i % 3], 100 + i,
-     # The GPU a fake-kubelet pod holds (pods mode) is kept busy, so GPUUnderutilized stays quiet.
-     [dict(at="0s", gpu=0, action="utilization", pattern="constant", value=60)] if i in (9, 11) else [], [])
+     pod_events(f"node-{i:02d}"), [])
     for i in range(9, 21)
 ]
 KILLED = "node-08"
@@ -177,8 +219,12 @@ def key(labels):
     return (labels["alertname"], host, labels.get("gpu", ""))
 
 
-def expected_alerts():
-    return sorted((a, node, gpu) for node, _, _, _, exp in NODES for a, gpu in exp)
+def expected_alerts(pods_mode):
+    want = [(a, node, gpu) for node, _, _, _, exp in NODES for a, gpu in exp]
+    if pods_mode:  # one per idle GPU or MIG instance a pod holds
+        want += [("GPUUnderutilized", node, str(h.gpu))
+                 for node, hs in POD_HOLDERS.items() for h in hs if not h.busy]
+    return sorted(want)
 
 
 def scenario_toml(events):
@@ -243,7 +289,8 @@ class Prom:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", required=True, help="gpu-exporter release binary")
-    ap.add_argument("--fake-kubelet", default="", help="fake-kubelet binary (issue 4); pods mode when given")
+    ap.add_argument("--fake-kubelet", default="",
+                    help="fake-kubelet binary; pod-label mode when given (run.sh always gives it)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     for tool in ["prometheus", "prometheus-alertmanager", "promtool"]:
@@ -270,26 +317,30 @@ def run(args, work, procs):
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     hook_port = hook.server_address[1]
 
-    # Exporters.
-    ports = {}
+    # Scenario files, then (pods mode) the fake kubelets, so the exporters find them at startup.
     pods_mode = bool(args.fake_kubelet)
+    sim = {}
     for node, profile, seed, events, _ in NODES:
-        port = free_port()
-        ports[node] = port
         scen = work / f"{node}.toml"
         scen.write_text(scenario_toml(events))
-        argv = [args.binary, "--backend", "sim", "--sim-profile", profile, "--sim-seed", str(seed),
-                "--sim-scenario", str(scen), "-a", f"127.0.0.1:{port}", "-c", "1000"]
-        if pods_mode and node in PODS_NODES:
-            argv += ["-k", "--pod-resources-kubelet-socket", str(work / f"{node}-kubelet.sock")]
+        sim[node] = [args.binary, "--backend", "sim", "--sim-profile", profile, "--sim-seed", str(seed),
+                     "--sim-scenario", str(scen)]
+    devices = start_fake_kubelets(args, work, procs, sim) if pods_mode else {}
+
+    # Exporters.
+    ports = {}
+    for node, argv in sim.items():
+        port = free_port()
+        ports[node] = port
+        argv = argv + ["-a", f"127.0.0.1:{port}", "-c", "1000"]
+        if node in devices:
+            argv += ["-k", "--pod-resources-kubelet-socket", str(kubelet_socket(work, node))]
         procs.start(node, argv, env={"NODE_NAME": node})
     for node, port in ports.items():
         wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready")[0] == 200, 30)
         if not procs.alive(node):
             raise Failure(f"{node} exited:\n{procs.tail(node)}")
-    log(f"{len(ports)} exporters ready")
-    if pods_mode:
-        start_fake_kubelets(args.fake_kubelet, work, procs, ports)
+    log(f"{len(ports)} exporters ready" + (f" ({', '.join(devices)} with -k)" if devices else ""))
 
     # Alertmanager.
     am_port = free_port()
@@ -334,13 +385,15 @@ def run(args, work, procs):
     procs.stop(KILLED)
     log(f"stopped {KILLED} (exporter down)")
 
-    check_alerts(prom, am_port)
+    check_alerts(prom, am_port, pods_mode)
+    if pods_mode:
+        check_pods(prom, devices)
     check_dashboards(prom, pods_mode)
     report_memory(procs)
 
 
-def check_alerts(prom, am_port):
-    want = expected_alerts()
+def check_alerts(prom, am_port, pods_mode):
+    want = expected_alerts(pods_mode)
 
     def prom_alerts():
         return sorted(key(a["labels"]) for a in prom.api("/api/v1/alerts")["alerts"])
@@ -430,8 +483,8 @@ def check_dashboards(prom, pods_mode):
             passed += 1
         else:
             failures.append(f"NVIDIA 12239: no data for {q}")
-    log(f"dashboard queries: {passed} returned data, {len(skipped)} skipped (need pod labels: no fake "
-        f"kubelet), {len(failures)} failed")
+    log(f"dashboard queries: {passed} returned data, {len(failures)} failed"
+        + (f", {len(skipped)} skipped (need pod labels; run without --fake-kubelet)" if skipped else ""))
     for s in skipped:
         log(f"  skipped: {s}")
     if failures:
@@ -451,28 +504,170 @@ def report_memory(procs):
         f"max {peaks[-1][0] / 1024:.1f} MiB ({peaks[-1][1]})")
 
 
-# --- Pod labels through the fake kubelet (issue 4). Used only when --fake-kubelet is given. ---
-# Assumed interface: `fake-kubelet --socket PATH --assignments FILE`, FILE in the YAML-compatible
-# JSON below (pods -> containers -> devices {resource, ids}). Adjust here if issue 4 chose otherwise.
-PODS_NODES = ("node-09", "node-11")
+# --- Pod labels: fake kubelets (src/bin/fake-kubelet.rs; file format in docs/pods.md) ---
 
 
-def start_fake_kubelets(binary, work, procs, ports):
-    for node in PODS_NODES:
-        _, body = http_get(f"http://127.0.0.1:{ports[node]}/metrics")
-        uuids = sorted(set(re.findall(r'gpu="0",UUID="(GPU-[^"]+)"', body.decode())))
-        if not uuids:
-            raise Failure(f"{node}: no GPU UUIDs in /metrics")
-        sock = work / f"{node}-kubelet.sock"
-        assignments = work / f"{node}-pods.yaml"
-        assignments.write_text(json.dumps({"pods": [{
-            "namespace": "ml", "name": f"trainer-{node}", "containers": [{
-                "name": "main", "devices": [{"resource": "nvidia.com/gpu", "ids": [uuids[0]]}]}]}]}))
-        procs.start(f"{node}-kubelet", [binary, "--socket", str(sock), "--assignments", str(assignments)])
-        wait_for(f"{node} fake kubelet socket", sock.exists, 20)
-        if not procs.alive(f"{node}-kubelet"):
-            raise Failure(f"fake-kubelet for {node} exited (assignments format?):\n{procs.tail(node + '-kubelet')}")
-    log(f"fake kubelets serve pods for {', '.join(PODS_NODES)}")
+def kubelet_socket(work, node):
+    return work / f"{node}-kubelet.sock"
+
+
+def list_devices(argv, node):
+    """The node's GPUs and MIG instances as `gpu-exporter --list-devices` prints them, given the
+    node's own sim flags and NODE_NAME: {gpu: (uuid, {gi: (mig uuid, profile)})}."""
+    r = subprocess.run(argv + ["--list-devices"], capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, NODE_NAME=node))
+    if r.returncode:
+        raise Failure(f"{node}: --list-devices failed ({r.returncode}): {r.stderr.strip()}")
+    gpus, last = {}, None
+    for line in r.stdout.splitlines():
+        m = re.match(r"GPU (\d+)\t(GPU-[^\t]+)\t", line)
+        if m:
+            last = int(m.group(1))
+            gpus[last] = (m.group(2), {})
+            continue
+        m = re.match(r"\s+MIG GPU_I_ID (\d+)\t(MIG-[^\t]+)\t[^\t]*\t(\S+)$", line)
+        if m and last is not None:
+            gpus[last][1][int(m.group(1))] = (m.group(2), m.group(3))
+        elif line.strip():
+            raise Failure(f"{node}: unexpected --list-devices line {line!r}")
+    return gpus
+
+
+def device_of(node, h, gpus):
+    """(resource or None for the default nvidia.com/gpu, device id) of holder h."""
+    if h.gpu not in gpus:
+        raise Failure(f"{node}: the sim has no GPU {h.gpu} (has {sorted(gpus)})")
+    uuid, migs = gpus[h.gpu]
+    resource = None
+    if h.gi is not None:
+        if h.gi not in migs:
+            raise Failure(f"{node}: GPU {h.gpu} has no MIG instance GPU_I_ID {h.gi} (has {sorted(migs)})")
+        uuid, profile = migs[h.gi]
+        resource = f"nvidia.com/mig-{profile}"  # the device plugin's mixed MIG strategy
+    return resource, uuid if h.replica is None else f"{uuid}::{h.replica}"
+
+
+def assignments_toml(node, holders, gpus):
+    out = [f"# fake-kubelet assignments for {node}, written by tests/e2e/e2e.py", ""]
+    for h in holders:
+        resource, device = device_of(node, h, gpus)
+        out.append("[[assignment]]")
+        for k in ("namespace", "pod", "container"):
+            out.append(f"{k} = {json.dumps(getattr(h, k))}")
+        if resource:
+            out.append(f"resource = {json.dumps(resource)}")
+        out += [f"devices = [{json.dumps(device)}]", ""]
+    return "\n".join(out)
+
+
+def start_fake_kubelets(args, work, procs, sim):
+    """Starts one fake kubelet per POD_HOLDERS node; returns {node: list_devices(...)}."""
+    devices = {}
+    for node, holders in POD_HOLDERS.items():
+        gpus = list_devices(sim[node], node)
+        devices[node] = gpus
+        assignments = work / f"{node}-pods.toml"
+        assignments.write_text(assignments_toml(node, holders, gpus))
+        sock = kubelet_socket(work, node)
+        name = f"{node}-kubelet"
+        procs.start(name, [args.fake_kubelet, "--socket", str(sock), "--assignments", str(assignments)])
+        pods = len({(h.namespace, h.pod) for h in holders})
+        want = f"fake-kubelet: serving {pods} pods on {sock}"
+
+        def serving():
+            if not procs.alive(name):
+                raise Failure(f"fake-kubelet for {node} exited:\n{procs.tail(name)}")
+            lines = (procs.logdir / f"{name}.log").read_text(errors="replace").splitlines()
+            served = [ln for ln in lines if ln.startswith("fake-kubelet: serving")]
+            if served and served[0] != want:
+                raise Failure(f"fake-kubelet for {node}: printed {served[0]!r}, want {want!r}")
+            return bool(served) and sock.exists()
+        wait_for(f"fake-kubelet for {node} to print {want!r}", serving, 20, 0.2)
+    log(f"fake kubelets serve {sum(len(h) for h in POD_HOLDERS.values())} assignments on "
+        f"{', '.join(POD_HOLDERS)}")
+    return devices
+
+
+def settle(what, problems_fn, deadline_s, interval=1):
+    """Polls problems_fn() (a list of problems) until it is empty or the deadline passes."""
+    end = time.monotonic() + deadline_s
+    while True:
+        problems = problems_fn()
+        if not problems:
+            return
+        if time.monotonic() >= end:
+            raise Failure(f"{what} (after {deadline_s}s):\n  " + "\n  ".join(problems))
+        time.sleep(interval)
+
+
+def check_pods(prom, devices):
+    """Pod attribution as seen through Prometheus, against POD_HOLDERS and the listed device ids."""
+    entities = {}  # (node, gpu, gi) -> sorted distinct (namespace, pod, container) holding it
+    for node, holders in POD_HOLDERS.items():
+        for h in holders:
+            entities.setdefault((node, h.gpu, h.gi), set()).add((h.namespace, h.pod, h.container))
+    entities = {k: sorted(v) for k, v in entities.items()}
+
+    def pod_of(m):
+        return tuple(m.get(k, "") for k in ("namespace", "pod", "container"))
+
+    def show(series):
+        return [{k: v for k, v in s["metric"].items() if k in (
+            "__name__", "hostname", "node", "gpu", "UUID", "GPU_I_ID", "namespace", "pod", "container", "vgpu")}
+            | {"value": s["value"][1]} for s in series]
+
+    def problems():
+        out = []
+        # Self-metrics of the pod-resources client, only on the -k nodes.
+        nodes = {s["metric"].get("node") for s in prom.query("gpu_exporter_pod_resources_up")}
+        if nodes != set(POD_HOLDERS):
+            out.append(f"gpu_exporter_pod_resources_up: expected on {sorted(POD_HOLDERS)}, found on {sorted(nodes)}")
+        for node in POD_HOLDERS:
+            held = len({(g, gi) for n, g, gi in entities if n == node})
+            for metric, value in (("gpu_exporter_pod_resources_up", "1"),
+                                  ("gpu_exporter_pod_resources_unknown_devices", "0"),
+                                  ("gpu_exporter_pod_resources_allocated_entities", str(held))):
+                got = [s["value"][1] for s in prom.query(f'{metric}{{node="{node}"}}')]
+                if got != [value]:
+                    out.append(f"{metric}{{node={node!r}}}: expected {value}, found {got}")
+        # Device series: pod labels exactly where one container holds the entity.
+        for (node, gpu, gi), holders in entities.items():
+            labelled = holders[0] if len(holders) == 1 else ("", "", "")
+            what = "one pod" if len(holders) == 1 else f"shared by {len(holders)} pods, so unlabelled"
+            metrics = ["DCGM_FI_DEV_FB_USED"] + (
+                ["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] if gi is not None else ["DCGM_FI_DEV_GPU_UTIL"])
+            for metric in metrics:
+                q = f'{metric}{{hostname="{node}", gpu="{gpu}", GPU_I_ID="{"" if gi is None else gi}"}}'
+                got = prom.query(q)
+                if [pod_of(s["metric"]) for s in got] != [labelled]:
+                    out.append(f"{q} ({what}): expected one series with namespace/pod/container="
+                               f"{'/'.join(labelled) or '(none)'}, found {show(got)}")
+        # Nothing else carries pod labels.
+        want = sorted((node, str(gpu), "" if gi is None else str(gi)) + holders[0]
+                      for (node, gpu, gi), holders in entities.items() if len(holders) == 1)
+        got = sorted((s["metric"].get("hostname", ""), s["metric"].get("gpu", ""), s["metric"].get("GPU_I_ID", ""))
+                     + pod_of(s["metric"]) for s in prom.query('DCGM_FI_DEV_FB_USED{pod!=""}'))
+        if got != want:
+            out.append(f'DCGM_FI_DEV_FB_USED{{pod!=""}}: expected (hostname, gpu, GPU_I_ID, namespace, pod, '
+                       f"container) {want}, found {got}")
+        # gpu_exporter_gpu_pod_info: one series per holder (both replicas of a shared GPU), with
+        # the UUID of the GPU (a MIG instance adds GPU_I_ID).
+        want = sorted((node, str(h.gpu), devices[node][h.gpu][0], "" if h.gi is None else str(h.gi),
+                       h.namespace, h.pod, h.container, "" if h.replica is None else str(h.replica))
+                      for node, hs in POD_HOLDERS.items() for h in hs)
+        info = prom.query("gpu_exporter_gpu_pod_info")
+        got = sorted(tuple(s["metric"].get(k, "") for k in (
+            "node", "gpu", "UUID", "GPU_I_ID", "namespace", "pod", "container", "vgpu")) for s in info)
+        if got != want:
+            out.append("gpu_exporter_gpu_pod_info: expected (node, gpu, UUID, GPU_I_ID, namespace, pod, "
+                       f"container, vgpu)\n    {want}\n  found\n    {got}")
+        return out
+
+    settle("pod attribution differs from the fake kubelets' assignments", problems, 30)
+    shared = [k for k, holders in entities.items() if len(holders) > 1]
+    log(f"pod labels as assigned: {len(entities) - len(shared)} singly held GPUs/MIG instances labelled, "
+        f"{len(shared)} shared GPU(s) unlabelled with one gpu_exporter_gpu_pod_info per holder, "
+        f"pod_resources_up == 1 on {', '.join(POD_HOLDERS)}")
 
 
 if __name__ == "__main__":
