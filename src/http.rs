@@ -60,7 +60,7 @@ async fn not_found() -> (StatusCode, &'static str) {
     (StatusCode::NOT_FOUND, "not found\n")
 }
 
-async fn metrics(State(st): State<AppState>) -> Response {
+async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> Response {
     let published = st.published.borrow().clone();
     let Some(p) = published else {
         return (
@@ -74,11 +74,40 @@ async fn metrics(State(st): State<AppState>) -> Response {
             .into_response();
     };
     st.metrics.scrapes.fetch_add(1, Ordering::Relaxed);
-    (
-        [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE))],
-        p.body.clone(),
-    )
-        .into_response()
+    let vary = (header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    let content_type = (header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    let gzip = headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(accepts_gzip);
+    if gzip {
+        let encoding = (header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        ([content_type, encoding, vary], p.gzip_body().clone()).into_response()
+    } else {
+        ([content_type, vary], p.body.clone()).into_response()
+    }
+}
+
+/// Whether an `Accept-Encoding` value accepts gzip: `gzip` (or `x-gzip`) with a non-zero
+/// quality, or, when gzip is not named, `*` with a non-zero quality. `gzip;q=0` refuses it.
+pub fn accepts_gzip(accept_encoding: &str) -> bool {
+    let mut gzip = None;
+    let mut any = None;
+    for item in accept_encoding.split(',') {
+        let mut parts = item.split(';').map(str::trim);
+        let coding = parts.next().unwrap_or_default();
+        let quality = parts
+            .filter_map(|p| p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")))
+            .find_map(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        if coding.eq_ignore_ascii_case("gzip") || coding.eq_ignore_ascii_case("x-gzip") {
+            gzip = Some(quality);
+        } else if coding == "*" {
+            any = Some(quality);
+        }
+    }
+    gzip.or(any).is_some_and(|q| q > 0.0)
 }
 
 async fn health() -> &'static str {

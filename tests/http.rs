@@ -59,12 +59,12 @@ async fn call(r: &axum::Router, method: Method, uri: &str) -> (StatusCode, Optio
 }
 
 fn publish(tx: &watch::Sender<Option<Arc<Published>>>, body: &'static str) {
-    tx.send_replace(Some(Arc::new(Published {
-        body: Bytes::from_static(body.as_bytes()),
-        at: Instant::now(),
-        series: 1,
-        not_ready: None,
-    })));
+    tx.send_replace(Some(Arc::new(Published::new(
+        Bytes::from_static(body.as_bytes()),
+        Instant::now(),
+        1,
+        None,
+    ))));
 }
 
 #[tokio::test]
@@ -196,4 +196,96 @@ async fn real_server_on_loopback_serves_the_sim_fleet_and_shuts_down_gracefully(
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "listener still open after shutdown"
     );
+}
+
+async fn get_with_encoding(
+    r: &axum::Router,
+    accept_encoding: Option<&str>,
+) -> (Option<String>, Option<String>, Bytes) {
+    let mut req = Request::builder().method(Method::GET).uri("/metrics");
+    if let Some(ae) = accept_encoding {
+        req = req.header("accept-encoding", ae);
+    }
+    let resp = r
+        .clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let (encoding, vary) = (header("content-encoding"), header("vary"));
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (encoding, vary, body)
+}
+
+#[tokio::test]
+async fn metrics_is_gzipped_when_the_scraper_accepts_gzip_and_plain_otherwise() {
+    use std::io::Read as _;
+    let (r, tx, _) = app();
+    let text = "# HELP x y\n# TYPE x gauge\nx{gpu=\"0\"} 1\n".repeat(200);
+    let body: &'static str = Box::leak(text.into_boxed_str());
+    publish(&tx, body);
+
+    // What Prometheus sends.
+    let prom = "gzip";
+    let (encoding, vary, gz) = get_with_encoding(&r, Some(prom)).await;
+    assert_eq!(encoding.as_deref(), Some("gzip"));
+    assert_eq!(vary.as_deref(), Some("Accept-Encoding"));
+    assert!(
+        gz.len() * 10 < body.len(),
+        "{} bytes compressed to {}",
+        body.len(),
+        gz.len()
+    );
+    let mut plain = String::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_string(&mut plain)
+        .expect("valid gzip");
+    assert_eq!(plain, body);
+    // The same sample is compressed once: a second scrape gets the very same bytes.
+    let (_, _, again) = get_with_encoding(&r, Some("deflate, gzip;q=0.5")).await;
+    assert_eq!(again.as_ptr(), gz.as_ptr());
+
+    for refused in [
+        None,
+        Some("identity"),
+        Some("gzip;q=0"),
+        Some("gzip;q=0, *"),
+    ] {
+        let (encoding, vary, b) = get_with_encoding(&r, refused).await;
+        assert_eq!(encoding, None, "Accept-Encoding {refused:?}");
+        assert_eq!(vary.as_deref(), Some("Accept-Encoding"));
+        assert_eq!(b, body.as_bytes(), "Accept-Encoding {refused:?}");
+    }
+}
+
+#[test]
+fn accept_encoding_parsing() {
+    use gpu_exporter::http::accepts_gzip;
+    for yes in [
+        "gzip",
+        "GZIP",
+        "x-gzip",
+        "br, gzip",
+        "gzip;q=0.1",
+        "*",
+        "deflate, *;q=1",
+    ] {
+        assert!(accepts_gzip(yes), "{yes}");
+    }
+    for no in [
+        "",
+        "identity",
+        "br, deflate",
+        "gzip;q=0",
+        "gzip; q=0.0",
+        "*;q=0",
+        "gzip;q=0, *",
+    ] {
+        assert!(!accepts_gzip(no), "{no}");
+    }
 }

@@ -77,12 +77,12 @@ struct Server {
 
 impl Server {
     async fn start(web: Option<&Path>, limits: Limits) -> Server {
-        let published = Published {
-            body: Bytes::from_static(BODY.as_bytes()),
-            at: tokio::time::Instant::now(),
-            series: 1,
-            not_ready: None,
-        };
+        let published = Published::new(
+            Bytes::from_static(BODY.as_bytes()),
+            tokio::time::Instant::now(),
+            1,
+            None,
+        );
         let (_tx, rx) = watch::channel(Some(Arc::new(published)));
         // Keep the sender alive for the server's lifetime.
         std::mem::forget(_tx);
