@@ -13,7 +13,8 @@ What it measures, in one run:
   under wrk, requests/s, p50/p99 latency and CPU seconds per 1,000 scrapes;
 - the limit: benches/static_server.rs serving the exact body gpu-exporter returned, from memory;
 - the peer: Debian's prometheus-node-exporter with its default collectors.
-Every wrk run uses the same threads, connections and duration. The results replace the part of
+Every wrk run uses the same threads, connections and duration; each is run without and with
+`Accept-Encoding: gzip` (what Prometheus sends). The results replace the part of
 BENCHMARKS.md between the `load:begin` and `load:end` markers (or print, with --print-only).
 """
 
@@ -45,9 +46,9 @@ def log(msg):
     print(f"load: {msg}", file=sys.stderr, flush=True)
 
 
-def http_get(url, timeout=2.0):
+def http_get(url, timeout=2.0, headers=None):
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -112,8 +113,11 @@ class Procs:
             self.stop(p)
 
 
-def wrk(wrk_bin, url, threads, connections, duration_s):
-    argv = [wrk_bin, f"-t{threads}", f"-c{connections}", f"-d{duration_s}s", "--latency", url]
+def wrk(wrk_bin, url, threads, connections, duration_s, gzip):
+    argv = [wrk_bin, f"-t{threads}", f"-c{connections}", f"-d{duration_s}s", "--timeout", "10s",
+            "--latency", url]
+    if gzip:
+        argv[1:1] = ["-H", "Accept-Encoding: gzip"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60)
     if r.returncode != 0:
         raise Failure(f"{' '.join(argv)} failed: {r.stderr.strip() or r.stdout.strip()}")
@@ -125,12 +129,11 @@ def wrk(wrk_bin, url, threads, connections, duration_s):
     lat = {}
     for pct, val, unit in re.findall(r"^\s+(50|75|90|99)%\s+([\d.]+)(us|ms|s)\s*$", text, re.M):
         lat[pct] = float(val) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    socket_errors = re.search(r"Socket errors: (.*)", text)
-    if errors or socket_errors:
-        raise Failure(f"{url}: errors under load:\n{text}")
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    socket = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    errors = (int(non_2xx.group(1)) if non_2xx else 0) + (sum(map(int, socket.groups())) if socket else 0)
     return {"rps": float(m.group(1)), "requests": int(n.group(1)), "p50_ms": lat["50"],
-            "p99_ms": lat["99"], "raw": text}
+            "p99_ms": lat["99"], "errors": errors, "raw": text}
 
 
 def write_assignments(exporter, work, seed, pods_per_gpu):
@@ -252,38 +255,39 @@ def run(args, work, procs, exporter, kubelet, static):
     series = metric_value(body, "gpu_exporter_series")
     log(f"idle: {ticks:.0f} ticks, tick CPU {tick_cpu_ms:.2f} ms, RSS {idle_mem['VmRSS']} KiB")
 
-    body_file = work / "body.prom"
+    body_file, gz_file = work / "body.prom", work / "body.prom.gz"
     body_file.write_bytes(body)
+    gz_body = http_get(base + "/metrics", headers={"Accept-Encoding": "gzip"})[1]
+    if gz_body[:2] != b"\x1f\x8b":
+        raise Failure("/metrics with Accept-Encoding: gzip did not answer gzip")
+    gz_file.write_bytes(gz_body)
     st = procs.start("static", [static, body_file, f"127.0.0.1:{static_port}"])
-    wait_until("the static server", lambda: http_get(f"http://127.0.0.1:{static_port}/")[0] == 200, 20, 0.01)
-    ne = procs.start("node-exporter", [args.node_exporter, f"--web.listen-address=127.0.0.1:{node_port}"])
+    st_gz = procs.start("static-gzip", [static, gz_file, f"127.0.0.1:{static_port + 1}", "gzip"])
+    for p in (static_port, static_port + 1):
+        wait_until("the static server", lambda: http_get(f"http://127.0.0.1:{p}/")[0] == 200, 20, 0.01)
+    # --web.max-requests=0: no limit on concurrent scrapes (its default of 40 answers 503 beyond).
+    ne = procs.start("node-exporter", [args.node_exporter, f"--web.listen-address=127.0.0.1:{node_port}",
+                                       "--web.max-requests=0"])
     wait_until("node-exporter", lambda: http_get(f"http://127.0.0.1:{node_port}/metrics", 5)[0] == 200, 30, 0.05)
     ne_body = http_get(f"http://127.0.0.1:{node_port}/metrics", 10)[1]
     ne_mem_idle = memory_kib(ne.pid)
 
-    targets = [
-        ("gpu-exporter /metrics", base + "/metrics", ours),
-        ("static-body limit", f"http://127.0.0.1:{static_port}/metrics", st),
-        ("prometheus-node-exporter", f"http://127.0.0.1:{node_port}/metrics", ne),
-    ]
     results = []
-    for conns in args.connections:
-        for name, url, proc in targets:
-            wrk(args.wrk, url, args.threads, conns, 2)  # warm-up
-            c0, w0 = cpu_seconds(proc.pid), time.monotonic()
-            r = wrk(args.wrk, url, args.threads, conns, args.duration)
-            c1, w1 = cpu_seconds(proc.pid), time.monotonic()
-            r.update(name=name, conns=conns, cpu_s=c1 - c0, wall_s=w1 - w0, mem=memory_kib(proc.pid))
-            if proc is ours:
-                r["cpu_net_s"] = r["cpu_s"] - idle_cpu_per_s * (w1 - w0)
-            log(f"{name} -c{conns}: {r['rps']:.0f} req/s, p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms")
-            results.append(r)
+    for gzip in (False, True):
+        targets = [
+            ("gpu-exporter /metrics", base + "/metrics", ours),
+            ("static-body limit", f"http://127.0.0.1:{static_port + gzip}/metrics", st_gz if gzip else st),
+            ("prometheus-node-exporter", f"http://127.0.0.1:{node_port}/metrics", ne),
+        ]
+        for conns in args.connections:
+            for name, url, proc in targets:
+                results.append(measure(args, name, url, proc, conns, gzip, ours, idle_cpu_per_s))
     after_mem = memory_kib(ours.pid)
     for p in (kl, ours):
         if p.poll() is not None:
             raise Failure(f"process {p.args[0]} exited during the run")
 
-    section = report(args, pods, series, len(body), len(ne_body), starts, ticks, tick_cpu_ms,
+    section = report(args, pods, series, len(body), len(gz_body), len(ne_body), starts, ticks, tick_cpu_ms,
                      tick_wall_ms, idle_cpu_per_s, idle_mem, after_mem, ne_mem_idle, results)
     if args.print_only:
         print(section)
@@ -299,7 +303,22 @@ def run(args, work, procs, exporter, kubelet, static):
     return 0
 
 
-def report(args, pods, series, body_len, ne_body_len, starts, ticks, tick_cpu_ms, tick_wall_ms,
+def measure(args, name, url, proc, conns, gzip, ours, idle_cpu_per_s):
+    wrk(args.wrk, url, args.threads, conns, 2, gzip)  # warm-up
+    c0, w0 = cpu_seconds(proc.pid), time.monotonic()
+    r = wrk(args.wrk, url, args.threads, conns, args.duration, gzip)
+    c1, w1 = cpu_seconds(proc.pid), time.monotonic()
+    r.update(name=name, conns=conns, gzip=gzip, cpu_s=c1 - c0, wall_s=w1 - w0, mem=memory_kib(proc.pid))
+    if proc is ours:
+        r["cpu_net_s"] = r["cpu_s"] - idle_cpu_per_s * (w1 - w0)
+        if r["errors"]:
+            raise Failure(f"{url}: {r['errors']} failed requests under load:\n{r['raw']}")
+    log(f"{name} -c{conns}{' gzip' if gzip else ''}: {r['rps']:.0f} req/s, "
+        f"p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms")
+    return r
+
+
+def report(args, pods, series, body_len, gz_len, ne_body_len, starts, ticks, tick_cpu_ms, tick_wall_ms,
            idle_cpu_per_s, idle_mem, after_mem, ne_mem_idle, results):
     mib = lambda kib: f"{kib / 1024:.1f} MiB"
     out = []
@@ -307,17 +326,20 @@ def report(args, pods, series, body_len, ne_body_len, starts, ticks, tick_cpu_ms
                f"{tool_version(['rustc', '--version'])}; {tool_version([args.wrk, '-v'])}; "
                f"{tool_version([args.node_exporter, '--version'])}.\n")
     out.append(f"gpu-exporter: `--backend sim --sim-profile 8xH100-SXM -c 1000 -k`, {pods} pods from the "
-               f"fake kubelet, {series:.0f} GPU series, body {body_len / 1024:.1f} KiB. "
+               f"fake kubelet, {series:.0f} GPU series, body {body_len / 1024:.1f} KiB "
+               f"({gz_len / 1024:.1f} KiB gzipped). "
                f"node-exporter body: {ne_body_len / 1024:.1f} KiB. wrk: {args.threads} thread, "
                f"{args.duration} s per run after a 2 s warm-up, on the same machine (wrk and the "
                f"server share the CPUs).\n")
-    out.append("| target | connections | requests/s | vs limit | p50 | p99 | CPU s / 1,000 scrapes |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|")
-    limit = {r["conns"]: r["rps"] for r in results if r["name"] == "static-body limit"}
+    out.append("| target | encoding | connections | requests/s | vs limit | p50 | p99 | CPU s / 1,000 scrapes | errors |")
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    limit = {(r["gzip"], r["conns"]): r["rps"] for r in results if r["name"] == "static-body limit"}
     for r in results:
         cpu = r.get("cpu_net_s", r["cpu_s"]) / r["requests"] * 1000
-        out.append(f"| {r['name']} | {r['conns']} | {r['rps']:,.0f} | {r['rps'] / limit[r['conns']]:.2f}x "
-                   f"| {r['p50_ms']:.3f} ms | {r['p99_ms']:.3f} ms | {cpu:.3f} |")
+        enc = "gzip" if r["gzip"] else "identity"
+        out.append(f"| {r['name']} | {enc} | {r['conns']} | {r['rps']:,.0f} | "
+                   f"{r['rps'] / limit[(r['gzip'], r['conns'])]:.2f}x "
+                   f"| {r['p50_ms']:.3f} ms | {r['p99_ms']:.3f} ms | {cpu:.3f} | {r['errors']} |")
     ours_after = after_mem
     ne_after = [r for r in results if r["name"] == "prometheus-node-exporter"][-1]["mem"]
     out.append("")

@@ -11,6 +11,7 @@
 //! - `build/…`: snapshot build (samples + attribution → families with dcgm-exporter labels);
 //! - `render/…`: families → text 0.0.4;
 //! - `build_render/…`: both, which is what a tick spends outside the GPU reads;
+//! - `gzip/…`: compressing a body for scrapers that accept gzip (once per sample);
 //! - `csv_parse/…`: the shipped CSV and dcgm-exporter's largest upstream CSV;
 //! - `pod_mapping/…`: a kubelet `List` reply of 1,000 pods → attribution;
 //! - `tick/…`: one full `Sampler::tick` on the simulated backend (reads, history, build, render,
@@ -41,7 +42,7 @@ use gpu_exporter::pods::proto::{
 };
 use gpu_exporter::pods::{Attribution, EntityKey, Holder, PodRef};
 use gpu_exporter::render::render;
-use gpu_exporter::sampler::{fields_to_read, Sampler, SamplerOptions};
+use gpu_exporter::sampler::{fields_to_read, Published, Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
 use gpu_exporter::snapshot::{self, BuildOptions, DeviceOutcome, DeviceSelection};
 
@@ -212,6 +213,33 @@ fn bench_snapshot(c: &mut Criterion) {
         }
         group.finish();
     }
+}
+
+/// Compressing a published body for a scraper that accepts gzip (once per sample).
+fn bench_gzip(c: &mut Criterion) {
+    let opts = options();
+    let mut group = c.benchmark_group("gzip");
+    for case in cases()
+        .into_iter()
+        .filter(|c| c.name == "8xH100-SXM/200pods" || c.name == "64xH100-SXM/0pods")
+    {
+        let snap = snapshot::build(&case.catalog, &case.outcomes, &case.attribution, &opts);
+        let mut body = String::new();
+        render(&snap.families, &mut body);
+        let body = bytes::Bytes::from(body);
+        let gz = Published::new(body.clone(), tokio::time::Instant::now(), 0, None)
+            .gzip_body()
+            .len();
+        eprintln!("gzip {}: {} -> {gz} bytes", case.name, body.len());
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_function(BenchmarkId::from_parameter(&case.name), |b| {
+            b.iter(|| {
+                let p = Published::new(body.clone(), tokio::time::Instant::now(), 0, None);
+                p.gzip_body().len()
+            });
+        });
+    }
+    group.finish();
 }
 
 fn bench_csv(c: &mut Criterion) {
@@ -398,6 +426,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = bench_snapshot, bench_csv, bench_pod_mapping, bench_tick, bench_nvml_fake
+    targets = bench_snapshot, bench_gzip, bench_csv, bench_pod_mapping, bench_tick, bench_nvml_fake
 }
 criterion_main!(benches);

@@ -4,8 +4,10 @@
 //!
 //! ```text
 //! cargo build --release --example static-body-server
-//! target/release/examples/static-body-server BODY_FILE 127.0.0.1:9499
+//! target/release/examples/static-body-server BODY_FILE 127.0.0.1:9499 [gzip]
 //! ```
+//!
+//! With `gzip`, BODY_FILE is taken to be gzip-compressed and sent with `Content-Encoding: gzip`.
 //!
 //! Used by `benches/load.py`; prints `listening on ADDR` once bound.
 #![allow(missing_docs)]
@@ -15,7 +17,7 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONTENT_ENCODING, CONTENT_TYPE};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
@@ -24,7 +26,12 @@ type Body = http_body_util::Full<Bytes>;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let (Some(body_path), Some(addr)) = (args.next(), args.next()) else {
-        return Err("usage: static-body-server BODY_FILE LISTEN_ADDR".into());
+        return Err("usage: static-body-server BODY_FILE LISTEN_ADDR [gzip]".into());
+    };
+    let gzip = match args.next().as_deref() {
+        None => false,
+        Some("gzip") => true,
+        Some(other) => return Err(format!("third argument {other:?}: only `gzip` is known").into()),
     };
     let body =
         Bytes::from(std::fs::read(&body_path).map_err(|e| format!("BODY_FILE {body_path}: {e}"))?);
@@ -35,10 +42,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(serve(body, addr))
+    runtime.block_on(serve(body, addr, gzip))
 }
 
-async fn serve(body: Bytes, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
+async fn serve(
+    body: Bytes,
+    addr: SocketAddr,
+    gzip: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("bind {addr}: {e}"))?;
@@ -54,6 +65,10 @@ async fn serve(body: Bytes, addr: SocketAddr) -> Result<(), Box<dyn std::error::
                     CONTENT_TYPE,
                     HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
                 );
+                if gzip {
+                    resp.headers_mut()
+                        .insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+                }
                 async move { Ok::<_, Infallible>(resp) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
