@@ -20,6 +20,7 @@
 //! ```
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::catalog::MetricType;
 use crate::gpu::Value;
@@ -40,8 +41,9 @@ pub struct Family {
 /// One series: a pre-rendered label set and a value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
-    /// `name="value",…` with values already escaped ([`push_label`]); may be empty.
-    pub labels: String,
+    /// `name="value",…` with values already escaped ([`push_label`]); may be empty. Shared: the
+    /// series of one GPU in different families usually have the same label set, built once.
+    pub labels: Arc<str>,
     /// The sample value.
     pub value: Value,
 }
@@ -160,7 +162,7 @@ mod tests {
                 kind: MetricType::Counter,
                 series: vec![
                     Series {
-                        labels: String::new(),
+                        labels: "".into(),
                         value: Value::Float(1e-7),
                     },
                     Series {

@@ -99,7 +99,7 @@ impl PodResourcesStatus {
         let count = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
         let one = |v: Value| {
             vec![Series {
-                labels: String::new(),
+                labels: "".into(),
                 value: v,
             }]
         };
@@ -115,7 +115,7 @@ impl PodResourcesStatus {
                 let mut labels = String::new();
                 push_label(&mut labels, "reason", r);
                 Series {
-                    labels,
+                    labels: labels.into(),
                     value: count(s.errors.get(r).copied().unwrap_or(0)),
                 }
             })
@@ -237,7 +237,7 @@ impl SelfMetrics {
         };
         let one = |v: Value| {
             vec![Series {
-                labels: String::new(),
+                labels: "".into(),
                 value: v,
             }]
         };
@@ -246,7 +246,10 @@ impl SelfMetrics {
             for (k, val) in pairs {
                 push_label(&mut labels, k, val);
             }
-            Series { labels, value: v }
+            Series {
+                labels: labels.into(),
+                value: v,
+            }
         };
         let count = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
 

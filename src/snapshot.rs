@@ -6,6 +6,8 @@
 //! as dcgm-exporter's templates emit them. Each entity's label prefix is escaped once per sample.
 //! A device that could not be read contributes no series except its health and XID series.
 
+use std::sync::Arc;
+
 use crate::catalog::field::MigScope;
 use crate::catalog::{Catalog, Field, MetricSpec, MetricType};
 use crate::gpu::{Device, DeviceSample, FieldError, MigInstance, Reading, Value};
@@ -111,21 +113,25 @@ pub struct Snapshot {
 /// Name of the family joining shared GPUs to their holders.
 pub const POD_INFO: &str = "gpu_exporter_gpu_pod_info";
 
-/// The per-copy attributes of an entity's series (pod labels, `vgpu`), kept both as pairs (to
-/// merge with per-series attributes in name order) and pre-escaped, for the common series that
-/// has no other attributes.
+/// The per-copy attributes of an entity's series (pod labels, `vgpu`): as pairs, to merge with
+/// per-series attributes in name order, and as the entity's whole label set, rendered once and
+/// shared by every series of the entity that has no other attributes (most of them).
 struct Variant {
     attrs: Vec<(&'static str, String)>,
-    rendered: String,
+    full: Arc<str>,
 }
 
 impl Variant {
-    fn new(attrs: Vec<(&'static str, String)>) -> Self {
-        let mut rendered = String::new();
+    fn new(prefix: &str, attrs: Vec<(&'static str, String)>) -> Self {
+        let mut full = String::with_capacity(prefix.len() + 96);
+        full.push_str(prefix);
         for (k, v) in &attrs {
-            push_label(&mut rendered, k, v);
+            push_label(&mut full, k, v);
         }
-        Self { attrs, rendered }
+        Self {
+            attrs,
+            full: full.into(),
+        }
     }
 }
 
@@ -185,7 +191,7 @@ pub fn build(
             name: spec.name.clone(),
             help: spec.help.clone(),
             kind: spec.kind,
-            series: Vec::new(),
+            series: Vec::with_capacity(entities.len()),
         };
         match spec.field {
             Field::ExpGpuHealthStatus => health_series(outcomes, catalog, opts, &mut fam),
@@ -242,16 +248,19 @@ fn entity<'a>(
         },
         (many, true) => many.iter().map(|h| pod_attrs(h, true)).collect(),
     };
-    let variants = variants.into_iter().map(Variant::new).collect();
-    let mut e = Entity {
+    let mut prefix = identity_labels(outcome, instance, opts);
+    push_label_fields(&mut prefix, catalog, outcome);
+    let variants = variants
+        .into_iter()
+        .map(|attrs| Variant::new(&prefix, attrs))
+        .collect();
+    Entity {
         outcome,
         instance,
-        prefix: identity_labels(outcome, instance, opts),
+        prefix,
         variants,
         holders,
-    };
-    push_label_fields(&mut e.prefix, catalog, outcome);
-    e
+    }
 }
 
 fn push_label_fields(prefix: &mut String, catalog: &Catalog, outcome: &DeviceOutcome) {
@@ -288,28 +297,20 @@ fn identity_labels(
     s
 }
 
-/// Renders prefix + sorted merge of `extras` and `variant` attributes.
-fn labels(prefix: &str, extras: &[(&'static str, String)], variant: &Variant) -> String {
+/// The label set of one series: the variant's shared one, or, with per-series `extras`, prefix +
+/// the sorted merge of `extras` and the variant's attributes.
+fn labels(prefix: &str, extras: &[(&'static str, String)], variant: &Variant) -> Arc<str> {
     if extras.is_empty() {
-        // The common case: one allocation of the exact size, two copies.
-        let mut s = String::with_capacity(prefix.len() + 1 + variant.rendered.len());
-        s.push_str(prefix);
-        if !variant.rendered.is_empty() {
-            if !s.is_empty() {
-                s.push(',');
-            }
-            s.push_str(&variant.rendered);
-        }
-        return s;
+        return Arc::clone(&variant.full);
     }
-    let mut s = String::with_capacity(prefix.len() + variant.rendered.len() + 64);
+    let mut s = String::with_capacity(variant.full.len() + 64);
     s.push_str(prefix);
     let mut attrs: Vec<&(&'static str, String)> = extras.iter().chain(&variant.attrs).collect();
     attrs.sort_by_key(|(k, _)| *k);
     for (k, v) in attrs {
         push_label(&mut s, k, v);
     }
-    s
+    s.into()
 }
 
 fn entity_series(
@@ -388,7 +389,7 @@ fn health_series(
             push_label(&mut s, "health_error_code", c.code);
             push_label(&mut s, "health_watch", c.watch);
             fam.series.push(Series {
-                labels: s,
+                labels: s.into(),
                 value: Value::Int(c.status as i64),
             });
         }
@@ -417,7 +418,7 @@ fn pod_info(entities: &[Entity<'_>]) -> Option<Family> {
             push_label(&mut s, "container", &h.pod.container);
             push_label(&mut s, "vgpu", h.vgpu.as_deref().unwrap_or(""));
             fam.series.push(Series {
-                labels: s,
+                labels: s.into(),
                 value: Value::Int(1),
             });
         }
