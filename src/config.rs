@@ -195,8 +195,8 @@ pub struct Args {
     #[arg(long, env = "GPU_EXPORTER_REQUIRE_GPUS")]
     pub require_gpus: bool,
 
-    /// Simulated fleet: 1xA100-40GB, 8xH100-SXM, 4xA100-80GB-MIG (default 8xH100-SXM, or the
-    /// scenario's profile).
+    /// Simulated fleet: 1xA100-40GB, 8xH100-SXM, 4xA100-80GB-MIG, or the scale profiles
+    /// 64xH100-SXM and 8xA100-80GB-7xMIG (default 8xH100-SXM, or the scenario's profile).
     #[arg(long, env = "GPU_EXPORTER_SIM_PROFILE")]
     pub sim_profile: Option<String>,
 
