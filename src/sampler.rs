@@ -60,11 +60,10 @@ impl Published {
                 Vec::with_capacity(self.body.len() / 8 + 64),
                 flate2::Compression::fast(),
             );
-            // Writing to a Vec cannot fail.
             let compressed = enc
                 .write_all(&self.body)
                 .and_then(|()| enc.finish())
-                .unwrap_or_default();
+                .expect("gzip into a Vec: writing to memory cannot fail");
             Bytes::from(compressed)
         })
     }

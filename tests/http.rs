@@ -277,6 +277,7 @@ fn accept_encoding_parsing() {
     ] {
         assert!(accepts_gzip(yes), "{yes}");
     }
+    // Malformed values (garbage, empty items, names that only look like gzip) refuse it.
     for no in [
         "",
         "identity",
@@ -285,6 +286,10 @@ fn accept_encoding_parsing() {
         "gzip; q=0.0",
         "*;q=0",
         "gzip;q=0, *",
+        ";;,,",
+        "gzi",
+        "gzipx",
+        "\u{1}gzip",
     ] {
         assert!(!accepts_gzip(no), "{no}");
     }
