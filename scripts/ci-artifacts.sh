@@ -42,8 +42,8 @@ cmp metrics-config/default-counters.csv deploy/default-counters.csv \
   || { echo "deploy/default-counters.csv differs from metrics-config/default-counters.csv" >&2; exit 1; }
 
 step "promtool check rules / test rules"
-promtool check rules alerts/gpu-exporter.rules.yml
-promtool test rules alerts/gpu-exporter.rules.test.yml
+promtool check rules alerts/gpu-exporter.rules.yml alerts/gpu-exporter.recording.yml
+promtool test rules alerts/gpu-exporter.rules.test.yml alerts/gpu-exporter.recording.test.yml
 
 step "kubectl kustomize deploy/ + schema validation"
 rendered="$(mktemp --suffix=.yaml)"

@@ -281,7 +281,8 @@ fn dashboard_queries(d: &Json) -> Vec<(String, String)> {
     out
 }
 
-fn alert_rules() -> Vec<(PathBuf, Yaml)> {
+/// The rule files in alerts/ (not their promtool tests): alert rules, then recording rules.
+fn rule_files() -> Vec<(PathBuf, Yaml)> {
     files("alerts", "yml")
         .into_iter()
         .filter(|p| !p.to_string_lossy().ends_with(".test.yml"))
@@ -290,6 +291,35 @@ fn alert_rules() -> Vec<(PathBuf, Yaml)> {
                 .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             (p, y)
         })
+        .collect()
+}
+
+fn is_recording_file(p: &std::path::Path) -> bool {
+    p.to_string_lossy().ends_with(".recording.yml")
+}
+
+fn alert_rules() -> Vec<(PathBuf, Yaml)> {
+    rule_files()
+        .into_iter()
+        .filter(|(p, _)| !is_recording_file(p))
+        .collect()
+}
+
+fn recording_rules() -> Vec<(PathBuf, Yaml)> {
+    let v: Vec<_> = rule_files()
+        .into_iter()
+        .filter(|(p, _)| is_recording_file(p))
+        .collect();
+    assert!(!v.is_empty(), "no alerts/*.recording.yml");
+    v
+}
+
+/// The series the recording rules write.
+fn recorded_metrics() -> BTreeSet<String> {
+    recording_rules()
+        .iter()
+        .flat_map(|(_, doc)| rules(doc).into_iter())
+        .map(|r| r["record"].as_str().expect("record").to_owned())
         .collect()
 }
 
@@ -304,7 +334,8 @@ fn rules(doc: &Yaml) -> Vec<&Yaml> {
 
 #[test]
 fn every_metric_used_by_dashboards_and_alerts_exists() {
-    let known = known_metrics();
+    let mut known = known_metrics();
+    known.extend(recorded_metrics());
     let mut unknown = BTreeMap::new();
     let mut used = BTreeSet::new();
     for (path, d) in dashboards() {
@@ -317,14 +348,15 @@ fn every_metric_used_by_dashboards_and_alerts_exists() {
             }
         }
     }
-    for (path, doc) in alert_rules() {
+    for (path, doc) in rule_files() {
         for r in rules(&doc) {
             let expr = r["expr"].as_str().expect("expr");
+            let rule = r["alert"].as_str().or_else(|| r["record"].as_str());
             for name in metric_names(expr) {
                 used.insert(name.clone());
                 if !known.contains(&name) {
                     unknown.insert(
-                        format!("{}: rule {:?}: {name}", path.display(), r["alert"]),
+                        format!("{}: rule {rule:?}: {name}", path.display()),
                         expr.to_owned(),
                     );
                 }
@@ -707,12 +739,17 @@ fn service_and_servicemonitor_point_at_the_metrics_port() {
 fn prometheusrule_is_generated_from_the_alert_rules() {
     let all = manifests();
     let pr = kind(&all, "PrometheusRule");
-    let (_, rules_doc) = alert_rules()
-        .into_iter()
-        .find(|(p, _)| p.ends_with("gpu-exporter.rules.yml"))
-        .expect("alerts/gpu-exporter.rules.yml");
+    let groups_of = |name: &str| -> Vec<Yaml> {
+        let (_, doc) = rule_files()
+            .into_iter()
+            .find(|(p, _)| p.ends_with(name))
+            .unwrap_or_else(|| panic!("alerts/{name}"));
+        doc["groups"].as_sequence().expect("groups").clone()
+    };
+    let mut want = groups_of("gpu-exporter.rules.yml");
+    want.extend(groups_of("gpu-exporter.recording.yml"));
     assert!(
-        pr["spec"]["groups"] == rules_doc["groups"],
+        pr["spec"]["groups"].as_sequence() == Some(&want),
         "deploy/prometheusrule.yaml is out of date: run scripts/gen-prometheusrule.sh"
     );
 }
