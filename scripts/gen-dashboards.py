@@ -71,12 +71,15 @@ REF_IDS = "ABCDEFGHIJ"
 
 # --- queries -------------------------------------------------------------------------------------
 
-def q(expr, legend="", instant=False, table=False):
-    """One PromQL target. Range query unless `instant`; `table` returns one row per series."""
+def q(expr, legend="", instant=False, table=False, fmt=None):
+    """One PromQL target. Range query unless `instant`; `table` returns one row per series; `fmt`
+    another result format (HEATMAP: cumulative `le` buckets, de-accumulated by Grafana)."""
     t = prometheus.Dataquery().datasource(DS).expr(expr).legend_format(legend or "__auto")
     t = t.instant() if instant else t.range()
     if table:
-        t = t.format(prometheus_m.PromQueryFormat.TABLE)
+        fmt = prometheus_m.PromQueryFormat.TABLE
+    if fmt:
+        t = t.format(fmt)
     return t
 
 
@@ -138,14 +141,14 @@ def piechart_panel(title, targets, **kw):
             .legend(legend))
 
 
-def heatmap_panel(title, targets, bucket="10", scheme="Oranges", ymin=0, ymax=100, **kw):
-    """Grafana computes the buckets from the series (`calculate`): `bucket` is the y bucket size."""
+def heatmap_panel(title, targets, scheme="Oranges", **kw):
+    """A heatmap of pre-bucketed data: cumulative counts per `le` bound (a query in HEATMAP format),
+    each cell drawn below its bound."""
     return (_common(heatmap.Panel(), title, targets, **kw)
-            .calculate(True)
-            .calculation(common_b.HeatmapCalculationOptions().y_buckets(
-                common_b.HeatmapCalculationBucketConfig().mode(common.HeatmapCalculationMode.SIZE).value(bucket)))
+            .calculate(False)
+            .rows_frame(heatmap.RowsHeatmapOptions().layout(common.HeatmapCellLayout.LE))
             .color(heatmap.HeatmapColorOptions().mode(heatmap_m.HeatmapColorMode.SCHEME).scheme(scheme).steps(64))
-            .y_axis(heatmap.YAxisConfig().unit(kw.get("unit") or "short").min(ymin).max(ymax))
+            .y_axis(heatmap.YAxisConfig().unit(kw.get("unit") or "short"))
             .cell_gap(1)
             .mode(common.TooltipDisplayMode.SINGLE)
             .show_y_histogram())
@@ -167,7 +170,8 @@ def table_panel(title, targets, hide=(), rename=None, merge=False, **kw):
 
 class Board:
     """A dashboard being built: rows and panels are placed left to right on the 24-column grid,
-    wrapping to a new line when a panel does not fit; ids are assigned in order."""
+    wrapping to a new line when a panel does not fit; ids are assigned in order. Every board has
+    the `datasource` and `cluster` variables."""
 
     def __init__(self, uid, title, desc, tags):
         self.uid, self.title, self.desc, self.tags = uid, title, desc, tags
@@ -176,6 +180,9 @@ class Board:
                           .regex("")]
         self.x = self.y = self.line_h = 0
         self.next_id = 1
+        self.variable("cluster", "Cluster", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, cluster)",
+                      desc="The `cluster` label your central store or scrape config adds; "
+                           "\"All\" also matches series without it (a single-cluster Prometheus).")
 
     def _newline(self):
         if self.x:
@@ -196,13 +203,20 @@ class Board:
         self.x += w
         self.line_h = max(self.line_h, h)
 
-    def variable(self, name, label, query, multi=True, include_all=True, sort=model.VariableSort.ALPHABETICAL_ASC):
+    def variable(self, name, label, query, multi=True, include_all=True, sort=model.VariableSort.ALPHABETICAL_ASC,
+                 desc=None, regex="", hidden=False):
+        """A query variable. With `include_all`, "All" is the regex `.*`, which also matches a
+        label the series do not have."""
         v = (dash.QueryVariable(name).label(label).datasource(DS)
              .query({"query": query, "refId": f"{name}-var"})
              .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(sort)
-             .multi(multi).include_all(include_all).regex(""))
+             .multi(multi).include_all(include_all).regex(regex))
         if include_all:
             v = v.all_value(".*")
+        if desc:
+            v = v.description(desc)
+        if hidden:
+            v = v.hide(model.VariableHide.HIDE_VARIABLE)
         self.variables.append(v)
 
     def build(self):
@@ -221,93 +235,149 @@ class Board:
         return b.build()
 
 
-HOST = 'hostname=~"$hostname"'
+# --- recorded series with a fallback (docs/fleet.md) ---------------------------------------------
+#
+# Panels of the cluster dashboard read the per-node series of alerts/gpu-exporter.recording.yml
+# and fall back to the raw series where those rules are not loaded: each such query is
+# `<recorded> or <raw>`. PromQL evaluates both sides of `or`, so the raw side must cost nothing
+# while the recorded side has data: its selectors carry `gpu=~"$raw"`, and the hidden variable
+# `raw` is `none` (no GPU has that index: the raw side selects nothing) when the recorded series
+# exist in the selected clusters, and `.+` (every GPU) when they do not.
+
+RECORDED_PROBE = "hostname:dcgm_gpus:count"
+RAW_SWITCH = ('query_result(label_replace(count(' + RECORDED_PROBE + '{cluster=~"$cluster"}), "raw", "none", "", "") '
+              'or on () label_replace(vector(1), "raw", ".+", "", ""))')
+
+
+def recorded_or_raw(recorded, raw):
+    """The recorded query, or the raw one when the recording rules are absent (see above)."""
+    return f"{recorded}\nor\n{raw}"
 
 
 def cluster():
-    H = HOST
-    util = f'DCGM_FI_DEV_GPU_UTIL{{{H}}} or 100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{H}, GPU_I_ID!=""}}'
-    fb_ratio = f'DCGM_FI_DEV_FB_USED{{{H}}} / (DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}})'
-    health_all = f'max by (hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}, health_watch="ALL"}})'
+    H = 'cluster=~"$cluster", hostname=~"$hostname"'  # recorded series and raw-only panels
+    R = f'{H}, gpu=~"$raw"'  # the raw side of a recorded query
+    # Utilization in percent: whole GPUs' GPU_UTIL, MIG instances' graphics engine activity.
+    util = f'DCGM_FI_DEV_GPU_UTIL{{{R}}} or 100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{R}, GPU_I_ID!=""}}'
+    health_all = f'max by (cluster, hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}, health_watch="ALL"}})'
+    idle_raw = (f'(avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{R}, pod!=""}}[30m]) < 10) or '
+                f'(avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{R}, pod!="", GPU_I_ID!=""}}[30m]) < 0.1)')
+    idle_rec = f'pod_gpu:dcgm_gpu_utilization_percent:avg_over_time_30m{{{H}'
+    buckets = range(0, 101, 10)
+    util_buckets_raw = "sum by (le) (\n  " + "\n  or ".join(
+        f'label_replace(({util}) <= bool {le}, "le", "{le}", "", "")' for le in buckets) + "\n)"
+
+    def rec(metric, extra=""):
+        return f"{metric}{{{H}{extra}}}"
+
     b = Board("gpu-exporter-cluster", "GPU cluster overview",
-              "Fleet-wide GPU utilization, health, power, temperature and memory (gpu-exporter).", ["cluster"])
-    b.variable("hostname", "Node", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, hostname)")
+              "Fleet-wide GPU utilization, health, power, temperature and memory (gpu-exporter). Reads the "
+              "recording rules of alerts/gpu-exporter.recording.yml where they are loaded.", ["cluster"])
+    b.variable("hostname", "Node", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{cluster=~"$cluster"}, hostname)')
+    b.variable("raw", "Raw series", RAW_SWITCH, multi=False, include_all=False, regex='/raw="([^"]+)"/',
+               hidden=True, desc="none when the gpu-exporter recording rules are loaded (panels read them), "
+                                  ".+ when not (panels read the raw series).")
 
     b.row("Fleet")
-    b.add(4, 4, stat_panel("GPUs", [q(f'count(count by (hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}}}))')],
-                           desc="GPUs seen by the exporters (lost GPUs included)."))
-    b.add(4, 4, stat_panel("Nodes", [q(f'count(count by (hostname) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}}}))')]))
-    b.add(4, 4, stat_panel("Average utilization", [q(f'avg({util})')], unit="percent", minv=0, maxv=100,
-                           desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL. MIG instances: graphics engine activity."))
-    b.add(4, 4, stat_panel("Power draw", [q(f'sum(max by (hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{H}}}))')],
-                           unit="watt",
-                           desc="Each GPU counted once (MIG instance series repeat their GPU's power)."))
-    b.add(4, 4, stat_panel("Framebuffer used", [
-        q(f'sum(DCGM_FI_DEV_FB_USED{{{H}}}) / sum(DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}})')],
+    b.add(4, 4, stat_panel("GPUs", [q(recorded_or_raw(
+        f'sum({rec("hostname:dcgm_gpus:count")})',
+        f'count(count by (cluster, hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}}}))'))],
+        desc="GPUs seen by the exporters (lost GPUs included)."))
+    b.add(4, 4, stat_panel("Nodes", [q(recorded_or_raw(
+        f'count({rec("hostname:dcgm_gpus:count")})',
+        f'count(count by (cluster, hostname) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}}}))'))]))
+    b.add(4, 4, stat_panel("Average utilization", [q(recorded_or_raw(
+        f'sum({rec("hostname:dcgm_gpu_utilization_percent:sum")}) / '
+        f'sum({rec("hostname:dcgm_gpu_utilization_percent:count")})',
+        f'avg({util})'))],
+        unit="percent", minv=0, maxv=100,
+        desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL. MIG instances: graphics engine activity."))
+    b.add(4, 4, stat_panel("Power draw", [q(recorded_or_raw(
+        f'sum({rec("hostname:dcgm_power_usage_watts:sum")})',
+        f'sum(max by (cluster, hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{R}}}))'))],
+        unit="watt", desc="Each GPU counted once (MIG instance series repeat their GPU's power)."))
+    b.add(4, 4, stat_panel("Framebuffer used", [q(recorded_or_raw(
+        f'sum({rec("hostname:dcgm_fb_used_mib:sum")}) / sum({rec("hostname:dcgm_fb_total_mib:sum")})',
+        f'sum(DCGM_FI_DEV_FB_USED{{{R}}}) / sum(DCGM_FI_DEV_FB_USED{{{R}}} + DCGM_FI_DEV_FB_FREE{{{R}}})'))],
         unit="percentunit", minv=0, maxv=1, thresholds=[(0.8, "orange"), (0.95, "red")]))
-    b.add(4, 4, stat_panel("Idle allocated GPUs", [
-        q(f'count((avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{H}, pod!=""}}[30m]) < 10) or '
-          f'(avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{H}, pod!="", GPU_I_ID!=""}}[30m]) < 0.1)) or vector(0)')],
+    b.add(4, 4, stat_panel("Idle allocated GPUs", [q(recorded_or_raw(
+        f'sum({rec("hostname:dcgm_idle_allocated_gpus:count")})', f'count({idle_raw})') + "\nor\nvector(0)")],
         thresholds=[(1, "orange")],
         desc="GPUs and MIG instances held by a pod whose utilization averaged under 10 % over 30 minutes "
              "(the GPUUnderutilized alert fires after an hour of this)."))
     b.add(6, 8, piechart_panel("GPUs by health state", [
-        q(f'count({health_all} == 0)', "pass"),
-        q(f'count({health_all} == 10)', "warn"),
-        q(f'count({health_all} == 20)', "fail")],
+        q(recorded_or_raw(f'sum({rec("hostname:dcgm_gpus_by_health:count", f", health={state!r}")})'.replace("'", '"'),
+                          f'count({health_all} == {value})'), state)
+        for state, value in [("pass", 0), ("warn", 10), ("fail", 20)]],
         desc="Worst DCGM-style health watch per GPU: 0 pass, 10 warn, 20 fail."))
     b.add(10, 8, table_panel("Failing and warning health checks", [
-        q(f'max by (hostname, gpu, UUID, health_watch, health_error_code) '
+        q(f'max by (cluster, hostname, gpu, UUID, health_watch, health_error_code) '
           f'(DCGM_EXP_GPU_HEALTH_STATUS{{{H}, health_watch!="ALL"}}) > 0', instant=True, table=True)],
         desc="Every non-passing watch: 10 = warn, 20 = fail."))
     b.add(8, 8, table_panel("GPUs by exporter state", [
-        q('sum by (state) (gpu_exporter_gpus)', instant=True, table=True)],
+        q('sum by (state) (gpu_exporter_gpus{cluster=~"$cluster"})', instant=True, table=True)],
         desc="From the exporters' self-metrics: healthy, unhealthy, lost (fell off the bus), "
              "unreadable (NVML errors)."))
 
     b.row("Utilization")
-    b.add(12, 9, heatmap_panel("GPU utilization across the cluster", [q(util, "{{hostname}} {{gpu}} {{GPU_I_ID}}")],
-                               unit="percent",
-                               desc="How many GPUs (and MIG instances) ran at each utilization level over time."))
-    b.add(12, 9, timeseries_panel("Average utilization per node", [q(f'avg by (hostname) ({util})', "{{hostname}}")],
-                                  unit="percent", minv=0, maxv=100))
+    b.add(12, 9, heatmap_panel("GPU utilization across the cluster", [q(recorded_or_raw(
+        f'sum by (le) ({rec("hostname:dcgm_gpu_utilization_percent:bucket")})', util_buckets_raw),
+        "{{le}}", fmt=prometheus_m.PromQueryFormat.HEATMAP)],
+        unit="percent",
+        desc="How many GPUs (and MIG instances) ran at each utilization level over time, in 10 % buckets "
+             "(a cell at 30 % counts those over 20 % and up to 30 %; 0 % is exactly idle)."))
+    b.add(12, 9, timeseries_panel("Average utilization per node", [q(recorded_or_raw(
+        f'sum by (cluster, hostname) ({rec("hostname:dcgm_gpu_utilization_percent:sum")}) / '
+        f'sum by (cluster, hostname) ({rec("hostname:dcgm_gpu_utilization_percent:count")})',
+        f'avg by (cluster, hostname) ({util})'), "{{hostname}}")],
+        unit="percent", minv=0, maxv=100))
     b.add(24, 7, table_panel("Idle GPUs held by pods", [
-        q(f'avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{H}, pod!=""}}[30m]) < 10', instant=True, table=True),
-        q(f'100 * avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{H}, pod!="", GPU_I_ID!=""}}[30m]) < 10',
+        q(recorded_or_raw(f'{idle_rec}, GPU_I_ID=""}} < 10',
+                          f'avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{R}, pod!=""}}[30m]) < 10'), instant=True, table=True),
+        q(recorded_or_raw(f'{idle_rec}, GPU_I_ID!=""}} < 10',
+                          f'100 * avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{R}, pod!="", GPU_I_ID!=""}}[30m]) < 10'),
           instant=True, table=True)],
         merge=True, hide=("__name__", "instance", "job", "pci_bus_id", "device", "DCGM_FI_DRIVER_VERSION"),
         unit="percent", desc="Allocated GPUs and MIG instances averaging under 10 % over 30 minutes."))
 
     b.row("Power, temperature and memory")
-    b.add(12, 8, timeseries_panel("Power draw per node", [
-        q(f'sum by (hostname) (max by (hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{H}}}))', "{{hostname}}")],
-        unit="watt"))
-    b.add(12, 8, timeseries_panel("Total power draw", [
-        q(f'sum(max by (hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{H}}}))', "total")], unit="watt"))
-    b.add(12, 8, timeseries_panel("Hottest GPU per node", [
-        q(f'max by (hostname) (DCGM_FI_DEV_GPU_TEMP{{{H}}})', "{{hostname}}")],
+    b.add(12, 8, timeseries_panel("Power draw per node", [q(recorded_or_raw(
+        f'sum by (cluster, hostname) ({rec("hostname:dcgm_power_usage_watts:sum")})',
+        f'sum by (cluster, hostname) (max by (cluster, hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{R}}}))'),
+        "{{hostname}}")], unit="watt"))
+    b.add(12, 8, timeseries_panel("Total power draw", [q(recorded_or_raw(
+        f'sum({rec("hostname:dcgm_power_usage_watts:sum")})',
+        f'sum(max by (cluster, hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{R}}}))'), "total")], unit="watt"))
+    b.add(12, 8, timeseries_panel("Hottest GPU per node", [q(recorded_or_raw(
+        f'max by (cluster, hostname) ({rec("hostname:dcgm_gpu_temp_celsius:max")})',
+        f'max by (cluster, hostname) (DCGM_FI_DEV_GPU_TEMP{{{R}}})'), "{{hostname}}")],
         unit="celsius", thresholds=[(80, "orange"), (85, "red")], threshold_lines=True))
     b.add(12, 8, bargauge_panel("Hottest GPUs", [
-        q(f'topk(10, max by (hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{{{H}}}))', "{{hostname}} GPU {{gpu}}", instant=True)],
+        q(f'topk(10, max by (cluster, hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{{{H}}}))', "{{hostname}} GPU {{gpu}}",
+          instant=True)],
         unit="celsius", minv=20, maxv=100, thresholds=[(80, "orange"), (85, "red")]))
-    b.add(12, 8, timeseries_panel("Framebuffer used per node", [
-        q(f'sum by (hostname) (DCGM_FI_DEV_FB_USED{{{H}}}) / '
-          f'sum by (hostname) (DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}})', "{{hostname}}")],
+    b.add(12, 8, timeseries_panel("Framebuffer used per node", [q(recorded_or_raw(
+        f'sum by (cluster, hostname) ({rec("hostname:dcgm_fb_used_mib:sum")}) / '
+        f'sum by (cluster, hostname) ({rec("hostname:dcgm_fb_total_mib:sum")})',
+        f'sum by (cluster, hostname) (DCGM_FI_DEV_FB_USED{{{R}}}) / '
+        f'sum by (cluster, hostname) (DCGM_FI_DEV_FB_USED{{{R}}} + DCGM_FI_DEV_FB_FREE{{{R}}})'), "{{hostname}}")],
         unit="percentunit", minv=0, maxv=1))
     b.add(12, 8, bargauge_panel("Fullest GPUs and MIG instances", [
-        q(f'topk(10, {fb_ratio})', "{{hostname}} GPU {{gpu}} {{GPU_I_PROFILE}}", instant=True)],
+        q(f'topk(10, DCGM_FI_DEV_FB_USED{{{H}}} / (DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}}))',
+          "{{hostname}} GPU {{gpu}} {{GPU_I_PROFILE}}", instant=True)],
         unit="percentunit", minv=0, maxv=1, thresholds=[(0.8, "orange"), (0.95, "red")]))
     return b.build()
 
 
 def node():
-    F = 'hostname=~"$hostname", gpu=~"$gpu"'
+    F = 'cluster=~"$cluster", hostname=~"$hostname", gpu=~"$gpu"'
     by_gpu = "GPU {{gpu}} {{GPU_I_PROFILE}} {{GPU_I_ID}}"
     b = Board("gpu-exporter-node", "GPU node detail",
               "One node's GPUs: utilization, memory, clocks, power, temperature and throttling, PCIe and "
               "NVLink, ECC, retired/remapped memory, XIDs and health (gpu-exporter).", ["node"])
-    b.variable("hostname", "Node", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, hostname)", multi=False, include_all=False)
-    b.variable("gpu", "GPU", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{hostname=~"$hostname"}, gpu)',
+    b.variable("hostname", "Node", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{cluster=~"$cluster"}, hostname)',
+               multi=False, include_all=False)
+    b.variable("gpu", "GPU", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{cluster=~"$cluster", hostname=~"$hostname"}, gpu)',
                sort=model.VariableSort.NUMERICAL_ASC)
 
     b.row("Utilization and memory")
@@ -400,15 +470,17 @@ def node():
 
 
 def workloads():
-    W = 'hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod", pod!=""'
+    W = 'cluster=~"$cluster", hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod", pod!=""'
     util = f'DCGM_FI_DEV_GPU_UTIL{{{W}}} or 100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{W}, GPU_I_ID!=""}}'
     holder = "{{namespace}}/{{pod}}/{{container}}"
     b = Board("gpu-exporter-workloads", "GPU workloads",
               "GPU memory and utilization per namespace, pod and container; MIG slices and shared GPUs "
               "(gpu-exporter with -k).", ["workloads", "kubernetes"])
-    b.variable("hostname", "Node", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, hostname)")
-    b.variable("namespace", "Namespace", 'label_values(DCGM_FI_DEV_FB_USED{hostname=~"$hostname"}, namespace)')
-    b.variable("pod", "Pod", 'label_values(DCGM_FI_DEV_FB_USED{hostname=~"$hostname", namespace=~"$namespace"}, pod)')
+    b.variable("hostname", "Node", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{cluster=~"$cluster"}, hostname)')
+    b.variable("namespace", "Namespace",
+               'label_values(DCGM_FI_DEV_FB_USED{cluster=~"$cluster", hostname=~"$hostname"}, namespace)')
+    b.variable("pod", "Pod",
+               'label_values(DCGM_FI_DEV_FB_USED{cluster=~"$cluster", hostname=~"$hostname", namespace=~"$namespace"}, pod)')
 
     b.row("Per namespace")
     b.add(8, 8, timeseries_panel("GPU memory per namespace", [
@@ -431,13 +503,15 @@ def workloads():
           f'(DCGM_FI_DEV_FB_USED{{{W}, GPU_I_ID!=""}})', instant=True, table=True)],
         hide=("Value",), desc="Which MIG instance each pod holds."))
     b.add(12, 8, table_panel("Pods sharing GPUs", [
-        q('gpu_exporter_gpu_pod_info{namespace=~"$namespace", pod=~"$pod"}', instant=True, table=True)],
+        q('gpu_exporter_gpu_pod_info{cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"}', instant=True, table=True)],
         hide=("Value", "__name__", "job"),
         desc="Time-sliced / MPS GPUs held by several pods: their series carry no pod labels; "
              "gpu_exporter_gpu_pod_info lists the holders."))
     b.add(24, 8, timeseries_panel("Utilization of shared GPUs, per holder", [
-        q('max by (namespace, pod, container, UUID) (gpu_exporter_gpu_pod_info{namespace=~"$namespace", pod=~"$pod"} '
-          '* on (UUID) group_left () max by (UUID) (DCGM_FI_DEV_GPU_UTIL))', "{{namespace}}/{{pod}} on {{UUID}}")],
+        q('max by (cluster, namespace, pod, container, UUID) ('
+          'gpu_exporter_gpu_pod_info{cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"} '
+          '* on (cluster, UUID) group_left () max by (cluster, UUID) (DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"}))',
+          "{{namespace}}/{{pod}} on {{UUID}}")],
         unit="percent", minv=0, maxv=100,
         desc="The whole GPU's utilization, shown for each pod sharing it (NVML cannot split it per pod)."))
     return b.build()

@@ -475,6 +475,146 @@ fn dashboards_are_portable_and_have_stable_unique_uids() {
 }
 
 #[test]
+fn dashboards_filter_by_cluster_and_fall_back_from_recorded_series() {
+    let recorded = recorded_metrics();
+    let mut uses_recorded = 0;
+    for (path, d) in dashboards() {
+        let name = path.display().to_string();
+        let vars = d["templating"]["list"].as_array().expect("variables");
+        let var = |n: &str| vars.iter().find(|v| v["name"] == n);
+        // "All" must be the regex `.*`, which also matches series without a cluster label.
+        let cluster = var("cluster").unwrap_or_else(|| panic!("{name}: no cluster variable"));
+        assert_eq!(cluster["includeAll"], true, "{name}: cluster variable");
+        assert_eq!(cluster["allValue"], ".*", "{name}: cluster variable");
+        for v in vars
+            .iter()
+            .filter(|v| v["type"] == "query" && v["name"] != "cluster")
+        {
+            let q = v["query"]["query"].as_str().expect("variable query");
+            assert!(
+                q.contains(r#"cluster=~"$cluster""#),
+                "{name}: variable {:?} ignores the cluster: {q}",
+                v["name"]
+            );
+        }
+        for p in panels(&d).into_iter().filter(|p| p["type"] != "row") {
+            for t in p["targets"].as_array().expect("targets") {
+                let expr = t["expr"].as_str().expect("expr");
+                assert!(
+                    expr.contains(r#"cluster=~"$cluster""#),
+                    "{name}: panel {} ignores the cluster: {expr}",
+                    p["title"]
+                );
+                let names = metric_names(expr);
+                if !names.iter().any(|n| recorded.contains(n)) {
+                    assert!(
+                        !expr.contains("$raw"),
+                        "{name}: panel {}: $raw without a recorded series",
+                        p["title"]
+                    );
+                    continue;
+                }
+                uses_recorded += 1;
+                // `<recorded> or <raw>`: the raw side reads DCGM series, guarded by $raw.
+                assert!(
+                    var("raw").is_some_and(|v| v["hide"] == 2),
+                    "{name}: panel {} reads recorded series but the dashboard has no hidden $raw",
+                    p["title"]
+                );
+                let (rec, raw) = expr
+                    .split_once("\nor\n")
+                    .unwrap_or_else(|| panic!("{name}: panel {}: no fallback: {expr}", p["title"]));
+                assert!(
+                    metric_names(rec).iter().all(|n| recorded.contains(n)),
+                    "{name}: panel {}: the recorded side reads raw series: {rec}",
+                    p["title"]
+                );
+                let raw_names = metric_names(raw);
+                assert!(
+                    raw_names.iter().any(|n| n.starts_with("DCGM_"))
+                        && raw_names.iter().all(|n| !recorded.contains(n)),
+                    "{name}: panel {}: the fallback does not read the raw series: {raw}",
+                    p["title"]
+                );
+                for sel in raw.match_indices("DCGM_") {
+                    let tail = &raw[sel.0..];
+                    let end = tail.find('}').unwrap_or(tail.len());
+                    assert!(
+                        tail[..end].contains(r#"gpu=~"$raw""#),
+                        "{name}: panel {}: a raw selector without gpu=~\"$raw\" costs as much \
+                         with the recording rules as without: {}",
+                        p["title"],
+                        &tail[..end]
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        uses_recorded >= 10,
+        "only {uses_recorded} queries read recorded series"
+    );
+}
+
+#[test]
+fn recording_rules_are_named_tested_and_used() {
+    let tests = read("alerts/gpu-exporter.recording.test.yml");
+    let dashboard_exprs: Vec<String> = dashboards()
+        .iter()
+        .flat_map(|(_, d)| dashboard_queries(d).into_iter().map(|(_, e)| e))
+        .collect();
+    for (path, doc) in alert_rules() {
+        for r in rules(&doc) {
+            assert!(
+                r["alert"].is_string(),
+                "{}: a recording rule among the alerts",
+                path.display()
+            );
+        }
+    }
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    for (path, doc) in recording_rules() {
+        for r in rules(&doc) {
+            let name = r["record"].as_str().unwrap_or_else(|| {
+                panic!("{}: an alert among the recording rules", path.display())
+            });
+            let parts: Vec<&str> = name.split(':').collect();
+            assert!(
+                parts.len() == 3 && parts.iter().all(|p| !p.is_empty()),
+                "{name}: not level:metric:operation"
+            );
+            let expr = r["expr"].as_str().expect("expr");
+            if parts[0] == "hostname" {
+                // Per-node series keep the cluster, so one store can hold many clusters.
+                assert!(
+                    expr.contains("by (cluster, hostname)"),
+                    "{name}: a hostname-level rule must aggregate by (cluster, hostname): {expr}"
+                );
+            }
+            if !seen.insert(name.to_owned()) {
+                continue; // one name, several label sets (health, le)
+            }
+            assert!(
+                tests.contains(&format!("expr: {name}")),
+                "{name}: no promql_expr_test in alerts/gpu-exporter.recording.test.yml"
+            );
+            let used = dashboard_exprs
+                .iter()
+                .any(|e| metric_names(e).iter().any(|n| n == name))
+                || rule_files().iter().any(|(_, doc)| {
+                    rules(doc).iter().any(|o| {
+                        o["expr"]
+                            .as_str()
+                            .is_some_and(|e| metric_names(e).iter().any(|n| n == name))
+                    })
+                });
+            assert!(used, "{name}: recorded but read by no dashboard or rule");
+        }
+    }
+    assert!(seen.len() >= 10, "{} recorded series", seen.len());
+}
+
+#[test]
 fn alert_rules_carry_severity_and_runbook_annotations() {
     let mut names = BTreeSet::new();
     for (path, doc) in alert_rules() {
