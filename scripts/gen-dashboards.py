@@ -264,8 +264,9 @@ def cluster():
                 f'(avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{R}, pod!="", GPU_I_ID!=""}}[30m]) < 0.1)')
     idle_rec = f'pod_gpu:dcgm_gpu_utilization_percent:avg_over_time_30m{{{H}'
     buckets = range(0, 101, 10)
-    util_buckets_raw = "sum by (le) (\n  " + "\n  or ".join(
-        f'label_replace(({util}) <= bool {le}, "le", "{le}", "", "")' for le in buckets) + "\n)"
+    # Without the rules: one sum per bucket (summed before the `or`, which then joins 11 series).
+    util_buckets_raw = "\nor ".join(
+        f'label_replace(sum(({util}) <= bool {le}), "le", "{le}", "", "")' for le in buckets)
 
     def rec(metric, extra=""):
         return f"{metric}{{{H}{extra}}}"
@@ -281,11 +282,11 @@ def cluster():
     b.row("Fleet")
     b.add(4, 4, stat_panel("GPUs", [q(recorded_or_raw(
         f'sum({rec("hostname:dcgm_gpus:count")})',
-        f'count(count by (cluster, hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}}}))'))],
+        f'count(count by (cluster, hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}, health_watch="ALL"}}))'))],
         desc="GPUs seen by the exporters (lost GPUs included)."))
     b.add(4, 4, stat_panel("Nodes", [q(recorded_or_raw(
         f'count({rec("hostname:dcgm_gpus:count")})',
-        f'count(count by (cluster, hostname) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}}}))'))]))
+        f'count(count by (cluster, hostname) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}, health_watch="ALL"}}))'))]))
     b.add(4, 4, stat_panel("Average utilization", [q(recorded_or_raw(
         f'sum({rec("hostname:dcgm_gpu_utilization_percent:sum")}) / '
         f'sum({rec("hostname:dcgm_gpu_utilization_percent:count")})',
