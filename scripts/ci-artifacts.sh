@@ -2,14 +2,17 @@
 # CI for the shipped artifacts (dashboards/, alerts/, deploy/). Run as root on a clean Debian
 # bookworm clone, after `cargo build --release` (or it builds it):
 #   scripts/ci-artifacts.sh
-# Installs what it needs (idempotent): apt prometheus prometheus-alertmanager kubernetes-client
-# (kubectl only if none is installed), pip kubernetes-validate and the exact grafana-foundation-sdk
-# build scripts/gen-dashboards.py pins. Steps, each must pass:
+# Installs what it needs (idempotent): apt prometheus prometheus-alertmanager victoria-metrics
+# kubernetes-client (kubectl only if none is installed), pip kubernetes-validate and the exact
+# grafana-foundation-sdk build scripts/gen-dashboards.py pins. Steps, each must pass:
 #   1. generated files are up to date (dashboards, PrometheusRule, ConfigMap CSV copy)
 #   2. promtool check rules + promtool test rules
 #   3. kubectl kustomize deploy/ + scripts/validate-manifests.py
 #   4. tests/e2e/run.sh (20 simulated nodes, real Prometheus + Alertmanager, fake kubelets;
 #      with GPU_EXPORTER_BIN set, fake-kubelet must be next to that binary)
+#   5. benches/fleet/run.sh --ci (50 simulated nodes, Prometheus remote-writing to
+#      VictoriaMetrics: every dashboard query and alert expression agrees on both, the recording
+#      rules agree with the raw queries they replace; FLEET_SIM overrides the fleet-sim binary)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -20,6 +23,7 @@ step "installing tools"
 need_apt=()
 command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
+command -v victoria-metrics >/dev/null || need_apt+=(victoria-metrics)
 command -v kubectl >/dev/null || need_apt+=(kubernetes-client)
 if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
@@ -60,5 +64,12 @@ else
   bin=target/release/gpu-exporter
 fi
 tests/e2e/run.sh "$bin"
+
+step "fleet: 50 nodes through Prometheus and VictoriaMetrics"
+if [[ -z "${FLEET_SIM:-}" ]]; then
+  cargo build --release --quiet --example fleet-sim
+  export FLEET_SIM=target/release/examples/fleet-sim
+fi
+benches/fleet/run.sh --ci
 
 step "all artifact checks passed"
