@@ -41,18 +41,13 @@ sample timestamp). Nodes with a scrape in flight at T (start <= T < start + scra
 """
 
 import argparse
-import concurrent.futures
-import datetime
-import gzip
 import json
 import math
-import os
 import pathlib
 import re
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -289,15 +284,16 @@ def close(a, b, rel):
     return abs(a - b) <= 1e-9 + rel * max(abs(a), abs(b))
 
 
-def compare(expr, a, b, interval_s=None, rate_interval=None):
+def compare(expr, a, b):
     """None if results a and b agree (see the module doc), else why not; and the largest relative
     value difference of a rate-family expression (0 otherwise)."""
     rate_family = bool(RATE_FUNCS.search(expr))
-    if re.search(r"\b(topk|bottomk)\(", expr):
+    k_fn = re.search(r"\b(topk|bottomk)\(", expr)
+    if k_fn:
         va, vb = sorted(a.values()), sorted(b.values())
         if len(va) != len(vb) or not all(close(x, y, 1e-9) for x, y in zip(va, vb)):
             return f"topk values differ: {va} vs {vb}", 0.0
-        cut = va[0] if va else None
+        cut = (va[0] if k_fn.group(1) == "topk" else va[-1]) if va else None
         above_a = {k for k, v in a.items() if v != cut}
         above_b = {k for k, v in b.items() if v != cut}
         if above_a != above_b:

@@ -14,9 +14,8 @@ import re
 import statistics
 import subprocess
 import time
-import urllib.request
 
-from fleet import (KIND_OF, KIND_TEXT, KINDS, NO_RULES, RECORDED, ROOT, Api, Failure, as_promql,
+from fleet import (KIND_OF, KIND_TEXT, KINDS, NO_RULES, RECORDED, ROOT, Failure, as_promql,
                    dashboard_queries, fill, http_get, log, rss_mib)
 
 BEGIN, END = "<!-- fleet:begin -->", "<!-- fleet:end -->"
