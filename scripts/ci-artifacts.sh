@@ -66,10 +66,8 @@ fi
 tests/e2e/run.sh "$bin"
 
 step "fleet: 50 nodes through Prometheus and VictoriaMetrics"
-if [[ -z "${FLEET_SIM:-}" ]]; then
-  cargo build --release --quiet --example fleet-sim
-  export FLEET_SIM=target/release/examples/fleet-sim
-fi
+# fleet-sim is built with the other binaries (next to gpu-exporter unless GPU_EXPORTER_BIN says otherwise).
+export FLEET_SIM="${FLEET_SIM:-$(dirname "$bin")/fleet-sim}"
 benches/fleet/run.sh --ci
 
 step "all artifact checks passed"

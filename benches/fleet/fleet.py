@@ -518,7 +518,7 @@ class Fleet:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sim", required=True, help="the fleet-sim binary (cargo build --release --example fleet-sim)")
+    ap.add_argument("--sim", required=True, help="the fleet-sim binary (cargo build --release --bin fleet-sim)")
     ap.add_argument("--ci", action="store_true", help="50 nodes, 5 s interval, checks only")
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--interval", type=int, default=15, help="scrape, sampling and rule interval, seconds")

@@ -36,8 +36,8 @@ fi
 
 sim="${FLEET_SIM:-}"
 if [[ -z "$sim" ]]; then
-  cargo build --release --quiet --example fleet-sim
-  sim=target/release/examples/fleet-sim
+  cargo build --release --quiet --bin fleet-sim
+  sim=target/release/fleet-sim
 fi
 # Each simulated node holds a listening socket and Prometheus' connection to it.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
