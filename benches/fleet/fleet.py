@@ -362,11 +362,18 @@ class Fleet:
         self.prom = Api("Prometheus", f"http://127.0.0.1:{self.prom_port}")
         wait_for("Prometheus ready", lambda: http_get(f"{self.prom.base}/-/ready")[0] == 200, 120)
 
+        seen = {}
+
         def all_up():
             active = self.prom.get("/api/v1/targets", state="active")["activeTargets"]
             up = sum(t["health"] == "up" for t in active)
+            errors = sorted({t["lastError"] for t in active if t["lastError"]})
+            seen.update(active=len(active), up=up, errors=errors[:3])
             return len(active) == a.nodes and up == a.nodes
-        wait_for(f"all {a.nodes} targets scraped and up", all_up, 120 + 3 * self.interval, 2)
+        try:
+            wait_for(f"all {a.nodes} targets scraped and up", all_up, 120 + 4 * self.interval, 2)
+        except Failure as e:
+            raise Failure(f"{e}: {seen}") from None
         self.started = time.time()
         log(f"Prometheus scrapes all {a.nodes} targets every {self.interval} s")
 
@@ -402,10 +409,15 @@ class Fleet:
         raise Failure("no evaluation time without a sample on a window boundary")
 
     def vm_caught_up(self, t):
-        """VictoriaMetrics holds what Prometheus holds at t (remote write delivered and searchable)."""
-        probe = 'count by (cluster) (up) or sum(scrape_samples_scraped)'
-        return normalize(self.prom.instant(probe, t)) == normalize(self.vm.instant(probe, t)) and \
-            normalize(self.prom.instant(f"sum(timestamp(up))", t)) == normalize(self.vm.instant("sum(timestamp(up))", t))
+        """VictoriaMetrics holds what Prometheus holds at t: every target's latest sample (remote
+        write delivered and searchable). Returns the targets still behind (empty when caught up)."""
+        def latest(api):
+            return {r["metric"].get("node"): float(r["value"][1])
+                    for r in api.instant("max by (node) (timestamp(up))", t)["result"]}
+        p, v = latest(self.prom), latest(self.vm)
+        behind = sorted(n for n in p if n not in v or abs(p[n] - v[n]) > 0.0015)
+        self.behind = behind
+        return not behind
 
     # -- checks --
 
@@ -438,7 +450,10 @@ class Fleet:
     def check_agreement(self):
         runs = self.query_runs()
         t = self.pick_time([e for _, e in runs])
-        wait_for("VictoriaMetrics to hold every sample Prometheus holds at T", lambda: self.vm_caught_up(t), 120, 2)
+        try:
+            wait_for("VictoriaMetrics to hold every sample Prometheus holds at T", lambda: self.vm_caught_up(t), 120, 2)
+        except Failure as e:
+            raise Failure(f"{e}: {len(self.behind)} targets behind, e.g. {self.behind[:5]}") from None
         failures, empty, worst = [], [], {}
         for where, expr in runs:
             a = normalize(self.prom.instant(expr, t), drop_name=True)
@@ -531,7 +546,7 @@ def main():
     if args.ci:
         args.nodes, args.interval, args.minutes = 50, 5, 0
     if not args.timeout:
-        args.timeout = 300 if args.ci else int(args.minutes * 60) + 3600
+        args.timeout = 300 if args.ci else int(args.minutes * 60) + 5400
     for tool in ["prometheus", "promtool", "victoria-metrics"]:
         if not shutil.which(tool):
             raise Failure(f"{tool} not found: apt-get install prometheus victoria-metrics")

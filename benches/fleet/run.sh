@@ -19,19 +19,20 @@ if ((${#need_apt[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-ci=0; minutes=95
+ci=0; minutes=95; report=0
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[$i]}" in
     --ci) ci=1 ;;
     --minutes) minutes="${args[$((i + 1))]}" ;;
+    --report) report=1 ;;
   esac
 done
 if ((ci)); then
   limit=300
 else
-  limit=$(python3 -c "print(int(float('$minutes') * 60) + 3600)")
-  args+=(--report BENCHMARKS.md)
+  limit=$(python3 -c "print(int(float('$minutes') * 60) + 5400)")
+  ((report)) || args+=(--report BENCHMARKS.md)
 fi
 
 sim="${FLEET_SIM:-}"
