@@ -471,6 +471,12 @@ fn parse_id_list(list: &str) -> Result<Vec<u32>, String> {
     Ok(ids)
 }
 
+/// Whether the text log may use ANSI colours: only when stderr is a terminal, and never when
+/// `NO_COLOR` is set to a non-empty value (<https://no-color.org>).
+pub fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
+}
+
 fn system_hostname() -> String {
     ["/proc/sys/kernel/hostname", "/etc/hostname"]
         .iter()
@@ -488,6 +494,16 @@ mod tests {
         let mut v = vec!["gpu-exporter"];
         v.extend_from_slice(extra);
         Args::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn log_colour_needs_a_terminal_and_no_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colour(true, None));
+        assert!(log_colour(true, Some(OsStr::new(""))));
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_colour(false, None));
+        assert!(!log_colour(false, Some(OsStr::new(""))));
     }
 
     #[test]

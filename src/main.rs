@@ -58,8 +58,15 @@ fn init_logging(format: LogFormat, debug: bool) {
     let default = if debug { "debug" } else { "info" };
     let filter =
         EnvFilter::try_from_env("GPU_EXPORTER_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    // Colour only for a person at a terminal: under Kubernetes stderr is a pipe, and `kubectl
+    // logs` would show the escape codes raw.
+    let colour = gpu_exporter::config::log_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
