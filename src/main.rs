@@ -259,6 +259,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             virtual_gpus: config.args.kubernetes_virtual_gpus,
             xid_window_ms: config.args.xid_count_window_size,
             clock_window_ms: config.args.clock_events_count_window_size,
+            old_namespace: config.args.use_old_namespace,
         },
     };
     let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));

@@ -65,6 +65,38 @@ pub struct BuildOptions {
     pub xid_window_ms: u64,
     /// The clock-event window, for `window_size_in_ms`.
     pub clock_window_ms: u64,
+    /// dcgm-exporter's `-o/--use-old-namespace` (its 1.x label names): `uuid` instead of `UUID`,
+    /// `pod_name`, `pod_namespace`, `container_name` instead of `pod`, `namespace`, `container`.
+    pub old_namespace: bool,
+}
+
+/// The label names that `-o/--use-old-namespace` changes.
+#[derive(Debug, Clone, Copy)]
+struct Names {
+    uuid: &'static str,
+    pod: &'static str,
+    namespace: &'static str,
+    container: &'static str,
+}
+
+impl Names {
+    fn of(opts: &BuildOptions) -> Self {
+        if opts.old_namespace {
+            Names {
+                uuid: "uuid",
+                pod: "pod_name",
+                namespace: "pod_namespace",
+                container: "container_name",
+            }
+        } else {
+            Names {
+                uuid: "UUID",
+                pod: "pod",
+                namespace: "namespace",
+                container: "container",
+            }
+        }
+    }
 }
 
 /// What the sampler learnt about one device this tick.
@@ -122,7 +154,8 @@ struct Variant {
 }
 
 impl Variant {
-    fn new(prefix: &str, attrs: Vec<(&'static str, String)>) -> Self {
+    fn new(prefix: &str, mut attrs: Vec<(&'static str, String)>) -> Self {
+        attrs.sort_by_key(|(k, _)| *k);
         let mut full = String::with_capacity(prefix.len() + 96);
         full.push_str(prefix);
         for (k, v) in &attrs {
@@ -204,7 +237,7 @@ pub fn build(
         snap.series += fam.series.len();
         snap.families.push(fam);
     }
-    if let Some(fam) = pod_info(&entities) {
+    if let Some(fam) = pod_info(&entities, Names::of(opts)) {
         snap.series += fam.series.len();
         snap.families.push(fam);
     }
@@ -223,11 +256,12 @@ fn entity<'a>(
         gi_id: instance.map(|i| i.gi_id),
     };
     let holders = attribution.holders_of(key);
+    let names = Names::of(opts);
     let pod_attrs = |h: &Holder, with_vgpu: bool| {
         let mut v = vec![
-            ("container", h.pod.container.clone()),
-            ("namespace", h.pod.namespace.clone()),
-            ("pod", h.pod.pod.clone()),
+            (names.container, h.pod.container.clone()),
+            (names.namespace, h.pod.namespace.clone()),
+            (names.pod, h.pod.pod.clone()),
         ];
         if with_vgpu {
             if let Some(r) = &h.vgpu {
@@ -279,7 +313,7 @@ fn identity_labels(
     let id = &outcome.device.identity;
     let mut s = String::with_capacity(256);
     push_label(&mut s, "gpu", &id.index.to_string());
-    push_label(&mut s, "UUID", &id.uuid);
+    push_label(&mut s, Names::of(opts).uuid, &id.uuid);
     push_label(&mut s, "pci_bus_id", &id.pci_bus_id);
     push_label(&mut s, "device", &format!("nvidia{}", id.minor));
     if opts.replace_blanks_in_model_name {
@@ -396,7 +430,7 @@ fn health_series(
     }
 }
 
-fn pod_info(entities: &[Entity<'_>]) -> Option<Family> {
+fn pod_info(entities: &[Entity<'_>], names: Names) -> Option<Family> {
     let mut fam = Family {
         name: POD_INFO.to_owned(),
         help: "Pods holding each GPU or MIG instance (one series per holder; join on UUID and GPU_I_ID)."
@@ -409,13 +443,13 @@ fn pod_info(entities: &[Entity<'_>]) -> Option<Family> {
         for h in e.holders {
             let mut s = String::new();
             push_label(&mut s, "gpu", &id.index.to_string());
-            push_label(&mut s, "UUID", &id.uuid);
+            push_label(&mut s, names.uuid, &id.uuid);
             if let Some(i) = e.instance {
                 push_label(&mut s, "GPU_I_ID", &i.gi_id.to_string());
             }
-            push_label(&mut s, "pod", &h.pod.pod);
-            push_label(&mut s, "namespace", &h.pod.namespace);
-            push_label(&mut s, "container", &h.pod.container);
+            push_label(&mut s, names.pod, &h.pod.pod);
+            push_label(&mut s, names.namespace, &h.pod.namespace);
+            push_label(&mut s, names.container, &h.pod.container);
             push_label(&mut s, "vgpu", h.vgpu.as_deref().unwrap_or(""));
             fam.series.push(Series {
                 labels: s.into(),
@@ -488,6 +522,7 @@ mod tests {
             virtual_gpus: false,
             xid_window_ms: 300_000,
             clock_window_ms: 300_000,
+            old_namespace: false,
         }
     }
 
@@ -647,6 +682,54 @@ mod tests {
         assert_eq!(temp.len(), 3);
         assert!(temp[0].contains(r#"pod="a",vgpu="0"} 50"#), "{}", temp[0]);
         assert!(temp[1].contains(r#"pod="b",vgpu="1"} 50"#));
+    }
+
+    #[test]
+    fn old_namespace_renames_uuid_and_pod_labels_only() {
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(
+            EntityKey {
+                gpu: 1,
+                gi_id: None,
+            },
+            vec![holder("solo", None)],
+        );
+        holders.insert(
+            EntityKey {
+                gpu: 0,
+                gi_id: None,
+            },
+            vec![holder("a", Some("0")), holder("b", Some("1"))],
+        );
+        let att = Attribution { holders };
+        let outcomes = [
+            outcome(device(0, "H100", &[]), 50, 1),
+            outcome(device(1, "H100", &[]), 51, 2),
+        ];
+        let mut o = opts();
+        o.old_namespace = true;
+        let s = build(&cat(), &outcomes, &att, &o);
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(
+            temp[1],
+            r#"DCGM_FI_DEV_GPU_TEMP{gpu="1",uuid="GPU-1",pci_bus_id="00000000:01:00.0",device="nvidia1",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="solo",pod_namespace="ns"} 51"#
+        );
+        assert!(!temp[0].contains("UUID=") && temp[0].contains(r#"uuid="GPU-0""#));
+        let info = lines(&s, POD_INFO);
+        assert!(
+            info[0].contains(
+                r#"uuid="GPU-0",pod_name="a",pod_namespace="ns",container_name="c",vgpu="0""#
+            ),
+            "{}",
+            info[0]
+        );
+        o.virtual_gpus = true;
+        let temp = lines(&build(&cat(), &outcomes, &att, &o), "DCGM_FI_DEV_GPU_TEMP");
+        assert!(
+            temp[0].ends_with(r#"container_name="c",pod_name="a",pod_namespace="ns",vgpu="0"} 50"#),
+            "{}",
+            temp[0]
+        );
     }
 
     #[test]

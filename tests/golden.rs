@@ -161,3 +161,23 @@ async fn legacy_hostname_label_and_gpu_selection() {
     let body = render_case("4xA100-80GB-MIG", None, opts, Attribution::default()).await;
     check("4xA100-80GB-MIG-g0-Hostname", &body);
 }
+
+#[tokio::test(start_paused = true)]
+async fn old_namespace_labels() {
+    // `-o/--use-old-namespace`: uuid, pod_name, pod_namespace, container_name.
+    let mut holders = BTreeMap::new();
+    holders.insert(
+        EntityKey {
+            gpu: 0,
+            gi_id: None,
+        },
+        vec![holder("ml", "trainer-0", "main", None)],
+    );
+    let opts = BuildOptions {
+        old_namespace: true,
+        ..common::build_options()
+    };
+    let body = render_case("1xA100-40GB", None, opts, Attribution { holders }).await;
+    assert!(!body.contains("UUID="), "UUID label under -o");
+    check("1xA100-40GB-old-namespace", &body);
+}
