@@ -80,13 +80,7 @@ async fn run(args: Args) -> Result<()> {
         tracing::warn!("{notice}");
     }
     for s in &config.skipped {
-        tracing::warn!(
-            "{}:{}: skipping {} (DCGM field {}): gpu-exporter does not collect it",
-            config.catalog_origin,
-            s.line,
-            s.name,
-            s.id
-        );
+        tracing::warn!("{}:{}: {s}", config.catalog_origin, s.line);
     }
     let nvml = match config.args.backend {
         Backend::Sim => None,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::catalog::field::MigScope;
 use crate::catalog::{Catalog, Field, MetricSpec, MetricType};
-use crate::gpu::{Device, DeviceSample, FieldError, MigInstance, Reading, Value};
+use crate::gpu::{Device, DeviceSample, FieldError, LinkSample, MigInstance, Reading, Value};
 use crate::health::{self, Recent};
 use crate::pods::{Attribution, EntityKey, Holder};
 use crate::render::{push_label, Family, Series};
@@ -32,6 +32,16 @@ impl DeviceSelection {
         match self {
             DeviceSelection::Flex => !device.mig_enabled || device.instances.is_empty(),
             DeviceSelection::Gpus(None) => true,
+            DeviceSelection::Gpus(Some(ids)) => ids.contains(&device.identity.index),
+            DeviceSelection::Instances(_) => false,
+        }
+    }
+
+    /// Whether the NVLinks of `device` are exported, as dcgm-exporter decides it: with `f`, or
+    /// when `g` selects the GPU; never with `i`.
+    fn links_selected(&self, device: &Device) -> bool {
+        match self {
+            DeviceSelection::Flex | DeviceSelection::Gpus(None) => true,
             DeviceSelection::Gpus(Some(ids)) => ids.contains(&device.identity.index),
             DeviceSelection::Instances(_) => false,
         }
@@ -171,6 +181,8 @@ impl Variant {
 struct Entity<'a> {
     outcome: &'a DeviceOutcome,
     instance: Option<&'a MigInstance>,
+    /// For a link entity: its link (then `instance` is `None`).
+    link: Option<&'a LinkSample>,
     /// Escaped label prefix: identity, hostname and label-type fields.
     prefix: String,
     /// Attribute sets, one per exported copy of each series.
@@ -185,6 +197,9 @@ impl Entity<'_> {
         let find = |rs: &'_ [(Field, Reading)]| -> Option<usize> {
             rs.iter().position(|(f, _)| *f == field)
         };
+        if let Some(link) = self.link {
+            return find(&link.readings).map(|i| &link.readings[i].1);
+        }
         match (self.instance, field.mig_scope()) {
             (None, _) | (Some(_), MigScope::Parent) => {
                 find(&sample.readings).map(|i| &sample.readings[i].1)
@@ -193,7 +208,7 @@ impl Entity<'_> {
                 let is = sample.instances.iter().find(|s| s.gi_id == inst.gi_id)?;
                 find(&is.readings).map(|i| &is.readings[i].1)
             }
-            (Some(_), MigScope::Unsupported) => None,
+            (Some(_), MigScope::Unsupported | MigScope::Link) => None,
         }
     }
 }
@@ -218,6 +233,20 @@ pub fn build(
         }
     }
 
+    let mut links = Vec::new();
+    if catalog.metrics.iter().any(|m| m.field.is_link()) {
+        for outcome in outcomes {
+            if !opts.selection.links_selected(&outcome.device) {
+                continue;
+            }
+            if let Ok(sample) = &outcome.sample {
+                for l in &sample.links {
+                    links.push(link_entity(catalog, outcome, l, attribution, opts));
+                }
+            }
+        }
+    }
+
     let mut snap = Snapshot::default();
     for spec in &catalog.metrics {
         let mut fam = Family {
@@ -228,6 +257,11 @@ pub fn build(
         };
         match spec.field {
             Field::ExpGpuHealthStatus => health_series(outcomes, catalog, opts, &mut fam),
+            f if f.is_link() => {
+                for e in &links {
+                    entity_series(spec, e, opts, &mut fam, &mut snap.field_errors);
+                }
+            }
             _ => {
                 for e in &entities {
                     entity_series(spec, e, opts, &mut fam, &mut snap.field_errors);
@@ -256,6 +290,72 @@ fn entity<'a>(
         gi_id: instance.map(|i| i.gi_id),
     };
     let holders = attribution.holders_of(key);
+    let mut prefix = identity_labels(outcome, instance, opts);
+    push_label_fields(&mut prefix, catalog, outcome, |_| true);
+    let variants = variants(holders, opts)
+        .into_iter()
+        .map(|attrs| Variant::new(&prefix, attrs))
+        .collect();
+    Entity {
+        outcome,
+        instance,
+        link: None,
+        prefix,
+        variants,
+        holders,
+    }
+}
+
+/// A GPU's NVLink as dcgm-exporter renders link entities: `nvlink` (the link index + 1, as
+/// dcgm-exporter numbers a GPU's links from 1), then the parent GPU as `gpu`, `gpu_uuid`,
+/// `pci_bus_id`, `device`, `model_name` (these names, and a lowercase `hostname`, whatever the
+/// GPU series use), then the system-wide label-type fields (driver version), then the pod
+/// labels of the pods holding the whole GPU.
+fn link_entity<'a>(
+    catalog: &Catalog,
+    outcome: &'a DeviceOutcome,
+    link: &'a LinkSample,
+    attribution: &'a Attribution,
+    opts: &BuildOptions,
+) -> Entity<'a> {
+    let id = &outcome.device.identity;
+    let mut prefix = String::with_capacity(256);
+    push_label(
+        &mut prefix,
+        "nvlink",
+        &(u64::from(link.link) + 1).to_string(),
+    );
+    push_label(&mut prefix, "gpu", &id.index.to_string());
+    push_label(&mut prefix, "gpu_uuid", &id.uuid);
+    push_label(&mut prefix, "pci_bus_id", &id.pci_bus_id);
+    push_label(&mut prefix, "device", &format!("nvidia{}", id.minor));
+    push_label(&mut prefix, "model_name", &id.model);
+    if !opts.hostname.is_empty() {
+        push_label(&mut prefix, "hostname", &opts.hostname);
+    }
+    push_label_fields(&mut prefix, catalog, outcome, Field::is_system);
+    let holders = attribution.holders_of(EntityKey {
+        gpu: id.index,
+        gi_id: None,
+    });
+    let variants = variants(holders, opts)
+        .into_iter()
+        .map(|attrs| Variant::new(&prefix, attrs))
+        .collect();
+    Entity {
+        outcome,
+        instance: None,
+        link: Some(link),
+        prefix,
+        variants,
+        // Shared GPUs are joined through the GPU's own pod-info series.
+        holders: &[],
+    }
+}
+
+/// The pod attribute sets of an entity held by `holders`: one (possibly empty) set, or one per
+/// holder with `--kubernetes-virtual-gpus`.
+fn variants(holders: &[Holder], opts: &BuildOptions) -> Vec<Vec<(&'static str, String)>> {
     let names = Names::of(opts);
     let pod_attrs = |h: &Holder, with_vgpu: bool| {
         let mut v = vec![
@@ -274,31 +374,23 @@ fn entity<'a>(
     let sole = holders
         .first()
         .filter(|first| holders.iter().all(|h| h.pod == first.pod));
-    let variants = match (holders, opts.virtual_gpus) {
+    match (holders, opts.virtual_gpus) {
         ([], _) => vec![vec![]],
         (_, false) => match sole {
             Some(one) => vec![pod_attrs(one, false)],
             None => vec![vec![]],
         },
         (many, true) => many.iter().map(|h| pod_attrs(h, true)).collect(),
-    };
-    let mut prefix = identity_labels(outcome, instance, opts);
-    push_label_fields(&mut prefix, catalog, outcome);
-    let variants = variants
-        .into_iter()
-        .map(|attrs| Variant::new(&prefix, attrs))
-        .collect();
-    Entity {
-        outcome,
-        instance,
-        prefix,
-        variants,
-        holders,
     }
 }
 
-fn push_label_fields(prefix: &mut String, catalog: &Catalog, outcome: &DeviceOutcome) {
-    for spec in &catalog.labels {
+fn push_label_fields(
+    prefix: &mut String,
+    catalog: &Catalog,
+    outcome: &DeviceOutcome,
+    which: impl Fn(Field) -> bool,
+) {
+    for spec in catalog.labels.iter().filter(|s| which(s.field)) {
         if let Some((_, v)) = outcome.labels.iter().find(|(f, _)| *f == spec.field) {
             push_label(prefix, &spec.name, &v.to_string());
         }
@@ -417,7 +509,7 @@ fn health_series(
 ) {
     for o in outcomes {
         let mut prefix = identity_labels(o, None, opts);
-        push_label_fields(&mut prefix, catalog, o);
+        push_label_fields(&mut prefix, catalog, o, |_| true);
         for c in o.health(opts.xid_window_ms) {
             let mut s = prefix.clone();
             push_label(&mut s, "health_error_code", c.code);
@@ -507,6 +599,7 @@ mod tests {
                     (Field::GpuUtil, Err(FieldError::NoPermission)),
                 ],
                 instances,
+                links: Vec::new(),
             }),
             recent: Recent::default(),
             labels: vec![(Field::DriverVersion, Value::Text("570.1".into()))],

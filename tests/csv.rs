@@ -51,7 +51,7 @@ fn each_defect_fixture_fails_with_file_line_and_reason() {
         (
             "duplicate.csv",
             3,
-            "duplicate field \"DCGM_FI_DEV_GPU_UTIL\", first listed on line 1",
+            "duplicate field \"DCGM_FI_DEV_GPU_UTIL\" with another type, first listed on line 1",
         ),
         ("bad-quote.csv", 1, "CSV syntax error"),
         ("text-as-gauge.csv", 1, "string field"),

@@ -16,6 +16,7 @@ pub mod convert;
 pub mod counting;
 pub mod fake;
 mod ffi;
+mod nvlink;
 pub mod real;
 
 use std::collections::HashMap;
@@ -107,6 +108,8 @@ pub struct NvmlSource<A: NvmlApi> {
     /// GPM support decided at startup: 0 unknown (NVML not up at startup), 1 yes, 2 no.
     gpm_decision: AtomicU8,
     xids: Arc<XidQueue>,
+    /// How often the per-link NVLink error counters are re-read ([`nvlink`]).
+    link_error_period: Duration,
 }
 
 impl<A: NvmlApi> std::fmt::Debug for NvmlSource<A> {
@@ -143,6 +146,7 @@ struct GpuState<A: NvmlApi> {
     prev_gpm: Option<A::GpmSample>,
     prev_mig_gpm: HashMap<u32, A::GpmSample>,
     prev_nvlink: Option<NvlinkCounter>,
+    links: nvlink::Links,
 }
 
 /// XIDs recorded by the event thread, waiting for [`GpuSource::drain_xids`].
@@ -240,6 +244,7 @@ impl<A: NvmlApi> NvmlSource<A> {
             }),
             gpm_decision: AtomicU8::new(0),
             xids: Arc::new(XidQueue::default()),
+            link_error_period: nvlink::DEFAULT_ERROR_PERIOD,
         };
         // The first attempt (and discovery, which decides GPM support) happens now, so the
         // composition root knows whether NVML is up before it filters the catalog.
@@ -466,6 +471,7 @@ impl<A: NvmlApi> NvmlSource<A> {
             prev_gpm: None,
             prev_mig_gpm: HashMap::new(),
             prev_nvlink: None,
+            links: nvlink::Links::default(),
         }
     }
 
@@ -579,12 +585,14 @@ fn read_device<A: NvmlApi>(
     g: &mut GpuState<A>,
     device: &Device,
     fields: &[Field],
+    link_error_period: Duration,
 ) -> Result<Result<DeviceSample, NvmlError>, Lost> {
     let h = g.handle.clone();
     let gpu_fields: Vec<Field> = fields
         .iter()
         .copied()
         .filter(|f| !device.mig_enabled || f.mig_scope() != MigScope::Unsupported)
+        .filter(|f| !f.is_link())
         .collect();
     let plans: Vec<(Field, Plan)> = gpu_fields.iter().map(|&f| (f, convert::plan(f))).collect();
 
@@ -656,6 +664,7 @@ fn read_device<A: NvmlApi>(
     // 3. The calls without a field id, each made once however many fields it serves.
     let mut mem = None;
     let mut util = None;
+    let mut nvl: Option<Result<Reading, ApiError>> = None;
     let mut readings = Vec::with_capacity(plans.len());
     for (f, p) in plans {
         let reading: Reading = match p {
@@ -668,10 +677,12 @@ fn read_device<A: NvmlApi>(
                 Ok(v) => convert::field_value(*v, unit),
                 Err(e) => Err(convert::field_error(e)),
             }),
-            Plan::NvlinkBandwidth => {
+            Plan::NvlinkBandwidth => once(&mut nvl, || {
+                // KiB/s, once per tick however many NVLink throughput fields ask for it;
+                // `convert::in_field_unit` gives each its unit.
                 let tx = fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_TX, convert::ALL_LINKS);
                 let rx = fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_RX, convert::ALL_LINKS);
-                match (tx, rx) {
+                let rate = match (tx, rx) {
                     (Ok(tx), Ok(rx)) => match (&tx.value, &rx.value) {
                         (Ok(t), Ok(r)) => {
                             match (convert::as_counter(*t), convert::as_counter(*r)) {
@@ -680,9 +691,9 @@ fn read_device<A: NvmlApi>(
                                         kib: t.saturating_add(r),
                                         timestamp_us: tx.timestamp_us.max(rx.timestamp_us),
                                     };
-                                    let rate = convert::nvlink_bandwidth_mbps(g.prev_nvlink, cur);
+                                    let rate = convert::nvlink_rate_kib_per_s(g.prev_nvlink, cur);
                                     g.prev_nvlink = Some(cur);
-                                    Ok(Value::Int(rate))
+                                    Ok(Value::Float(rate))
                                 }
                                 _ => Err(FieldError::Invalid),
                             }
@@ -690,8 +701,10 @@ fn read_device<A: NvmlApi>(
                         (Err(e), _) | (_, Err(e)) => Err(convert::field_error(e)),
                     },
                     (Err(e), _) | (_, Err(e)) => Err(e),
-                }
-            }
+                };
+                Ok(rate)
+            })?
+            .unwrap_or(Err(FieldError::Failed)),
             Plan::Memory(part) => once(&mut mem, || api.memory_info(&h))?
                 .map(|m| convert::memory_value(&m, part))
                 .map_err(|e| convert::field_error(&e)),
@@ -720,9 +733,9 @@ fn read_device<A: NvmlApi>(
                 .get(&m)
                 .cloned()
                 .unwrap_or(Err(FieldError::NotSupported)),
-            Plan::Derived | Plan::Unavailable => Err(FieldError::NotSupported),
+            Plan::Derived | Plan::Unavailable | Plan::PerLink => Err(FieldError::NotSupported),
         };
-        readings.push((f, reading));
+        readings.push((f, convert::in_field_unit(f, reading)));
     }
 
     // 4. MIG instances: framebuffer on the MIG handle, GPM per GPU instance.
@@ -777,9 +790,19 @@ fn read_device<A: NvmlApi>(
             });
         }
     }
+    // 5. Per-link NVLink fields (their own file and cadence).
+    let links = nvlink::read(
+        api,
+        &h,
+        &mut g.links,
+        fields,
+        link_error_period,
+        Instant::now(),
+    )?;
     Ok(Ok(DeviceSample {
         readings,
         instances,
+        links,
     }))
 }
 
@@ -874,7 +897,14 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 cause: Box::new(NvmlError::Unknown(uuid)),
             });
         };
-        match read_device(&*api, &ready.system, g, device, fields) {
+        match read_device(
+            &*api,
+            &ready.system,
+            g,
+            device,
+            fields,
+            self.link_error_period,
+        ) {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) => Err(SourceError::Device {
                 index,
@@ -886,6 +916,7 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 g.prev_gpm = None;
                 g.prev_mig_gpm.clear();
                 g.prev_nvlink = None;
+                g.links.reset();
                 Err(SourceError::GpuLost { index, uuid })
             }
         }
