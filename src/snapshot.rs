@@ -825,6 +825,88 @@ mod tests {
         );
     }
 
+    fn with_links(mut o: DeviceOutcome, links: &[(u32, i64)]) -> DeviceOutcome {
+        if let Ok(s) = &mut o.sample {
+            s.links = links
+                .iter()
+                .map(|&(link, v)| LinkSample {
+                    link,
+                    readings: vec![(Field::NvlinkReplayErrorPerLinkTotal, Ok(Value::Int(v)))],
+                })
+                .collect();
+        }
+        o
+    }
+
+    #[test]
+    fn links_render_as_dcgm_exporter_link_entities() {
+        let cat = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL, counter, r\nDCGM_FI_DRIVER_VERSION, label, d\nDCGM_FI_DEV_SERIAL, label, s\n",
+            "t.csv",
+        )
+        .unwrap()
+        .0;
+        let mut a = outcome(device(0, "H100 SXM", &[]), 50, 1);
+        a.labels.push((Field::Serial, Value::Text("123".into())));
+        let outcomes = [
+            with_links(a, &[(0, 0), (3, 7)]),
+            with_links(outcome(device(1, "H100 SXM", &[]), 51, 2), &[(0, 1)]),
+        ];
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(
+            EntityKey {
+                gpu: 1,
+                gi_id: None,
+            },
+            vec![holder("solo", None)],
+        );
+        let att = Attribution { holders };
+        let mut o = opts();
+        // The GPU series' options do not change the link labels' names.
+        o.hostname_label = "Hostname".into();
+        o.replace_blanks_in_model_name = true;
+        let s = build(&cat, &outcomes, &att, &o);
+        let links = lines(&s, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL");
+        assert_eq!(
+            links,
+            vec![
+                r#"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL{nvlink="1",gpu="0",gpu_uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",model_name="H100 SXM",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1"} 0"#,
+                r#"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL{nvlink="4",gpu="0",gpu_uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",model_name="H100 SXM",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1"} 7"#,
+                r#"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL{nvlink="1",gpu="1",gpu_uuid="GPU-1",pci_bus_id="00000000:01:00.0",device="nvidia1",model_name="H100 SXM",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",namespace="ns",pod="solo"} 1"#,
+            ]
+        );
+        // GPU series keep theirs, and no link field leaks onto them.
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert!(temp[0].contains(r#"modelName="H100-SXM",Hostname="n1",DCGM_FI_DEV_SERIAL="123""#));
+        // 2 GPU temperatures, 3 links, 1 pod-info series.
+        assert_eq!(s.series, 2 + 3 + 1);
+        // -o renames the pod labels on links too (gpu_uuid stays).
+        o.old_namespace = true;
+        let links = lines(
+            &build(&cat, &outcomes, &att, &o),
+            "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL",
+        );
+        assert!(
+            links[2].ends_with(r#"gpu_uuid="GPU-1",pci_bus_id="00000000:01:00.0",device="nvidia1",model_name="H100 SXM",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="solo",pod_namespace="ns"} 1"#),
+            "{}",
+            links[2]
+        );
+        // Links follow -d: g:ids picks their GPUs, i: none.
+        o.selection = DeviceSelection::Gpus(Some(vec![1]));
+        let links = lines(
+            &build(&cat, &outcomes, &att, &o),
+            "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL",
+        );
+        assert_eq!(links.len(), 1);
+        assert!(links[0].contains(r#"gpu="1""#));
+        o.selection = DeviceSelection::Instances(None);
+        assert!(lines(
+            &build(&cat, &outcomes, &att, &o),
+            "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"
+        )
+        .is_empty());
+    }
+
     #[test]
     fn an_unreadable_gpu_keeps_only_health_and_xid_series() {
         let cat = catalog::parse(

@@ -242,3 +242,14 @@ fn refresh_states<A: NvmlApi>(api: &A, h: &A::Device, links: &mut Links) -> Resu
     }
     Ok(())
 }
+
+impl<A: NvmlApi> super::NvmlSource<A> {
+    /// How often the per-link NVLink error counters are re-read (default
+    /// [`DEFAULT_ERROR_PERIOD`]); the ticks in between serve the last values. `Duration::ZERO`
+    /// reads them every tick.
+    #[must_use]
+    pub fn with_link_error_period(mut self, period: Duration) -> Self {
+        self.link_error_period = period;
+        self
+    }
+}
