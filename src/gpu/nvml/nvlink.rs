@@ -22,7 +22,7 @@ use crate::gpu::{FieldError, LinkSample, Reading, Value};
 
 use super::api::{ApiError, FieldNum, FieldRequest, NvlinkErrorCounter, NvmlApi};
 use super::convert::{self, NvlinkCounter};
-use super::{check, Lost};
+use super::read::{check, Lost};
 
 /// How often the set of active links is re-read.
 pub const STATE_PERIOD: Duration = Duration::from_secs(60);
