@@ -270,6 +270,10 @@ fn node_config(args: &Args, hostname: &str) -> Result<Config> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    // Every node holds a listening socket and its scraper's connection.
+    if let Err(e) = http::conn::raise_fd_limit() {
+        eprintln!("fleet-sim: cannot raise the file descriptor limit: {e}");
+    }
     let shutdown = CancellationToken::new();
     let interval = Duration::from_millis(args.interval_ms);
     let mut targets = Vec::new();
@@ -301,8 +305,7 @@ async fn run(args: Args) -> Result<()> {
                     args.first_address
                 )
             })?;
-        let listener = tokio::net::TcpListener::bind(SocketAddr::from((addr, args.port)))
-            .await
+        let listener = http::bind(SocketAddr::from((addr, args.port)))
             .with_context(|| format!("{hostname}: cannot listen on {addr}:{}", args.port))?;
         let local = listener.local_addr().context("local address")?;
         targets.push(format!(
@@ -325,6 +328,7 @@ async fn run(args: Args) -> Result<()> {
                 virtual_gpus: config.args.kubernetes_virtual_gpus,
                 xid_window_ms: config.args.xid_count_window_size,
                 clock_window_ms: config.args.clock_events_count_window_size,
+                old_namespace: config.args.use_old_namespace,
             },
         };
         let sampler = Sampler::new(
@@ -364,7 +368,7 @@ async fn run(args: Args) -> Result<()> {
         let router = http::router(AppState {
             published: pub_rx,
             interval,
-            metrics,
+            metrics: Arc::clone(&metrics),
         });
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {
@@ -373,6 +377,7 @@ async fn run(args: Args) -> Result<()> {
                 router,
                 http::Limits::default(),
                 None,
+                metrics,
                 async move {
                     stop.cancelled().await;
                 },
