@@ -311,10 +311,11 @@ def cluster():
                           f'count({health_all} == {value})'), state)
         for state, value in [("pass", 0), ("warn", 10), ("fail", 20)]],
         desc="Worst DCGM-style health watch per GPU: 0 pass, 10 warn, 20 fail."))
-    b.add(10, 8, table_panel("Failing and warning health checks", [
-        q(f'max by (cluster, hostname, gpu, UUID, health_watch, health_error_code) '
-          f'(DCGM_EXP_GPU_HEALTH_STATUS{{{H}, health_watch!="ALL"}}) > 0', instant=True, table=True)],
-        desc="Every non-passing watch: 10 = warn, 20 = fail."))
+    b.add(10, 8, table_panel("Failing and warning health checks", [q(recorded_or_raw(
+        rec("gpu_watch:dcgm_health_status_not_passing:max"),
+        f'max by (cluster, hostname, gpu, UUID, health_watch, health_error_code) '
+        f'(DCGM_EXP_GPU_HEALTH_STATUS{{{R}, health_watch!="ALL"}}) > 0'), instant=True, table=True)],
+        hide=("__name__",), desc="Every non-passing watch: 10 = warn, 20 = fail."))
     b.add(8, 8, table_panel("GPUs by exporter state", [
         q('sum by (state) (gpu_exporter_gpus{cluster=~"$cluster"})', instant=True, table=True)],
         desc="From the exporters' self-metrics: healthy, unhealthy, lost (fell off the bus), "
@@ -328,8 +329,7 @@ def cluster():
         desc="How many GPUs (and MIG instances) ran at each utilization level over time, in 10 % buckets "
              "(a cell at 30 % counts those over 20 % and up to 30 %; 0 % is exactly idle)."))
     b.add(12, 9, timeseries_panel("Average utilization per node", [q(recorded_or_raw(
-        f'sum by (cluster, hostname) ({rec("hostname:dcgm_gpu_utilization_percent:sum")}) / '
-        f'sum by (cluster, hostname) ({rec("hostname:dcgm_gpu_utilization_percent:count")})',
+        rec("hostname:dcgm_gpu_utilization_percent:avg"),
         f'avg by (cluster, hostname) ({util})'), "{{hostname}}")],
         unit="percent", minv=0, maxv=100))
     b.add(24, 7, table_panel("Idle GPUs held by pods", [
@@ -358,14 +358,14 @@ def cluster():
           instant=True)],
         unit="celsius", minv=20, maxv=100, thresholds=[(80, "orange"), (85, "red")]))
     b.add(12, 8, timeseries_panel("Framebuffer used per node", [q(recorded_or_raw(
-        f'sum by (cluster, hostname) ({rec("hostname:dcgm_fb_used_mib:sum")}) / '
-        f'sum by (cluster, hostname) ({rec("hostname:dcgm_fb_total_mib:sum")})',
+        rec("hostname:dcgm_fb_used:ratio"),
         f'sum by (cluster, hostname) (DCGM_FI_DEV_FB_USED{{{R}}}) / '
         f'sum by (cluster, hostname) (DCGM_FI_DEV_FB_USED{{{R}}} + DCGM_FI_DEV_FB_FREE{{{R}}})'), "{{hostname}}")],
         unit="percentunit", minv=0, maxv=1))
-    b.add(12, 8, bargauge_panel("Fullest GPUs and MIG instances", [
-        q(f'topk(10, DCGM_FI_DEV_FB_USED{{{H}}} / (DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}}))',
-          "{{hostname}} GPU {{gpu}} {{GPU_I_PROFILE}}", instant=True)],
+    b.add(12, 8, bargauge_panel("Fullest GPUs and MIG instances", [q(recorded_or_raw(
+        f'topk(10, {rec("gpu:dcgm_fb_used:ratio")})',
+        f'topk(10, DCGM_FI_DEV_FB_USED{{{R}}} / (DCGM_FI_DEV_FB_USED{{{R}}} + DCGM_FI_DEV_FB_FREE{{{R}}}))'),
+        "{{hostname}} GPU {{gpu}} {{GPU_I_PROFILE}}", instant=True)],
         unit="percentunit", minv=0, maxv=1, thresholds=[(0.8, "orange"), (0.95, "red")]))
     return b.build()
 

@@ -585,9 +585,11 @@ fn recording_rules_are_named_tested_and_used() {
             );
             let expr = r["expr"].as_str().expect("expr");
             if parts[0] == "hostname" {
-                // Per-node series keep the cluster, so one store can hold many clusters.
+                // Per-node series keep the cluster, so one store can hold many clusters: they
+                // aggregate by (cluster, hostname) or combine other per-node series.
                 assert!(
-                    expr.contains("by (cluster, hostname)"),
+                    expr.contains("by (cluster, hostname)")
+                        || metric_names(expr).iter().all(|n| n.starts_with("hostname:")),
                     "{name}: a hostname-level rule must aggregate by (cluster, hostname): {expr}"
                 );
             }

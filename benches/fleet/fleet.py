@@ -14,7 +14,8 @@ directory with all logs is kept and printed.
 What "agree" means (Prometheus P vs VictoriaMetrics V, and recorded vs raw): both are instant
 queries at the same evaluation timestamp T (milliseconds). Results agree when they have the same
 set of label sets and each pair of values is equal within 1e-9 relative (NaN equals NaN; float
-sums over thousands of series differ in their last bits with the order of addition). The metric
+sums over thousands of series differ in their last bits with the order of addition, and
+VictoriaMetrics stores values to 12 significant digits). The metric
 name is not part of the label set: MetricsQL keeps it after functions that do not change what a
 series measures (avg_over_time(x) is still called x), PromQL drops it; no dashboard legend or
 alert label uses it, and dropping it must not merge two series. Two documented exceptions:
@@ -217,13 +218,16 @@ def as_promql(expr):
 
 
 def rule_exprs():
-    """(where, name, expr, static labels) of every alert and recording rule, read from the rule files'
-    `- alert|record:`, `expr: |` and `labels:` lines (standard library only, no YAML module)."""
+    """(where, name, expr, static labels or None for an alert, group) of every rule, read from the
+    rule files' `- name:`, `- alert|record:`, `expr: |` and `labels:` lines (no YAML module)."""
     out = []
     for f in RULE_FILES:
         lines = f.read_text().splitlines()
-        i = 0
+        i, group = 0, None
         while i < len(lines):
+            g = re.match(r"^  - name: (\S+)", lines[i])
+            if g:
+                group = g.group(1)
             m = re.match(r"^\s*- (alert|record): (\S+)", lines[i])
             i += 1
             if not m:
@@ -248,7 +252,7 @@ def rule_exprs():
                         i += 1
                     continue
                 i += 1
-            out.append((f"{kind} {name}", name, " ".join(expr), labels if kind == "record" else None))
+            out.append((f"{kind} {name}", name, " ".join(expr), labels if kind == "record" else None, group))
     return out
 
 
@@ -293,9 +297,11 @@ def compare(expr, a, b):
         va, vb = sorted(a.values()), sorted(b.values())
         if len(va) != len(vb) or not all(close(x, y, 1e-9) for x, y in zip(va, vb)):
             return f"topk values differ: {va} vs {vb}", 0.0
-        cut = (va[0] if k_fn.group(1) == "topk" else va[-1]) if va else None
-        above_a = {k for k, v in a.items() if v != cut}
-        above_b = {k for k, v in b.items() if v != cut}
+        if not va:
+            return None, 0.0
+        cut = va[0] if k_fn.group(1) == "topk" else va[-1]  # ties with it may differ
+        above_a = {k for k, v in a.items() if not close(v, cut, 1e-9)}
+        above_b = {k for k, v in b.items() if not close(v, cut, 1e-9)}
         if above_a != above_b:
             return f"topk series above the cut-off differ: {sorted(above_a ^ above_b)[:3]}", 0.0
         return None, 0.0
@@ -409,15 +415,21 @@ class Fleet:
         raise Failure("no evaluation time without a sample on a window boundary")
 
     def vm_caught_up(self, t):
-        """VictoriaMetrics holds what Prometheus holds at t: every target's latest sample (remote
-        write delivered and searchable). Returns the targets still behind (empty when caught up)."""
+        """VictoriaMetrics holds what Prometheus holds at t (remote write delivered and searchable):
+        every target's latest sample and every recorded series' latest evaluation. Sets
+        self.behind to what is still missing."""
+        self.behind = ["(not compared yet)"]
+        recorded = sorted({name for _, name, _, static, _ in rule_exprs() if static is not None})
+
         def latest(api):
-            return {r["metric"].get("node"): float(r["value"][1])
-                    for r in api.instant("max by (node) (timestamp(up))", t)["result"]}
+            out = {r["metric"].get("node"): float(r["value"][1])
+                   for r in api.instant("max by (node) (timestamp(up))", t)["result"]}
+            for name in recorded:
+                out.update({name: float(r["value"][1]) for r in api.instant(f"max(timestamp({name}))", t)["result"]})
+            return out
         p, v = latest(self.prom), latest(self.vm)
-        behind = sorted(n for n in p if n not in v or abs(p[n] - v[n]) > 0.0015)
-        self.behind = behind
-        return not behind
+        self.behind = sorted(n for n in p if n not in v or abs(p[n] - v[n]) > 0.0015)
+        return not self.behind
 
     # -- checks --
 
@@ -443,7 +455,7 @@ class Fleet:
                 if RECORDED.search(expr) and "$raw" in expr:
                     runs.append((where + tag + " (raw)", as_promql(fill(RECORDED.sub(NO_RULES, expr),
                                                                         dict(values, raw=".+")))))
-        for where, _, expr, _ in rule_exprs():
+        for where, _, expr, _, _ in rule_exprs():
             runs.append((where, expr))
         return runs
 
@@ -487,23 +499,33 @@ class Fleet:
             self.failures.append(f"{len(empty)} of {len(runs)} queries are empty on both: {empty}")
 
     def check_recorded(self):
-        """Recorded = raw on Prometheus at a past evaluation timestamp of the recording group."""
-        probe = 'hostname:dcgm_gpus:count{hostname="node-0001"}'
+        """Recorded = raw on Prometheus, at a past evaluation timestamp of each recording group."""
+        rules = [r for r in rule_exprs() if r[3] is not None]
+        group_of = {name: group for _, name, _, _, group in rules}
         now = int(time.time() * 1000)
-        evals = [round(float(ts) * 1000) for ts, _ in
-                 self.prom.instant(f"{probe}[{10 * self.interval}s]", now)["result"][0]["values"]]
-        evals = [e for e in evals if e <= now - 2 * self.interval * 1000]
-        if not evals:
-            raise Failure("the recording rules have not been evaluated")
-        t = evals[-1]
-        samples = self.sample_times(4 * self.interval, t + 4 * self.interval * 1000)
-        straddle = sorted(n for n, v in samples.items() if any(s <= t < s + d * 1000 + 100 for s, d in v))
-        keep = "|".join(sorted(set(samples) - set(straddle)))
-        values = dict(self.variable_sets()["gpu-exporter-cluster"][0], hostname=keep)
+        at = {}  # group: (T, nodes with a scrape in flight at T)
+        for group in dict.fromkeys(group_of.values()):
+            first = next(name for _, name, _, _, g in rules if g == group)
+            series = self.prom.instant(f"{first}[{10 * self.interval}s]", now)["result"]
+            evals = [round(float(ts) * 1000) for ts, _ in (series[0]["values"] if series else [])]
+            evals = [e for e in evals if e <= now - 2 * self.interval * 1000]
+            if not evals:
+                raise Failure(f"recording group {group} has not been evaluated")
+            t = evals[-1]
+            samples = self.sample_times(4 * self.interval, t + 4 * self.interval * 1000)
+            straddle = sorted(n for n, v in samples.items() if any(s <= t < s + d * 1000 + 100 for s, d in v))
+            at[group] = (t, straddle)
         failures, n = [], 0
+        base = self.variable_sets()["gpu-exporter-cluster"][0]
+        nodes = [tg["labels"]["node"] for tg in self.targets]
         for uid, where, expr, _ in dashboard_queries():
             if uid != "gpu-exporter-cluster" or not (RECORDED.search(expr) and "$raw" in expr):
                 continue
+            groups = {group_of[m] for m in RECORDED.findall(expr)}
+            if len(groups) != 1:
+                raise Failure(f"{where} reads recorded series of several groups: {sorted(groups)}")
+            t, straddle = at[groups.pop()]
+            values = dict(base, hostname="|".join(sorted(set(nodes) - set(straddle))))
             rec = normalize(self.prom.instant(fill(expr, dict(values, raw="none")), t), drop_name=True)
             raw = normalize(self.prom.instant(fill(RECORDED.sub(NO_RULES, expr), dict(values, raw=".+")), t),
                             drop_name=True)
@@ -511,9 +533,8 @@ class Fleet:
             why, _ = compare(expr, rec, raw)
             if why or not rec:
                 failures.append(f"{where}: {why or 'no data'}")
-        for where, name, expr, static in rule_exprs():
-            if static is None:
-                continue  # an alert
+        for where, name, expr, static, group in rules:
+            t, straddle = at[group]
             selector = name + "{" + ",".join(f'{k}="{v}"' for k, v in static.items()) + "}"
             got = normalize(self.prom.instant(selector, t))
             want = {tuple(sorted(dict(k, __name__=name, **static).items())): v
@@ -524,9 +545,10 @@ class Fleet:
             why, _ = compare(expr, got, want)
             if why or not want:
                 failures.append(f"{where} {static or ''}: {why or 'no data'}\n    {expr}")
-        log(f"recorded vs raw at T={t / 1000:.3f}: {n - len(failures)}/{n} agree "
-            f"({len(straddle)} of {len(samples)} nodes left out: a scrape in flight at T{': ' + ', '.join(straddle) if straddle else ''})")
-        self.recorded = {"checked": n, "agree": n - len(failures), "left_out": len(straddle)}
+        left = sorted({x for _, st in at.values() for x in st})
+        log(f"recorded vs raw at each recording group's last evaluation: {n - len(failures)}/{n} agree "
+            f"({len(left)} of {len(nodes)} nodes left out: a scrape in flight then{': ' + ', '.join(left) if left else ''})")
+        self.recorded = {"checked": n, "agree": n - len(failures), "left_out": len(left)}
         if failures:
             self.failures.append("recorded series differ from the raw queries:\n  " + "\n  ".join(failures))
 
