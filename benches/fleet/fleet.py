@@ -377,7 +377,7 @@ class Fleet:
             seen.update(active=len(active), up=up, errors=errors[:3])
             return len(active) == a.nodes and up == a.nodes
         try:
-            wait_for(f"all {a.nodes} targets scraped and up", all_up, 120 + 4 * self.interval, 2)
+            wait_for(f"all {a.nodes} targets scraped and up", all_up, 120 + 12 * self.interval, 2)
         except Failure as e:
             raise Failure(f"{e}: {seen}") from None
         self.started = time.time()
