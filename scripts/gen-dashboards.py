@@ -21,9 +21,13 @@ panel. To add a panel, add one `board.add(...)` line where it should appear.
 
 Conventions (tests/artifacts.rs checks them):
 - every panel and target uses the `${datasource}` variable; uids are fixed; schemaVersion is current;
-- variables: hostname (the exporter's `hostname` label = the Kubernetes node name), gpu, namespace, pod;
+- variables: cluster (on every dashboard; "All" = `.*` also matches series without the label),
+  hostname (the exporter's `hostname` label = the Kubernetes node name), gpu, namespace, pod;
+  every query filters on `cluster=~"$cluster"` and aggregations keep `cluster`;
+- cluster-dashboard panels that have a recording rule (alerts/gpu-exporter.recording.yml) are
+  `recorded_or_raw(recorded, raw)`: the raw side's selectors carry `gpu=~"$raw"` (see below);
 - GPU-wide fields (power, temperature, clocks, PCIe, ECC...) are repeated on every MIG instance series
-  of a GPU, so cluster sums take `max by (hostname, UUID)` first to count each GPU once;
+  of a GPU, so cluster sums take `max by (cluster, hostname, UUID)` first to count each GPU once;
 - utilization of MIG instances comes from DCGM_FI_PROF_GR_ENGINE_ACTIVE (NVML has no per-instance
   GPU_UTIL), scaled to percent where it is shown next to DCGM_FI_DEV_GPU_UTIL.
 """
