@@ -589,7 +589,9 @@ fn recording_rules_are_named_tested_and_used() {
                 // aggregate by (cluster, hostname) or combine other per-node series.
                 assert!(
                     expr.contains("by (cluster, hostname)")
-                        || metric_names(expr).iter().all(|n| n.starts_with("hostname:")),
+                        || metric_names(expr)
+                            .iter()
+                            .all(|n| n.starts_with("hostname:")),
                     "{name}: a hostname-level rule must aggregate by (cluster, hostname): {expr}"
                 );
             }

@@ -34,11 +34,12 @@ use gpu_exporter::gpu::scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, GpuSource};
 use gpu_exporter::http::{self, AppState};
+use gpu_exporter::pods::mapping::{attribution_from, MappingOptions};
 use gpu_exporter::pods::proto::{
     ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
 };
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
-use gpu_exporter::pods::{Attribution, AttributionError, PodResolver};
+use gpu_exporter::pods::{AttributionError, PodResolver};
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
 use gpu_exporter::snapshot::BuildOptions;
@@ -314,7 +315,11 @@ async fn run(args: Args) -> Result<()> {
 
         let metrics = Arc::new(SelfMetrics::default());
         let (catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
-        let (pods_tx, pods_rx) = watch::channel(Arc::new(Attribution::default()));
+        // The fleet has been running: the pods are known from the first sample on (a freshly
+        // started exporter publishes a sample or two without pod labels until the kubelet
+        // answers, which at 1,000 simultaneous starts would double the pod-held series).
+        let known = attribution_from(&reply, &devices, &MappingOptions::default()).attribution;
+        let (pods_tx, pods_rx) = watch::channel(Arc::new(known));
         let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
         let (pub_tx, pub_rx) = watch::channel(None);
         let opts = SamplerOptions {
