@@ -320,7 +320,7 @@ async fn run(args: Args) -> Result<()> {
         // answers, which at 1,000 simultaneous starts would double the pod-held series).
         let known = attribution_from(&reply, &devices, &MappingOptions::default()).attribution;
         let (pods_tx, pods_rx) = watch::channel(Arc::new(known));
-        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
+        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(devices.clone()));
         let (pub_tx, pub_rx) = watch::channel(None);
         let opts = SamplerOptions {
             interval,
