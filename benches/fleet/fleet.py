@@ -15,10 +15,10 @@ What "agree" means (Prometheus P vs VictoriaMetrics V, and recorded vs raw): bot
 queries at the same evaluation timestamp T (milliseconds). Results agree when they have the same
 set of label sets and each pair of values is equal within 1e-9 relative (NaN equals NaN; float
 sums over thousands of series differ in their last bits with the order of addition, and
-VictoriaMetrics stores values to 12 significant digits). The metric
-name is not part of the label set: MetricsQL keeps it after functions that do not change what a
-series measures (avg_over_time(x) is still called x), PromQL drops it; no dashboard legend or
-alert label uses it, and dropping it must not merge two series. Two documented exceptions:
+VictoriaMetrics stores values to 12 significant digits). The metric name is not part of the
+label set: MetricsQL keeps it after functions that do not change what a series measures
+(avg_over_time(x) is still called x), PromQL drops it; no dashboard legend or alert label uses
+it, and dropping it must not merge two series. Two documented exceptions:
 - topk/bottomk: ties at the cut-off make the choice of series implementation-defined; the sorted
   values must agree, and the label sets of the values above the cut-off.
 - rate, irate, increase, delta: MetricsQL computes them differently by design (no extrapolation;
@@ -30,12 +30,12 @@ before T: Prometheus 2.x includes a sample at the window's start, MetricsQL does
 VictoriaMetrics runs with -search.latencyOffset=0s (it otherwise hides the last 30 s of data from
 queries) and -search.maxLookback=5m (Prometheus' lookback delta; VictoriaMetrics otherwise derives
 it from the sample interval), and -search.disableCache so latency figures are not cache hits; T is
-at least one scrape interval in the past and VictoriaMetrics must hold the same samples at T as
-Prometheus before anything is compared.
+two scrape intervals in the past, and VictoriaMetrics must hold every target's and every recorded
+series' latest sample at T that Prometheus holds before anything is compared.
 
-Recorded vs raw: at a past evaluation timestamp T of the recording group, each dashboard query that
-reads recorded series must give the same answer as its raw fallback, and each recording rule's
-series the same as its expression. A rule sees the samples committed when it ran; a query later
+Recorded vs raw: at a past evaluation timestamp T of each recording group, each dashboard query
+that reads its recorded series must give the same answer as its raw fallback, and each recording
+rule's series the same as its expression. A rule sees the samples committed when it ran; a query later
 also sees samples of scrapes that started before T and were still in flight (scrape start is the
 sample timestamp). Nodes with a scrape in flight at T (start <= T < start + scrape duration +
 0.1 s) are left out of that comparison (listed in the output; typically a few of a thousand).
