@@ -136,6 +136,35 @@ impl DeviceSample {
     }
 }
 
+/// Utilisation of one process over the time since the previous tick, % (NVML's per-process
+/// `smUtil`, `memUtil`, `encUtil`, `decUtil`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProcessUtilization {
+    /// Streaming multiprocessors (3D / compute).
+    pub sm: u32,
+    /// Memory controller (framebuffer bandwidth).
+    pub memory: u32,
+    /// Video encoder.
+    pub encoder: u32,
+    /// Video decoder.
+    pub decoder: u32,
+}
+
+/// One process with a compute context on a GPU, as read in one tick. PIDs are the host's (the
+/// driver does not know PID namespaces).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// Host PID.
+    pub pid: u32,
+    /// The MIG GPU instance it runs in; `None` on a GPU without MIG.
+    pub gi_id: Option<u32>,
+    /// Framebuffer it uses, bytes; `None` when the driver does not say.
+    pub used_memory_bytes: Option<u64>,
+    /// Its utilisation since the previous tick (zero when it had no sample: idle); `None` when
+    /// the GPU cannot report per-process utilisation (MIG, old GPUs).
+    pub utilization: Option<ProcessUtilization>,
+}
+
 /// A device-level failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -205,6 +234,18 @@ pub trait GpuSource: Send + Sync + 'static {
     /// its event path, which keeps working when a GPU's reads fail (XID 79: fallen off the bus),
     /// so they are drained separately from [`GpuSource::sample`].
     fn drain_xids(&self) -> Vec<(String, XidEvent)>;
+
+    /// The processes running on `device` (and its MIG instances) with their memory and their
+    /// utilisation since the previous call for this device. Called once per tick after
+    /// [`GpuSource::sample`], only when per-process attribution is on; blocking like it.
+    ///
+    /// # Errors
+    /// Why the processes could not be listed; [`FieldError::NotSupported`] for sources without
+    /// processes (the default).
+    fn processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
+        let _ = device;
+        Err(FieldError::NotSupported)
+    }
 }
 
 impl fmt::Display for Value {

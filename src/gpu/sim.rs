@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::scenario::{Action, Pattern, Scenario};
 use super::{
-    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, MigInstance, Reading,
-    SourceError, Value, XidEvent,
+    Device, DeviceSample, FieldError, GpuIdentity, GpuProcess, GpuSource, InstanceSample,
+    MigInstance, ProcessUtilization, Reading, SourceError, Value, XidEvent,
 };
 use crate::catalog::field::MigScope;
 use crate::catalog::Field;
@@ -166,6 +166,16 @@ pub enum SimError {
     /// The profile name is unknown.
     #[error("unknown simulation profile {0:?}; known profiles: {list}", list = PROFILES.join(", "))]
     UnknownProfile(String),
+    /// A simulated process names a GPU or MIG instance the profile does not have.
+    #[error("simulated process {pid}: {what} does not exist in profile {profile}")]
+    NoSuchEntity {
+        /// The PID.
+        pid: u32,
+        /// The GPU or instance named.
+        what: String,
+        /// The profile.
+        profile: String,
+    },
     /// A scenario event names a GPU the profile does not have.
     #[error("{origin}:{line}: GPU {gpu} does not exist in profile {profile} ({count} GPUs)")]
     NoSuchGpu {
@@ -210,6 +220,32 @@ struct GpuState {
     utilization: Option<(Pattern, Duration, Option<Duration>)>,
     pending_xids: Vec<XidEvent>,
     next_event: usize,
+    /// What the last sample read, for the processes of the same tick.
+    last: Option<LastTick>,
+}
+
+/// The values of a GPU's last sample that its processes share.
+#[derive(Debug, Default, Clone)]
+struct LastTick {
+    util: f64,
+    mem_util: f64,
+    fb_used_mib: i64,
+    /// Framebuffer used per MIG instance, MiB.
+    instances: Vec<(u32, i64)>,
+}
+
+/// A simulated process: `pid` on GPU `gpu` (MIG instance `gi_id`), using a `weight` share of
+/// what the GPU or instance does against the other processes there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimProcess {
+    /// Host PID.
+    pub pid: u32,
+    /// GPU index.
+    pub gpu: u32,
+    /// MIG GPU instance id, on MIG-enabled GPUs.
+    pub gi_id: Option<u32>,
+    /// Relative share.
+    pub weight: f64,
 }
 
 /// A simulated GPU fleet.
@@ -220,6 +256,7 @@ pub struct SimulatedSource {
     interval: Duration,
     scenario: Scenario,
     state: Vec<Mutex<GpuState>>,
+    processes: Vec<SimProcess>,
 }
 
 impl SimulatedSource {
@@ -267,7 +304,45 @@ impl SimulatedSource {
             interval,
             scenario,
             state,
+            processes: Vec::new(),
         })
+    }
+
+    /// Runs `processes` on the fleet: each tick they share their GPU's (or MIG instance's)
+    /// utilisation and framebuffer by weight, so they add up to the device's values (memory
+    /// exactly, in MiB; utilisation within the rounding of each share to whole percent). Per-process
+    /// utilisation is not reported on MIG instances, as NVML does not report it there.
+    ///
+    /// # Errors
+    /// [`SimError::NoSuchEntity`] for a GPU or MIG instance the profile does not have, or an
+    /// instance named on a GPU without MIG.
+    pub fn with_processes(mut self, processes: Vec<SimProcess>) -> Result<Self, SimError> {
+        let devices = self.devices().unwrap_or_default();
+        for p in &processes {
+            let err = |what: String| SimError::NoSuchEntity {
+                pid: p.pid,
+                what,
+                profile: self.profile.name.to_owned(),
+            };
+            let d = devices
+                .iter()
+                .find(|d| d.identity.index == p.gpu)
+                .ok_or_else(|| err(format!("GPU {}", p.gpu)))?;
+            match p.gi_id {
+                Some(gi) if !d.instances.iter().any(|i| i.gi_id == gi) => {
+                    return Err(err(format!("MIG instance {gi} of GPU {}", p.gpu)))
+                }
+                None if d.mig_enabled => {
+                    return Err(err(format!(
+                        "GPU {} without a MIG instance (it has MIG enabled)",
+                        p.gpu
+                    )))
+                }
+                _ => {}
+            }
+        }
+        self.processes = processes;
+        Ok(self)
     }
 
     fn identity(&self, index: u32) -> GpuIdentity {
@@ -517,6 +592,12 @@ impl SimulatedSource {
             .filter(|f| !device.mig_enabled || f.mig_scope() != MigScope::Unsupported)
             .collect();
         let readings = gpu_fields.iter().map(|&f| (f, value(f))).collect();
+        let instance_used = |inst: &MigInstance| {
+            let mem = mig_memory_mib(&inst.profile);
+            let share = hash(self.seed, index, u64::from(inst.gi_id), 60);
+            let iu = (util * (0.5 + share)).min(100.0) / 100.0;
+            (mem as f64 * (0.2 + 0.7 * share) * iu.max(0.05)) as i64
+        };
         let instances = device
             .instances
             .iter()
@@ -524,7 +605,7 @@ impl SimulatedSource {
                 let mem = mig_memory_mib(&inst.profile);
                 let share = hash(self.seed, index, u64::from(inst.gi_id), 60);
                 let iu = (util * (0.5 + share)).min(100.0) / 100.0;
-                let used = (mem as f64 * (0.2 + 0.7 * share) * iu.max(0.05)) as i64;
+                let used = instance_used(inst);
                 let readings = fields
                     .iter()
                     .filter(|f| f.mig_scope() == MigScope::Instance)
@@ -556,6 +637,16 @@ impl SimulatedSource {
                 }
             })
             .collect();
+        st.last = Some(LastTick {
+            util,
+            mem_util: (util * 0.6).round(),
+            fb_used_mib: fb_used,
+            instances: device
+                .instances
+                .iter()
+                .map(|inst| (inst.gi_id, instance_used(inst)))
+                .collect(),
+        });
         DeviceSample {
             readings,
             instances,
@@ -621,6 +712,56 @@ impl GpuSource for SimulatedSource {
         Ok(sample)
     }
 
+    fn processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
+        let index = device.identity.index;
+        let cell = self.state.get(index as usize).ok_or(FieldError::Failed)?;
+        let st = cell
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if st.lost {
+            return Err(FieldError::Failed);
+        }
+        let Some(last) = &st.last else {
+            return Ok(Vec::new());
+        };
+        let mut groups: Vec<(Option<u32>, Vec<&SimProcess>)> = Vec::new();
+        for p in self.processes.iter().filter(|p| p.gpu == index) {
+            match groups.iter_mut().find(|(gi, _)| *gi == p.gi_id) {
+                Some((_, v)) => v.push(p),
+                None => groups.push((p.gi_id, vec![p])),
+            }
+        }
+        let mut out = Vec::new();
+        for (gi, procs) in groups {
+            let total: f64 = procs.iter().map(|p| p.weight).sum();
+            let fb = match gi {
+                None => last.fb_used_mib,
+                Some(g) => last
+                    .instances
+                    .iter()
+                    .find(|(i, _)| *i == g)
+                    .map_or(0, |(_, used)| *used),
+            };
+            let mib = split(fb.max(0) as u64, procs.iter().map(|p| p.weight / total));
+            for (p, mib) in procs.iter().zip(mib) {
+                let share = p.weight / total;
+                let pct = |v: f64| (v * share).round().clamp(0.0, 100.0) as u32;
+                out.push(GpuProcess {
+                    pid: p.pid,
+                    gi_id: gi,
+                    used_memory_bytes: Some(mib * 1024 * 1024),
+                    utilization: gi.is_none().then(|| ProcessUtilization {
+                        sm: pct(last.util),
+                        memory: pct(last.mem_util),
+                        encoder: 0,
+                        decoder: 0,
+                    }),
+                });
+            }
+        }
+        Ok(out)
+    }
+
     fn drain_xids(&self) -> Vec<(String, XidEvent)> {
         let mut out = Vec::new();
         for (i, cell) in self.state.iter().enumerate() {
@@ -632,6 +773,21 @@ impl GpuSource for SimulatedSource {
         }
         out
     }
+}
+
+/// Splits `total` by `shares` (summing to 1) into whole parts that add up to `total` exactly:
+/// each part rounded down, the remainder given one by one from the first part on.
+fn split(total: u64, shares: impl Iterator<Item = f64>) -> Vec<u64> {
+    let mut parts: Vec<u64> = shares.map(|s| (total as f64 * s).floor() as u64).collect();
+    let mut rest = total.saturating_sub(parts.iter().sum());
+    let n = parts.len();
+    let mut i = 0;
+    while rest > 0 && n > 0 {
+        parts[i % n] += 1;
+        rest -= 1;
+        i += 1;
+    }
+    parts
 }
 
 fn to_i64(v: u64) -> i64 {

@@ -6,23 +6,44 @@
 //! (`GPU-…::2`) or GKE names (`nvidia0/gi3`). Format:
 //!
 //! ```toml
+//! # Optional, before the first [[assignment]]: how the proc tree spells cgroups.
+//! cgroup_driver = "systemd"        # or "cgroupfs"
+//! cgroup_version = 2               # or 1
+//! runtime = "containerd"           # or "crio", "docker"
+//!
 //! [[assignment]]
 //! namespace = "ml"                 # required
 //! pod = "trainer-0"                # required
 //! container = "main"               # required
 //! resource = "nvidia.com/gpu"      # optional, this is the default
 //! devices = ["GPU-0b8f5a3e-…"]     # required, at least one
+//! # Optional, for the container runtime (CRI) and per-process usage:
+//! pod_uid = "6f0c…"                # default: derived from namespace and pod
+//! container_id = "3b1d…"           # 64 hex digits; default: derived from namespace, pod, container
+//! labels = { app = "trainer" }     # pod labels (merged over the pod's assignments)
+//! pids = [4242, 4243]              # host PIDs of processes running on each listed device
+//! weight = 2.0                     # share of its devices' use against other processes there (default 1)
 //! ```
 //!
 //! Assignments of the same namespace and pod form one pod, in file order. `Get` answers for one
 //! pod, `GetAllocatableResources` lists every device id in the file.
+//!
+//! The same file describes the rest of a fake node: [`Assignments::runtime_snapshot`] is what
+//! the fake CRI server ([`super::fake_cri`]) lists, [`Assignments::write_proc_tree`] writes
+//! `<dir>/<pid>/cgroup` for every PID as the kubelet and runtime would place it, and
+//! [`Assignments::processes`] tells the simulated fleet which PIDs run where.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use super::cri_proto::{
+    Container, ContainerMetadata, ContainerState, PodSandbox, PodSandboxMetadata, PodSandboxState,
+};
+use super::directory::RuntimeSnapshot;
 use super::mapping::GPU_RESOURCE;
 use super::proto::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
 use super::proto::{
@@ -38,6 +59,15 @@ pub enum AssignmentsError {
     #[error("{}: cannot read", path.display())]
     Read {
         /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        cause: std::io::Error,
+    },
+    /// A proc tree file cannot be written.
+    #[error("{}: cannot write", path.display())]
+    Write {
+        /// The file or directory.
         path: PathBuf,
         /// The cause.
         #[source]
@@ -59,6 +89,12 @@ pub enum AssignmentsError {
 #[serde(deny_unknown_fields)]
 struct File {
     #[serde(default)]
+    cgroup_driver: Option<CgroupDriver>,
+    #[serde(default)]
+    cgroup_version: Option<toml::Spanned<u8>>,
+    #[serde(default)]
+    runtime: Option<Runtime>,
+    #[serde(default)]
     assignment: Vec<toml::Spanned<Entry>>,
 }
 
@@ -71,13 +107,111 @@ struct Entry {
     #[serde(default)]
     resource: Option<String>,
     devices: Vec<String>,
+    #[serde(default)]
+    pod_uid: Option<String>,
+    #[serde(default)]
+    container_id: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pids: Vec<u32>,
+    #[serde(default)]
+    weight: Option<f64>,
 }
 
-/// Parsed assignments: the reply `List` will give.
+/// The kubelet's cgroup driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupDriver {
+    /// `kubepods.slice/…/kubepods-<qos>-pod<uid_>.slice/<runtime>-<id>.scope`.
+    #[default]
+    Systemd,
+    /// `/kubepods/<qos>/pod<uid>/<id>`.
+    Cgroupfs,
+}
+
+/// The container runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    /// containerd (`cri-containerd-<id>.scope`, `<id>`).
+    #[default]
+    Containerd,
+    /// CRI-O (`crio-<id>.scope`, `crio-<id>`).
+    Crio,
+    /// cri-dockerd (`docker-<id>.scope`, `<id>`).
+    Docker,
+}
+
+/// How a node lays out cgroups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupLayout {
+    /// The kubelet's cgroup driver.
+    pub driver: CgroupDriver,
+    /// 1 (one line per controller) or 2 (the unified `0::` line).
+    pub version: u8,
+    /// The runtime.
+    pub runtime: Runtime,
+}
+
+impl Default for CgroupLayout {
+    fn default() -> Self {
+        Self {
+            driver: CgroupDriver::Systemd,
+            version: 2,
+            runtime: Runtime::Containerd,
+        }
+    }
+}
+
+/// A container of a fake pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FakeContainer {
+    /// Its name.
+    pub name: String,
+    /// Runtime id, 64 hex digits.
+    pub id: String,
+    /// Per assignment: the device ids, the PIDs running on each of them, and their weight.
+    pub runs: Vec<(Vec<String>, Vec<u32>, f64)>,
+}
+
+/// A fake pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FakePod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// Sandbox id, 64 hex digits.
+    pub sandbox_id: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Containers, in file order.
+    pub containers: Vec<FakeContainer>,
+}
+
+/// One simulated process: it runs on the device `device_id` with `weight`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FakeProcess {
+    /// Host PID.
+    pub pid: u32,
+    /// A device id as written in the file (`GPU-…`, `MIG-…`, `GPU-…::2`, `nvidia0`).
+    pub device_id: String,
+    /// Its share of the device against the other processes there.
+    pub weight: f64,
+}
+
+/// Parsed assignments: the reply `List` will give, and the pods behind it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Assignments {
     /// The reply.
     pub reply: ListPodResourcesResponse,
+    /// The pods, for the fake CRI server, the proc tree and the simulated processes.
+    pub pods: Vec<FakePod>,
+    /// How the proc tree spells cgroups.
+    pub layout: CgroupLayout,
 }
 
 impl Assignments {
@@ -108,7 +242,23 @@ impl Assignments {
             let offset = e.span().map_or(0, |s| s.start);
             invalid(offset, e.message().to_owned())
         })?;
+        let layout = CgroupLayout {
+            driver: file.cgroup_driver.unwrap_or_default(),
+            version: match file.cgroup_version {
+                None => 2,
+                Some(v) if matches!(*v.get_ref(), 1 | 2) => *v.get_ref(),
+                Some(v) => {
+                    return Err(invalid(
+                        v.span().start,
+                        format!("cgroup_version {}: must be 1 or 2", v.get_ref()),
+                    ))
+                }
+            },
+            runtime: file.runtime.unwrap_or_default(),
+        };
         let mut pods: Vec<PodResources> = Vec::new();
+        let mut fakes: Vec<FakePod> = Vec::new();
+        let mut pids_seen: BTreeMap<u32, String> = BTreeMap::new();
         for spanned in file.assignment {
             let at = spanned.span().start;
             let e = spanned.into_inner();
@@ -121,18 +271,56 @@ impl Assignments {
                     return Err(invalid(at, format!("assignment has an empty {what}")));
                 }
             }
+            let who = format!("{}/{}/{}", e.namespace, e.pod, e.container);
             if e.devices.is_empty() || e.devices.iter().any(|d| d.trim().is_empty()) {
                 return Err(invalid(
                     at,
-                    format!(
-                        "assignment {}/{}/{}: devices must list at least one non-empty id",
-                        e.namespace, e.pod, e.container
-                    ),
+                    format!("assignment {who}: devices must list at least one non-empty id"),
                 ));
             }
+            let weight = e.weight.unwrap_or(1.0);
+            if !(weight.is_finite() && weight > 0.0) {
+                return Err(invalid(
+                    at,
+                    format!("assignment {who}: weight must be a positive number"),
+                ));
+            }
+            if let Some(id) = &e.container_id {
+                if id.len() != 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(invalid(
+                        at,
+                        format!("assignment {who}: container_id must be 64 hex digits"),
+                    ));
+                }
+            }
+            if let Some(uid) = &e.pod_uid {
+                if uid.bytes().filter(u8::is_ascii_hexdigit).count() != 32
+                    || !uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+                {
+                    return Err(invalid(at, format!("assignment {who}: pod_uid must be a UID (32 hex digits, dashes allowed)")));
+                }
+            }
+            let container_id = e
+                .container_id
+                .clone()
+                .map(|c| c.to_ascii_lowercase())
+                .unwrap_or_else(|| hex_id(&format!("container/{who}")));
+            for pid in &e.pids {
+                match pids_seen.get(pid) {
+                    Some(other) if *other != container_id => {
+                        return Err(invalid(at, format!("assignment {who}: pid {pid} is already a process of another container")));
+                    }
+                    _ => {
+                        pids_seen.insert(*pid, container_id.clone());
+                    }
+                }
+            }
             let devices = ContainerDevices {
-                resource_name: e.resource.unwrap_or_else(|| GPU_RESOURCE.to_owned()),
-                device_ids: e.devices,
+                resource_name: e
+                    .resource
+                    .clone()
+                    .unwrap_or_else(|| GPU_RESOURCE.to_owned()),
+                device_ids: e.devices.clone(),
                 topology: None,
             };
             let pod = match pods
@@ -142,8 +330,8 @@ impl Assignments {
                 Some(i) => &mut pods[i],
                 None => {
                     pods.push(PodResources {
-                        name: e.pod,
-                        namespace: e.namespace,
+                        name: e.pod.clone(),
+                        namespace: e.namespace.clone(),
                         ..Default::default()
                     });
                     pods.last_mut().expect("just pushed")
@@ -152,9 +340,46 @@ impl Assignments {
             match pod.containers.iter_mut().find(|c| c.name == e.container) {
                 Some(c) => c.devices.push(devices),
                 None => pod.containers.push(ContainerResources {
-                    name: e.container,
+                    name: e.container.clone(),
                     devices: vec![devices],
                     ..Default::default()
+                }),
+            }
+
+            let fake = match fakes
+                .iter_mut()
+                .position(|p| p.namespace == e.namespace && p.name == e.pod)
+            {
+                Some(i) => &mut fakes[i],
+                None => {
+                    let key = format!("{}/{}", e.namespace, e.pod);
+                    fakes.push(FakePod {
+                        namespace: e.namespace.clone(),
+                        name: e.pod.clone(),
+                        uid: e.pod_uid.clone().unwrap_or_else(|| uid_from(&key)),
+                        sandbox_id: hex_id(&format!("sandbox/{key}")),
+                        labels: BTreeMap::new(),
+                        containers: Vec::new(),
+                    });
+                    fakes.last_mut().expect("just pushed")
+                }
+            };
+            if let Some(uid) = &e.pod_uid {
+                if !uid.eq_ignore_ascii_case(&fake.uid) {
+                    return Err(invalid(at, format!("assignment {who}: pod_uid differs from an earlier assignment of the same pod")));
+                }
+            }
+            fake.labels.extend(e.labels);
+            let run = (e.devices, e.pids, weight);
+            match fake.containers.iter_mut().find(|c| c.name == e.container) {
+                Some(c) if c.id != container_id => {
+                    return Err(invalid(at, format!("assignment {who}: container_id differs from an earlier assignment of the same container")));
+                }
+                Some(c) => c.runs.push(run),
+                None => fake.containers.push(FakeContainer {
+                    name: e.container,
+                    id: container_id,
+                    runs: vec![run],
                 }),
             }
         }
@@ -162,8 +387,189 @@ impl Assignments {
             reply: ListPodResourcesResponse {
                 pod_resources: pods,
             },
+            pods: fakes,
+            layout,
         })
     }
+
+    /// What the fake container runtime lists: one ready sandbox per pod (labels: the pod's plus
+    /// the kubelet's `io.kubernetes.pod.*`) and one running container per container.
+    pub fn runtime_snapshot(&self) -> RuntimeSnapshot {
+        let mut snap = RuntimeSnapshot::default();
+        for p in &self.pods {
+            let kubelet = [
+                ("io.kubernetes.pod.name", p.name.as_str()),
+                ("io.kubernetes.pod.namespace", p.namespace.as_str()),
+                ("io.kubernetes.pod.uid", p.uid.as_str()),
+            ];
+            let mut labels: HashMap<String, String> = p.labels.clone().into_iter().collect();
+            labels.extend(
+                kubelet
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+            );
+            snap.sandboxes.push(PodSandbox {
+                id: p.sandbox_id.clone(),
+                metadata: Some(PodSandboxMetadata {
+                    name: p.name.clone(),
+                    uid: p.uid.clone(),
+                    namespace: p.namespace.clone(),
+                    attempt: 0,
+                }),
+                state: PodSandboxState::SandboxReady as i32,
+                created_at: 1,
+                labels,
+                ..Default::default()
+            });
+            for c in &p.containers {
+                let mut labels: HashMap<String, String> = kubelet
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect();
+                labels.insert("io.kubernetes.container.name".into(), c.name.clone());
+                snap.containers.push(Container {
+                    id: c.id.clone(),
+                    pod_sandbox_id: p.sandbox_id.clone(),
+                    metadata: Some(ContainerMetadata {
+                        name: c.name.clone(),
+                        attempt: 0,
+                    }),
+                    state: ContainerState::ContainerRunning as i32,
+                    created_at: 1,
+                    labels,
+                    ..Default::default()
+                });
+            }
+        }
+        snap
+    }
+
+    /// Every PID with the device it runs on, in file order (a PID listed for an assignment with
+    /// several devices runs on each of them).
+    pub fn processes(&self) -> Vec<FakeProcess> {
+        let mut out = Vec::new();
+        for p in &self.pods {
+            for c in &p.containers {
+                for (devices, pids, weight) in &c.runs {
+                    for pid in pids {
+                        for d in devices {
+                            out.push(FakeProcess {
+                                pid: *pid,
+                                device_id: d.clone(),
+                                weight: *weight,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The `/proc/<pid>/cgroup` text of every PID, as the kubelet and runtime place it.
+    pub fn cgroup_files(&self) -> BTreeMap<u32, String> {
+        let mut out = BTreeMap::new();
+        for p in &self.pods {
+            for c in &p.containers {
+                for (_, pids, _) in &c.runs {
+                    for pid in pids {
+                        out.insert(*pid, cgroup_file(self.layout, &p.uid, &c.id));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes `<dir>/<pid>/cgroup` for every PID; removes the PID directories of `previous` that
+    /// are gone. Returns the PIDs written.
+    ///
+    /// # Errors
+    /// The first I/O error, naming the path.
+    pub fn write_proc_tree(
+        &self,
+        dir: &Path,
+        previous: &[u32],
+    ) -> Result<Vec<u32>, AssignmentsError> {
+        let files = self.cgroup_files();
+        let io = |path: PathBuf| move |cause| AssignmentsError::Write { path, cause };
+        for (pid, text) in &files {
+            let d = dir.join(pid.to_string());
+            std::fs::create_dir_all(&d).map_err(io(d.clone()))?;
+            let f = d.join("cgroup");
+            std::fs::write(&f, text).map_err(io(f.clone()))?;
+        }
+        for pid in previous.iter().filter(|p| !files.contains_key(p)) {
+            let d = dir.join(pid.to_string());
+            if d.exists() {
+                std::fs::remove_dir_all(&d).map_err(io(d.clone()))?;
+            }
+        }
+        Ok(files.into_keys().collect())
+    }
+}
+
+/// The `/proc/<pid>/cgroup` text of a process in container `cid` of pod `uid` (a burstable pod),
+/// on a node with `layout`.
+pub fn cgroup_file(layout: CgroupLayout, uid: &str, cid: &str) -> String {
+    let path = match layout.driver {
+        CgroupDriver::Cgroupfs => {
+            let leaf = match layout.runtime {
+                Runtime::Crio => format!("crio-{cid}"),
+                Runtime::Containerd | Runtime::Docker => cid.to_owned(),
+            };
+            format!("/kubepods/burstable/pod{uid}/{leaf}")
+        }
+        CgroupDriver::Systemd => {
+            let prefix = match layout.runtime {
+                Runtime::Containerd => "cri-containerd",
+                Runtime::Crio => "crio",
+                Runtime::Docker => "docker",
+            };
+            let uid_ = uid.replace('-', "_");
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/{prefix}-{cid}.scope")
+        }
+    };
+    if layout.version == 2 {
+        return format!("0::{path}\n");
+    }
+    let mut text = String::new();
+    for (i, controllers) in [
+        "memory",
+        "pids",
+        "cpu,cpuacct",
+        "devices",
+        "freezer",
+        "blkio",
+        "cpuset",
+    ]
+    .iter()
+    .enumerate()
+    {
+        text.push_str(&format!("{}:{controllers}:{path}\n", 12 - i));
+    }
+    text.push_str(&format!("1:name=systemd:{path}\n0::/\n"));
+    text
+}
+
+/// 64 hex digits derived from `key` (container and sandbox ids).
+fn hex_id(key: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A UUID-shaped pod UID derived from `key`.
+fn uid_from(key: &str) -> String {
+    let h = hex_id(&format!("uid/{key}"));
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// The fake server: answers from whatever reply is current on its `watch` channel.
@@ -334,5 +740,136 @@ devices = ["GPU-4::1"]
             .unwrap_err()
             .to_string();
         assert_eq!(e, "/nonexistent/x.toml: cannot read");
+    }
+    const NODE: &str = r#"
+cgroup_driver = "cgroupfs"
+runtime = "crio"
+
+[[assignment]]
+namespace = "infer"
+pod = "embed-a"
+container = "server"
+devices = ["GPU-1::0"]
+labels = { app = "embed", "app.kubernetes.io/part-of" = "search" }
+pids = [101, 102]
+weight = 2.0
+
+[[assignment]]
+namespace = "infer"
+pod = "embed-b"
+container = "server"
+pod_uid = "0b8f5a3e-1111-2222-3333-444455556666"
+container_id = "ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
+devices = ["GPU-1::1", "GPU-2"]
+pids = [201]
+"#;
+
+    #[test]
+    fn a_node_file_describes_runtime_processes_and_proc_tree() {
+        let a = Assignments::parse(NODE, "n.toml").unwrap();
+        assert_eq!(
+            a.layout,
+            CgroupLayout {
+                driver: CgroupDriver::Cgroupfs,
+                version: 2,
+                runtime: Runtime::Crio
+            }
+        );
+        let snap = a.runtime_snapshot();
+        assert_eq!(snap.sandboxes.len(), 2);
+        assert_eq!(snap.containers.len(), 2);
+        let a_box = &snap.sandboxes[0];
+        assert_eq!(a_box.labels["app"], "embed");
+        assert_eq!(a_box.labels["io.kubernetes.pod.name"], "embed-a");
+        let b = &snap.sandboxes[1];
+        assert_eq!(
+            b.metadata.as_ref().unwrap().uid,
+            "0b8f5a3e-1111-2222-3333-444455556666"
+        );
+        assert_eq!(
+            snap.containers[1].id,
+            "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
+        );
+        // Derived ids are stable and well-formed.
+        let again = Assignments::parse(NODE, "n.toml").unwrap();
+        assert_eq!(again.runtime_snapshot(), snap);
+        assert_eq!(snap.containers[0].id.len(), 64);
+        assert_eq!(a.pods[0].uid.len(), 36);
+
+        let procs = a.processes();
+        let got: Vec<(u32, &str, f64)> = procs
+            .iter()
+            .map(|p| (p.pid, p.device_id.as_str(), p.weight))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (101, "GPU-1::0", 2.0),
+                (102, "GPU-1::0", 2.0),
+                (201, "GPU-1::1", 1.0),
+                (201, "GPU-2", 1.0)
+            ]
+        );
+
+        // The proc tree parses back to the pods and containers the runtime lists.
+        let dir = tempfile::tempdir().unwrap();
+        let written = a.write_proc_tree(dir.path(), &[]).unwrap();
+        assert_eq!(written, [101, 102, 201]);
+        let root = crate::pods::procfs::ProcRoot::new(dir.path());
+        for (pid, pod, container) in [(101, 0, 0), (201, 1, 0)] {
+            assert_eq!(
+                root.owner(pid).unwrap(),
+                crate::pods::cgroup::CgroupOwner::Pod {
+                    uid: a.pods[pod].uid.clone(),
+                    container_id: Some(a.pods[pod].containers[container].id.clone()),
+                }
+            );
+        }
+        // Rewriting without 102 removes its directory.
+        let fewer = Assignments::parse(&NODE.replace("[101, 102]", "[101]"), "n.toml").unwrap();
+        fewer.write_proc_tree(dir.path(), &written).unwrap();
+        assert!(!dir.path().join("102").exists());
+        assert!(dir.path().join("101/cgroup").exists());
+    }
+
+    #[test]
+    fn every_layout_round_trips_through_the_parser() {
+        let uid = "0b8f5a3e-1111-2222-3333-444455556666";
+        let cid = "ab".repeat(32);
+        for driver in [CgroupDriver::Systemd, CgroupDriver::Cgroupfs] {
+            for version in [1, 2] {
+                for runtime in [Runtime::Containerd, Runtime::Crio, Runtime::Docker] {
+                    let layout = CgroupLayout {
+                        driver,
+                        version,
+                        runtime,
+                    };
+                    let text = cgroup_file(layout, uid, &cid);
+                    assert_eq!(
+                        crate::pods::cgroup::parse(&text),
+                        Ok(crate::pods::cgroup::CgroupOwner::Pod {
+                            uid: uid.into(),
+                            container_id: Some(cid.clone())
+                        }),
+                        "{layout:?}: {text}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn node_file_errors_name_the_line() {
+        let cases = [
+            ("cgroup_version = 3\n", "n.toml:1: cgroup_version 3: must be 1 or 2"),
+            ("[[assignment]]\nnamespace = \"a\"\npod = \"p\"\ncontainer = \"c\"\ndevices = [\"x\"]\nweight = 0\n", "n.toml:1: assignment a/p/c: weight must be a positive number"),
+            ("[[assignment]]\nnamespace = \"a\"\npod = \"p\"\ncontainer = \"c\"\ndevices = [\"x\"]\ncontainer_id = \"xyz\"\n", "n.toml:1: assignment a/p/c: container_id must be 64 hex digits"),
+            ("[[assignment]]\nnamespace = \"a\"\npod = \"p\"\ncontainer = \"c\"\ndevices = [\"x\"]\npids = [1]\n\n[[assignment]]\nnamespace = \"a\"\npod = \"q\"\ncontainer = \"c\"\ndevices = [\"y\"]\npids = [1]\n", "n.toml:8: assignment a/q/c: pid 1 is already a process of another container"),
+            ("runtime = \"rkt\"\n", "n.toml:1: "),
+        ];
+        for (text, want) in cases {
+            let e = Assignments::parse(text, "n.toml").unwrap_err().to_string();
+            assert!(e.starts_with(want), "{e} (want {want})");
+        }
     }
 }

@@ -7,13 +7,33 @@
 //!   and publishes [`Attribution`] on the `watch` channel the sampler reads. Nothing on the
 //!   scrape path waits for the kubelet.
 //!
+//! Who *uses* a GPU, node-local (no API server):
+//!
+//! - [`cri`]: the container runtime's CRI socket (`ListPodSandbox`, `ListContainers`), read by
+//!   [`cri_refresher`] on its own cadence into a [`directory::PodDirectory`]: container id →
+//!   pod and container, pod → UID and labels.
+//! - [`procfs`] and [`cgroup`]: a GPU process's PID → its pod UID and container id, from
+//!   `/proc/<pid>/cgroup` under `--path.procfs`.
+//! - [`usage`]: pure, NVML's per-process readings + owners + directory → per-container usage.
+//! - [`fake`] and [`fake_cri`]: the fake kubelet's assignments, pod-resources and CRI servers,
+//!   and proc tree, for running all of it without a cluster.
+//!
 //! The rest of the pipeline sees only the plain data below.
 
+pub mod cgroup;
+pub mod cri;
+pub mod cri_proto;
+pub mod cri_refresher;
+pub mod directory;
 pub mod fake;
+pub mod fake_cri;
+mod grpc;
 pub mod kubelet;
 pub mod mapping;
+pub mod procfs;
 pub mod proto;
 pub mod refresher;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -209,13 +209,7 @@ impl<R: PodResolver> Refresher<R> {
 
     /// The delay before the next call.
     pub fn next_delay(&self) -> Duration {
-        if self.failures == 0 {
-            return self.opts.refresh;
-        }
-        let shift = (self.failures - 1).min(16);
-        FIRST_RETRY
-            .saturating_mul(1 << shift)
-            .min(self.opts.refresh)
+        backoff(self.failures, self.opts.refresh)
     }
 
     /// Runs until `shutdown`.
@@ -239,6 +233,16 @@ impl<R: PodResolver> Refresher<R> {
             }
         }
     }
+}
+
+/// The delay before the next call after `failures` consecutive failures: the refresh period
+/// while calls succeed, else 0.5 s doubling up to the refresh period.
+pub fn backoff(failures: u32, refresh: Duration) -> Duration {
+    if failures == 0 {
+        return refresh;
+    }
+    let shift = (failures - 1).min(16);
+    FIRST_RETRY.saturating_mul(1 << shift).min(refresh)
 }
 
 fn unix_now() -> f64 {

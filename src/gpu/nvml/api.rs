@@ -133,6 +133,37 @@ pub struct XidReport {
     pub xid: u64,
 }
 
+/// A process with a compute context (`nvmlProcessInfo_t`, v2 layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// Host PID.
+    pub pid: u32,
+    /// `usedGpuMemory`, bytes; `None` for `NVML_VALUE_NOT_AVAILABLE` (and the all-ones value some
+    /// drivers return instead).
+    pub used_memory: Option<u64>,
+    /// `gpuInstanceId`; `None` when MIG is off (`0xFFFFFFFF`).
+    pub gpu_instance_id: Option<u32>,
+    /// `computeInstanceId`; `None` when MIG is off.
+    pub compute_instance_id: Option<u32>,
+}
+
+/// One per-process utilisation sample (`nvmlProcessUtilizationSample_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessUtilSample {
+    /// Host PID.
+    pub pid: u32,
+    /// When the driver took it, CPU µs since the epoch.
+    pub timestamp_us: u64,
+    /// SM %.
+    pub sm: u32,
+    /// Memory controller %.
+    pub memory: u32,
+    /// Encoder %.
+    pub encoder: u32,
+    /// Decoder %.
+    pub decoder: u32,
+}
+
 /// An event set and the devices (by position in the request) that could not register, with why.
 pub type Registered<E> = (E, Vec<(usize, ApiError)>);
 
@@ -260,4 +291,17 @@ pub trait NvmlApi: Send + Sync + 'static {
     /// `nvmlEventSetCreate` + `nvmlDeviceRegisterEvents(nvmlEventTypeXidCriticalError)` for
     /// each device. Devices that cannot register are skipped and returned with their error.
     fn xid_events(&self, devices: &[Self::Device]) -> Result<Registered<Self::Events>, ApiError>;
+
+    /// `nvmlDeviceGetComputeRunningProcesses_v3`: on a MIG device handle, that instance's
+    /// processes.
+    fn compute_processes(&self, d: &Self::Device) -> Result<Vec<ProcessInfo>, ApiError>;
+    /// `nvmlDeviceGetMPSComputeRunningProcesses_v3`: MPS clients (Volta and newer).
+    fn mps_compute_processes(&self, d: &Self::Device) -> Result<Vec<ProcessInfo>, ApiError>;
+    /// `nvmlDeviceGetProcessUtilization`: the samples newer than `last_seen_us` (0: every sample
+    /// the driver holds). `Err(NotFound)` when there is none (every process idle since then).
+    fn process_utilization(
+        &self,
+        d: &Self::Device,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessUtilSample>, ApiError>;
 }

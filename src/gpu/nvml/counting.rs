@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::api::{
     ApiError, ClockKind, FieldRequest, FieldResult, GpmMetric, InforomObject, MemoryInfo, NvmlApi,
-    Registered,
+    ProcessInfo, ProcessUtilSample, Registered,
 };
 
 /// Call counts by NVML function name.
@@ -112,5 +112,8 @@ impl<A: NvmlApi> NvmlApi for Counting<A> {
         fn gpm_mig_sample(&self, parent: &A::Device, gi_id: u32) -> Result<A::GpmSample, ApiError> = "nvmlGpmMigSampleGet";
         fn gpm_metrics(&self, earlier: &A::GpmSample, later: &A::GpmSample, metrics: &[GpmMetric]) -> Result<Vec<Result<f64, ApiError>>, ApiError> = "nvmlGpmMetricsGet";
         fn xid_events(&self, devices: &[A::Device]) -> Result<Registered<A::Events>, ApiError> = "nvmlEventSetCreate+RegisterEvents";
+        fn compute_processes(&self, d: &A::Device) -> Result<Vec<ProcessInfo>, ApiError> = "nvmlDeviceGetComputeRunningProcesses_v3";
+        fn mps_compute_processes(&self, d: &A::Device) -> Result<Vec<ProcessInfo>, ApiError> = "nvmlDeviceGetMPSComputeRunningProcesses_v3";
+        fn process_utilization(&self, d: &A::Device, last_seen_us: u64) -> Result<Vec<ProcessUtilSample>, ApiError> = "nvmlDeviceGetProcessUtilization";
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::api::{
     ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, GpmMetric, InforomObject,
-    MemoryInfo, NvmlApi, Registered, XidReport,
+    MemoryInfo, NvmlApi, ProcessInfo, ProcessUtilSample, Registered, XidReport,
 };
 
 /// One MIG device of a fake GPU.
@@ -27,6 +27,8 @@ pub struct FakeMig {
     pub memory: MemoryInfo,
     /// GPM values (NVML units) `nvmlGpmMetricsGet` returns for this GPU instance.
     pub gpm: HashMap<GpmMetric, f64>,
+    /// Compute processes listed on this MIG device's handle.
+    pub processes: Vec<ProcessInfo>,
 }
 
 /// One fake GPU. Fields left `None` (or absent from a map) answer `NotSupported`.
@@ -78,6 +80,13 @@ pub struct FakeGpu {
     pub power_mw: u32,
     /// Clock event reasons bitmask.
     pub clock_event_reasons: u64,
+    /// Compute processes (`Err`: what the call answers instead).
+    pub processes: Result<Vec<ProcessInfo>, ApiError>,
+    /// MPS client processes (`Err(NotSupported)` before Volta).
+    pub mps_processes: Result<Vec<ProcessInfo>, ApiError>,
+    /// The driver's per-process utilisation sample buffer; `nvmlDeviceGetProcessUtilization`
+    /// answers the samples newer than its `lastSeenTimeStamp` (`Err`: what it answers instead).
+    pub process_samples: Result<Vec<ProcessUtilSample>, ApiError>,
 }
 
 impl FakeGpu {
@@ -148,6 +157,9 @@ impl FakeGpu {
             temperature: 45,
             power_mw: 302_206,
             clock_event_reasons: 0,
+            processes: Ok(Vec::new()),
+            mps_processes: Ok(Vec::new()),
+            process_samples: Ok(Vec::new()),
         }
     }
 }
@@ -492,9 +504,47 @@ impl NvmlApi for FakeNvml {
         *self.events.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
         Ok((FakeEvents { rx }, skipped))
     }
+    fn compute_processes(&self, d: &FakeHandle) -> Result<Vec<ProcessInfo>, ApiError> {
+        self.processes_of(d, false)
+    }
+    fn mps_compute_processes(&self, d: &FakeHandle) -> Result<Vec<ProcessInfo>, ApiError> {
+        self.processes_of(d, true)
+    }
+    fn process_utilization(
+        &self,
+        d: &FakeHandle,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessUtilSample>, ApiError> {
+        self.with(d, |g, m| {
+            if m.is_some() || g.mig_enabled {
+                // "On MIG-enabled GPUs, querying process utilization is not currently supported."
+                return Err(ApiError::NotSupported);
+            }
+            let newer: Vec<ProcessUtilSample> = g
+                .process_samples
+                .clone()?
+                .into_iter()
+                .filter(|s| s.timestamp_us > last_seen_us)
+                .collect();
+            if newer.is_empty() {
+                Err(ApiError::NotFound)
+            } else {
+                Ok(newer)
+            }
+        })
+    }
 }
 
 impl FakeNvml {
+    fn processes_of(&self, d: &FakeHandle, mps: bool) -> Result<Vec<ProcessInfo>, ApiError> {
+        self.with(d, |g, m| match (m, mps) {
+            (Some(m), false) => Ok(m.processes.clone()),
+            (Some(_), true) => Ok(Vec::new()),
+            (None, false) => g.processes.clone(),
+            (None, true) => g.mps_processes.clone(),
+        })
+    }
+
     fn gpm_take(
         &self,
         owner: (usize, Option<u32>),

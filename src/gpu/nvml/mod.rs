@@ -16,6 +16,7 @@ pub mod convert;
 pub mod counting;
 pub mod fake;
 mod ffi;
+mod processes;
 pub mod real;
 
 use std::collections::HashMap;
@@ -27,8 +28,8 @@ use std::time::{Duration, Instant};
 use crate::catalog::field::MigScope;
 use crate::catalog::Field;
 use crate::gpu::{
-    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, MigInstance, Reading,
-    SourceError, Value, XidEvent,
+    Device, DeviceSample, FieldError, GpuIdentity, GpuProcess, GpuSource, InstanceSample,
+    MigInstance, Reading, SourceError, Value, XidEvent,
 };
 
 use api::{ApiError, EventWait, FieldRequest, GpmMetric, MemoryInfo, NvmlApi};
@@ -143,6 +144,7 @@ struct GpuState<A: NvmlApi> {
     prev_gpm: Option<A::GpmSample>,
     prev_mig_gpm: HashMap<u32, A::GpmSample>,
     prev_nvlink: Option<NvlinkCounter>,
+    procs: processes::ProcessTracker,
 }
 
 /// XIDs recorded by the event thread, waiting for [`GpuSource::drain_xids`].
@@ -466,6 +468,7 @@ impl<A: NvmlApi> NvmlSource<A> {
             prev_gpm: None,
             prev_mig_gpm: HashMap::new(),
             prev_nvlink: None,
+            procs: processes::ProcessTracker::default(),
         }
     }
 
@@ -889,6 +892,10 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 Err(SourceError::GpuLost { index, uuid })
             }
         }
+    }
+
+    fn processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
+        self.read_processes(device)
     }
 
     fn drain_xids(&self) -> Vec<(String, XidEvent)> {

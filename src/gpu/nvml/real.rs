@@ -12,7 +12,7 @@ use nvml_wrapper::{EventSet, GpmSample, Nvml};
 
 use super::api::{
     ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GpmMetric, InforomObject,
-    MemoryInfo, NvmlApi, Registered, XidReport,
+    MemoryInfo, NvmlApi, ProcessInfo, ProcessUtilSample, Registered, XidReport,
 };
 use super::convert::FieldIdScheme;
 use super::{ffi, InitError, NvmlSource, RetryPolicy};
@@ -322,5 +322,58 @@ impl NvmlApi for RealNvml {
                 (None, None) => return Err(ApiError::Other("event set lost".into())),
             }
         }
+    }
+
+    fn compute_processes(&self, d: &RealDevice) -> Result<Vec<ProcessInfo>, ApiError> {
+        retry_on_growth(|| d.running_compute_processes())
+            .map(|ps| ps.into_iter().map(process_info).collect())
+    }
+    fn mps_compute_processes(&self, d: &RealDevice) -> Result<Vec<ProcessInfo>, ApiError> {
+        retry_on_growth(|| d.mps_running_compute_processes())
+            .map(|ps| ps.into_iter().map(process_info).collect())
+    }
+    fn process_utilization(
+        &self,
+        d: &RealDevice,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessUtilSample>, ApiError> {
+        retry_on_growth(|| d.process_utilization_stats(last_seen_us)).map(|ss| {
+            ss.into_iter()
+                .map(|s| ProcessUtilSample {
+                    pid: s.pid,
+                    timestamp_us: s.timestamp,
+                    sm: s.sm_util,
+                    memory: s.mem_util,
+                    encoder: s.enc_util,
+                    decoder: s.dec_util,
+                })
+                .collect()
+        })
+    }
+}
+
+/// The wrapper sizes its buffer with a count call first; a process or sample added between the
+/// two calls makes the second answer `InsufficientSize`. Two more tries, then give up.
+fn retry_on_growth<T>(
+    mut call: impl FnMut() -> Result<Vec<T>, WrapperError>,
+) -> Result<Vec<T>, ApiError> {
+    let mut tries = 0;
+    loop {
+        match call() {
+            Err(WrapperError::InsufficientSize(_)) if tries < 2 => tries += 1,
+            other => return other.map_err(api_error),
+        }
+    }
+}
+
+fn process_info(p: nvml_wrapper::struct_wrappers::device::ProcessInfo) -> ProcessInfo {
+    ProcessInfo {
+        pid: p.pid,
+        used_memory: match p.used_gpu_memory {
+            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) if b != u64::MAX => Some(b),
+            _ => None,
+        },
+        gpu_instance_id: p.gpu_instance_id,
+        compute_instance_id: p.compute_instance_id,
     }
 }

@@ -232,6 +232,7 @@ fn mig_gpu() -> FakeGpu {
         gpm: [(GpmMetric::SmUtil, sm), (GpmMetric::GraphicsUtil, sm)]
             .into_iter()
             .collect(),
+        processes: Vec::new(),
     };
     g.mig = vec![
         Some(inst(2, "MIG 3g.40gb", 1000, 20.0)),
