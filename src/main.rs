@@ -13,11 +13,16 @@ use gpu_exporter::config::{Args, Backend, Config, LogFormat};
 use gpu_exporter::gpu::nvml::real::RealNvml;
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::scenario::Scenario;
-use gpu_exporter::gpu::sim::SimulatedSource;
+use gpu_exporter::gpu::sim::{SimProcess, SimulatedSource};
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::http::{self, AppState};
+use gpu_exporter::pods::cri::CriClient;
+use gpu_exporter::pods::cri_refresher::{CriOptions, CriRefresher};
+use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
+use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::kubelet::KubeletPodResources;
 use gpu_exporter::pods::mapping::MappingOptions;
+use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::reload::CatalogReloader;
@@ -159,8 +164,34 @@ fn sim_source(config: &Config) -> Result<SimulatedSource> {
         .sim_seed
         .or(scenario.seed)
         .unwrap_or_else(|| seed_from(&config.hostname));
-    SimulatedSource::new(&profile, seed, config.interval, scenario, &origin)
-        .context("--sim-profile / --sim-scenario")
+    let source = SimulatedSource::new(&profile, seed, config.interval, scenario, &origin)
+        .context("--sim-profile / --sim-scenario")?;
+    match &config.args.sim_processes {
+        None => Ok(source),
+        Some(path) => {
+            let processes = sim_processes(path, &source, config)
+                .with_context(|| format!("--sim-processes {}", path.display()))?;
+            tracing::info!(
+                processes = processes.len(),
+                file = %path.display(),
+                "simulated processes"
+            );
+            source
+                .with_processes(processes)
+                .with_context(|| format!("--sim-processes {}", path.display()))
+        }
+    }
+}
+
+/// The PIDs of a fake-kubelet assignments file, placed on the simulated devices their
+/// assignments name.
+fn sim_processes(
+    path: &std::path::Path,
+    source: &SimulatedSource,
+    config: &Config,
+) -> Result<Vec<SimProcess>> {
+    let devices = source.devices()?;
+    Ok(Assignments::load(path)?.sim_processes(&devices, config.args.kubernetes_gpu_id_type)?)
 }
 
 /// `--list-devices`: what the backend finds, for writing fake-kubelet assignment files.
@@ -252,6 +283,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             virtual_gpus: config.args.kubernetes_virtual_gpus,
             xid_window_ms: config.args.xid_count_window_size,
             clock_window_ms: config.args.clock_events_count_window_size,
+            pod_uid: config.args.kubernetes_enable_pod_uid,
         },
     };
     let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
@@ -284,6 +316,50 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             refresher_opts,
         );
         tokio::spawn(refresher.run(shutdown.clone()));
+        if config.cri {
+            let endpoint = &config.args.container_runtime_endpoint;
+            let runtime = CriClient::new(endpoint, Duration::from_millis(config.args.cri_timeout))
+                .context("--container-runtime-endpoint")?;
+            let (dir_tx, dir_rx) = watch::channel(Arc::new(PodDirectory::default()));
+            let cri = CriRefresher::new(
+                runtime,
+                dir_tx,
+                Arc::clone(&metrics),
+                CriOptions {
+                    refresh: Duration::from_millis(config.args.cri_refresh),
+                    ttl: Duration::from_millis(config.args.cri_ttl),
+                    labels: LabelOptions {
+                        enabled: config.args.kubernetes_enable_pod_labels,
+                        allowlist: config.label_allowlist.clone(),
+                    },
+                },
+            );
+            tracing::info!(
+                endpoint = %endpoint,
+                refresh_ms = config.args.cri_refresh,
+                ttl_ms = config.args.cri_ttl,
+                pod_uid = config.args.kubernetes_enable_pod_uid,
+                pod_labels = config.args.kubernetes_enable_pod_labels,
+                "pod metadata from the container runtime (CRI)"
+            );
+            sampler = sampler.with_directory(dir_rx, cri.waker());
+            tokio::spawn(cri.run(shutdown.clone()));
+        }
+        if config.process_usage {
+            let root = ProcRoot::new(&config.args.path_procfs);
+            if !root.root().is_dir() {
+                tracing::warn!(
+                    path = %root.root().display(),
+                    "--path.procfs is not a directory; GPU processes will not be attributed to containers until it is (mount the host's /proc there)"
+                );
+            }
+            tracing::info!(
+                procfs = %root.root().display(),
+                virtual_gpus = config.args.kubernetes_virtual_gpus,
+                "per-process GPU usage per container"
+            );
+            sampler = sampler.with_process_usage(root);
+        }
     }
     let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
 

@@ -1015,4 +1015,93 @@ mod tests {
         assert_eq!(u.len(), 40);
         assert_eq!(u.matches('-').count(), 5);
     }
+
+    #[test]
+    fn processes_share_their_gpus_use_by_weight() {
+        let proc = |pid, gpu, gi_id, weight| SimProcess {
+            pid,
+            gpu,
+            gi_id,
+            weight,
+        };
+        let s = fleet("4xA100-80GB-MIG", "")
+            .with_processes(vec![
+                proc(1, 3, None, 3.0),
+                proc(2, 3, None, 2.0),
+                proc(3, 3, None, 1.0),
+                proc(4, 0, Some(2), 1.0),
+                proc(5, 0, Some(2), 1.0),
+            ])
+            .unwrap();
+        let d = s.devices().unwrap();
+        // Before the first sample there is nothing to share.
+        assert!(s.processes(&d[3]).unwrap().is_empty());
+        for _ in 0..5 {
+            let x = s.sample(&d[3], Field::ALL).unwrap();
+            let ps = s.processes(&d[3]).unwrap();
+            assert_eq!(ps.len(), 3);
+            let mib: i64 = ps
+                .iter()
+                .map(|p| (p.used_memory_bytes.unwrap() / 1_048_576) as i64)
+                .sum();
+            assert_eq!(mib, int(&x, Field::FbUsed));
+            let sm: i64 = ps
+                .iter()
+                .map(|p| i64::from(p.utilization.unwrap().sm))
+                .sum();
+            assert!(
+                (sm - int(&x, Field::GpuUtil)).abs() <= 2,
+                "{sm} vs {}",
+                int(&x, Field::GpuUtil)
+            );
+            // 3:2:1.
+            let a = ps[0].utilization.unwrap().sm;
+            let c = ps[2].utilization.unwrap().sm;
+            assert!(a + 1 >= 3 * c && a <= 3 * c + 3, "{a} vs {c}");
+        }
+        let x = s.sample(&d[0], Field::ALL).unwrap();
+        let ps = s.processes(&d[0]).unwrap();
+        assert_eq!(
+            ps.iter().map(|p| p.gi_id).collect::<Vec<_>>(),
+            [Some(2), Some(2)]
+        );
+        assert!(ps.iter().all(|p| p.utilization.is_none()));
+        let inst = x.instances.iter().find(|i| i.gi_id == 2).unwrap();
+        let Some((_, Ok(Value::Int(used)))) =
+            inst.readings.iter().find(|(f, _)| *f == Field::FbUsed)
+        else {
+            panic!()
+        };
+        let total: u64 = ps
+            .iter()
+            .map(|p| p.used_memory_bytes.unwrap() / 1_048_576)
+            .sum();
+        assert_eq!(total as i64, *used);
+        // GPUs without processes have none.
+        s.sample(&d[1], Field::ALL).unwrap();
+        assert!(s.processes(&d[1]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn processes_must_name_real_entities() {
+        let p = |gpu, gi_id| SimProcess {
+            pid: 9,
+            gpu,
+            gi_id,
+            weight: 1.0,
+        };
+        let e = |procs| {
+            fleet("4xA100-80GB-MIG", "")
+                .with_processes(procs)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            e(vec![p(7, None)]),
+            "simulated process 9: GPU 7 does not exist in profile 4xA100-80GB-MIG"
+        );
+        assert!(e(vec![p(0, Some(4))]).contains("MIG instance 4 of GPU 0"));
+        assert!(e(vec![p(0, None)]).contains("has MIG enabled"));
+        assert!(e(vec![p(3, Some(0))]).contains("MIG instance 0 of GPU 3"));
+    }
 }

@@ -73,6 +73,14 @@ pub enum AssignmentsError {
         #[source]
         cause: std::io::Error,
     },
+    /// A PID's device id is none of the given devices.
+    #[error("pid {pid}: device id {id:?} is none of the simulated fleet's GPUs or MIG instances (see --list-devices)")]
+    UnknownDevice {
+        /// The PID.
+        pid: u32,
+        /// The device id.
+        id: String,
+    },
     /// The file is not valid.
     #[error("{origin}:{line}: {message}")]
     Invalid {
@@ -464,6 +472,35 @@ impl Assignments {
             }
         }
         out
+    }
+
+    /// [`Assignments::processes`] placed on `devices` (the simulated fleet's), for
+    /// [`crate::gpu::sim::SimulatedSource::with_processes`].
+    ///
+    /// # Errors
+    /// [`AssignmentsError::UnknownDevice`] for a device id that names none of `devices`.
+    pub fn sim_processes(
+        &self,
+        devices: &[crate::gpu::Device],
+        id_type: crate::config::GpuIdType,
+    ) -> Result<Vec<crate::gpu::sim::SimProcess>, AssignmentsError> {
+        self.processes()
+            .into_iter()
+            .map(|p| {
+                let (key, _) = super::mapping::resolve(&p.device_id, devices, id_type).ok_or(
+                    AssignmentsError::UnknownDevice {
+                        pid: p.pid,
+                        id: p.device_id.clone(),
+                    },
+                )?;
+                Ok(crate::gpu::sim::SimProcess {
+                    pid: p.pid,
+                    gpu: key.gpu,
+                    gi_id: key.gi_id,
+                    weight: p.weight,
+                })
+            })
+            .collect()
     }
 
     /// The `/proc/<pid>/cgroup` text of every PID, as the kubelet and runtime place it.

@@ -35,6 +35,7 @@ pub fn build_options() -> BuildOptions {
         virtual_gpus: false,
         xid_window_ms: 300_000,
         clock_window_ms: 300_000,
+        pod_uid: false,
     }
 }
 

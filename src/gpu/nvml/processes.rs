@@ -260,4 +260,155 @@ mod tests {
         let (t, _) = fold_samples(&[sample(7, 1, 1), sample(7, 2, 1), sample(7, 3, 2)], 0);
         assert_eq!(t[&7].sm, 1); // 1.33
     }
+
+    use super::super::api::MemoryInfo;
+    use super::super::counting::Counting;
+    use super::super::fake::{FakeGpu, FakeMig, FakeNvml};
+    use super::super::RetryPolicy;
+    use crate::gpu::GpuSource;
+
+    fn source<A: NvmlApi + Clone>(api: &A) -> NvmlSource<A> {
+        let a = api.clone();
+        NvmlSource::new(
+            move || Ok(a.clone()),
+            RetryPolicy {
+                initial: std::time::Duration::ZERO,
+                max: std::time::Duration::ZERO,
+            },
+        )
+    }
+
+    fn info(pid: u32, mib: Option<u64>) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            used_memory: mib.map(|m| m * 1_048_576),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    fn by_pid(ps: &[GpuProcess]) -> std::collections::BTreeMap<u32, &GpuProcess> {
+        ps.iter().map(|p| (p.pid, p)).collect()
+    }
+
+    #[test]
+    fn memory_mps_clients_and_utilisation_windows_through_the_source() {
+        let mut g = FakeGpu::h100(0);
+        g.processes = Ok(vec![info(10, Some(1000)), info(11, None)]);
+        // An MPS client, and pid 11 listed again with its memory.
+        g.mps_processes = Ok(vec![info(12, Some(300)), info(11, Some(200))]);
+        g.process_samples = Ok(vec![
+            sample(10, 100, 40),
+            sample(10, 200, 60),
+            sample(12, 200, 8),
+        ]);
+        let fake = FakeNvml::new("570.172.08", vec![g]);
+        let src = source(&fake);
+        let d = &src.devices().unwrap()[0];
+
+        let first = src.processes(d).unwrap();
+        assert_eq!(first.len(), 3);
+        let p = by_pid(&first);
+        assert_eq!(p[&10].used_memory_bytes, Some(1000 * 1_048_576));
+        assert_eq!(p[&11].used_memory_bytes, Some(200 * 1_048_576));
+        assert_eq!(p[&10].utilization.unwrap().sm, 50);
+        assert_eq!(p[&12].utilization.unwrap().sm, 8);
+        // No sample for 11: idle, not unknown.
+        assert_eq!(p[&11].utilization, Some(ProcessUtilization::default()));
+        assert!(first.iter().all(|p| p.gi_id.is_none()));
+
+        // Next tick: two new samples in the driver's buffer; the old ones are not counted again.
+        fake.update(|s| {
+            if let Ok(buf) = &mut s.gpus[0].process_samples {
+                buf.push(sample(10, 300, 90));
+                buf.push(sample(11, 300, 20));
+            }
+        });
+        let second = src.processes(d).unwrap();
+        let p = by_pid(&second);
+        assert_eq!(p[&10].utilization.unwrap().sm, 90);
+        assert_eq!(p[&11].utilization.unwrap().sm, 20);
+        assert_eq!(p[&12].utilization.unwrap().sm, 0);
+
+        // Nothing new (NVML answers NOT_FOUND): everyone idle, nothing lost.
+        let third = src.processes(d).unwrap();
+        assert!(third
+            .iter()
+            .all(|p| p.utilization == Some(ProcessUtilization::default())));
+    }
+
+    #[test]
+    fn mig_processes_come_from_each_instance_without_utilisation() {
+        let mut g = FakeGpu::h100(0);
+        g.mig_enabled = true;
+        let inst = |gi_id: u32, pids: &[u32]| FakeMig {
+            gi_id,
+            ci_id: 0,
+            uuid: format!("MIG-fake-{gi_id}"),
+            profile_name: "MIG 1g.10gb".into(),
+            memory: MemoryInfo::default(),
+            gpm: HashMap::new(),
+            processes: pids
+                .iter()
+                .map(|&pid| ProcessInfo {
+                    gpu_instance_id: Some(gi_id),
+                    compute_instance_id: Some(0),
+                    ..info(pid, Some(64))
+                })
+                .collect(),
+        };
+        g.mig = vec![Some(inst(7, &[70, 71])), None, Some(inst(8, &[80]))];
+        let fake = FakeNvml::new("570.172.08", vec![g]);
+        let src = source(&fake);
+        let d = &src.devices().unwrap()[0];
+        let ps = src.processes(d).unwrap();
+        let got: Vec<(u32, Option<u32>)> = ps.iter().map(|p| (p.pid, p.gi_id)).collect();
+        assert_eq!(got, [(70, Some(7)), (71, Some(7)), (80, Some(8))]);
+        assert!(ps.iter().all(|p| p.utilization.is_none()));
+    }
+
+    #[test]
+    fn call_budget_and_unsupported_calls_are_dropped() {
+        let mut g = FakeGpu::h100(0);
+        g.mps_processes = Err(ApiError::NotSupported);
+        g.process_samples = Err(ApiError::NotSupported);
+        let counting = Counting::new(FakeNvml::new("570.172.08", vec![g, FakeGpu::h100(1)]));
+        let counter = counting.counter();
+        let src = source(&counting);
+        let devices = src.devices().unwrap();
+        counter.take();
+        for d in &devices {
+            src.processes(d).unwrap();
+        }
+        // Per GPU: the compute list, the MPS list, the utilisation samples.
+        let calls = counter.take();
+        assert_eq!(calls["nvmlDeviceGetComputeRunningProcesses_v3"], 2);
+        assert_eq!(calls["nvmlDeviceGetMPSComputeRunningProcesses_v3"], 2);
+        assert_eq!(calls["nvmlDeviceGetProcessUtilization"], 2);
+        // GPU 0 said NOT_SUPPORTED to two of them: they are not asked again.
+        for d in &devices {
+            src.processes(d).unwrap();
+        }
+        let calls = counter.take();
+        assert_eq!(calls["nvmlDeviceGetComputeRunningProcesses_v3"], 2);
+        assert_eq!(calls["nvmlDeviceGetMPSComputeRunningProcesses_v3"], 1);
+        assert_eq!(calls["nvmlDeviceGetProcessUtilization"], 1);
+        let p0 = src.processes(&devices[0]).unwrap();
+        assert!(p0.is_empty());
+    }
+
+    #[test]
+    fn failures_are_field_errors() {
+        let mut g = FakeGpu::h100(0);
+        g.processes = Err(ApiError::NoPermission);
+        let mut lost = FakeGpu::h100(1);
+        lost.processes = Err(ApiError::Other("unknown error".into()));
+        let fake = FakeNvml::new("570.172.08", vec![g, lost]);
+        let src = source(&fake);
+        let devices = src.devices().unwrap();
+        assert_eq!(src.processes(&devices[0]), Err(FieldError::NoPermission));
+        assert_eq!(src.processes(&devices[1]), Err(FieldError::Failed));
+        fake.update(|s| s.gpus[1].lost = true);
+        assert_eq!(src.processes(&devices[1]), Err(FieldError::Failed));
+    }
 }
