@@ -6,8 +6,12 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use std::sync::Arc;
+
+use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::{Attribution, EntityKey, Holder, PodRef};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
+use tokio::sync::{watch, Notify};
 
 async fn render_case(
     profile: &str,
@@ -160,4 +164,44 @@ async fn legacy_hostname_label_and_gpu_selection() {
     };
     let body = render_case("4xA100-80GB-MIG", None, opts, Attribution::default()).await;
     check("4xA100-80GB-MIG-g0-Hostname", &body);
+}
+
+/// The fake node of tests/fixtures/pods/a100-mig-shared-seed1.toml: a GPU time-sliced by three
+/// pods, a MIG instance with a two-process pod, a time-sliced MIG instance with one busy and one
+/// idle holder; the PIDs' cgroups in tests/fixtures/proc; the runtime's pods with their UIDs and
+/// labels. Per-process attribution on, `pod_uid` and pod labels on.
+async fn render_processes(virtual_gpus: bool) -> String {
+    let node = common::shared_node();
+    let opts = BuildOptions {
+        virtual_gpus,
+        pod_uid: true,
+        ..common::build_options()
+    };
+    let source = common::sim_running("4xA100-80GB-MIG", &node);
+    let h = common::harness(source, common::shipped_catalog(), opts);
+    h.pods_tx
+        .send_replace(Arc::new(common::holders("4xA100-80GB-MIG", &node)));
+    let (_dir_tx, dir_rx) = watch::channel(Arc::new(common::directory(&node, true)));
+    let mut sampler = h
+        .sampler
+        .with_directory(dir_rx, Arc::new(Notify::new()))
+        .with_process_usage(ProcRoot::new(common::proc_fixture()));
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(sampler.tick().await);
+    }
+    common::normalise(&last.expect("three ticks").body)
+}
+
+#[tokio::test(start_paused = true)]
+async fn processes_on_shared_and_mig_gpus() {
+    check("4xA100-80GB-MIG-processes", &render_processes(false).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn processes_on_shared_and_mig_gpus_virtual() {
+    check(
+        "4xA100-80GB-MIG-processes-virtual",
+        &render_processes(true).await,
+    );
 }
