@@ -952,7 +952,10 @@ mod tests {
                 .contains(r#"health_error_code="DCGM_FR_FALLEN_OFF_BUS",health_watch="ALL"} 20"#)));
     }
 
-    fn workload(pods: &[(&str, &str, &[(&str, &str)])]) -> Workload {
+    /// (pod name, UID, labels).
+    type TestPod<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+    fn workload(pods: &[TestPod<'_>]) -> Workload {
         use crate::pods::cri_proto::PodSandbox;
         use crate::pods::cri_proto::PodSandboxMetadata;
         use crate::pods::directory::{LabelOptions, RuntimeSnapshot};

@@ -180,18 +180,15 @@ impl<R: ContainerRuntime> CriRefresher<R> {
                 _ = self.refresh_once() => {}
             }
             let deadline = Instant::now() + self.next_delay();
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep_until(deadline) => break,
-                    () = wake.notified() => {
-                        let since = self.last_call.map_or(MIN_WAKE_GAP, |t| t.elapsed());
-                        if since >= MIN_WAKE_GAP {
-                            break;
-                        }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(deadline) => {}
+                () = wake.notified() => {
+                    let since = self.last_call.map_or(MIN_WAKE_GAP, |t| t.elapsed());
+                    if since < MIN_WAKE_GAP {
                         tokio::select! {
                             () = shutdown.cancelled() => return,
-                            () = tokio::time::sleep(MIN_WAKE_GAP - since) => break,
+                            () = tokio::time::sleep(MIN_WAKE_GAP - since) => {}
                         }
                     }
                 }
