@@ -786,10 +786,10 @@ mod tests {
             e.to_string(),
             "--kubernetes-pod-label-allowlist-regex \"(unclosed\": not a valid regex"
         );
-        let e = Config::resolve(args(&["--cri-refresh", "20000"])).unwrap_err();
+        let e = Config::resolve(args(&["--cri-refresh", "40000"])).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "--cri-ttl 30000: must be at least --cri-refresh (20000 ms)"
+            "--cri-ttl 30000: must be at least --cri-refresh (40000 ms)"
         );
     }
 
