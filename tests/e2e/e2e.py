@@ -48,6 +48,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented in README.md)
@@ -56,21 +57,54 @@ FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented i
 # (`gpu` and `gi`, its GPU_I_ID), through time-slicing replica `replica` when set. The scenario
 # keeps every held GPU at BUSY_UTIL % (a MIG instance follows its GPU), so GPUUnderutilized stays
 # quiet for it, except those held with busy=False: those idle at 0 % and must raise GPUUnderutilized.
-Holder = collections.namedtuple("Holder", "namespace pod container gpu gi replica busy",
-                                defaults=(None, None, True))
+# Per-process usage: the host PIDs each container runs on its device (`pids`, the sim runs them
+# and the fake kubelet writes their cgroups into a fake host /proc and lists their containers on
+# its fake CRI socket), their share of the device (`weight`), and the pod's labels.
+Holder = collections.namedtuple("Holder", "namespace pod container gpu gi replica busy pids weight labels",
+                                defaults=(None, None, True, (), 1.0, None))
 POD_HOLDERS = {
     "node-09": [  # 8xH100-SXM
-        Holder("ml", "trainer-09", "main", gpu=0),                      # a whole GPU, one pod
-        Holder("infer", "embed-a", "server", gpu=1, replica=0),         # GPU 1 time-sliced,
-        Holder("infer", "embed-b", "server", gpu=1, replica=1),         # shared by two pods
-        Holder("dev", "notebook-09", "jupyter", gpu=2, busy=False),     # held, idle
+        Holder("ml", "trainer-09", "main", gpu=0, pids=(9001,),           # a whole GPU, one pod
+               labels={"app": "trainer", "team": "ml", "tier": "gold"}),
+        Holder("infer", "embed-a", "server", gpu=1, replica=0, pids=(9101,), weight=3.0,  # GPU 1
+               labels={"app": "embed", "team": "search"}),               # time-sliced, shared by
+        Holder("infer", "embed-b", "server", gpu=1, replica=1, pids=(9102, 9103), weight=2.0,
+               labels={"app": "embed", "team": "search"}),               # three pods, each using
+        Holder("infer", "embed-c", "server", gpu=1, replica=2, pids=(9104,),  # its own share
+               labels={"app": "embed", "team": "ranking"}),
+        Holder("dev", "notebook-09", "jupyter", gpu=2, busy=False),     # held, idle, no process
     ],
     "node-10": [  # 4xA100-80GB-MIG
-        Holder("batch", "etl-10", "worker", gpu=0, gi=2),               # MIG 3g.40gb, one pod
+        Holder("batch", "etl-10", "worker", gpu=0, gi=2, pids=(10001, 10002),  # MIG 3g.40gb
+               labels={"app": "etl"}),
         Holder("dev", "notebook-10", "jupyter", gpu=1, gi=0, busy=False),  # MIG 7g.80gb, idle
     ],
 }
+# How each pods node lays out cgroups in its fake /proc (another real-world form on each).
+CGROUPS = {
+    "node-09": {},  # the default: cgroup v2, systemd driver, containerd
+    "node-10": {"cgroup_driver": "cgroupfs", "cgroup_version": 1, "runtime": "crio"},
+}
+# Pod labels copied onto series (--kubernetes-pod-label-allowlist-regex): `tier` is left out.
+LABEL_ALLOWLIST = "^app$,^team$"
+# The documented tolerance of summed per-container utilisation against the device's (docs/pods.md).
+UTIL_TOLERANCE_PER_CONTAINER = 1
 BUSY_UTIL = 60
+
+
+def pod_uid(node, h):
+    """A fixed pod UID per holder, written into the assignments and expected on the series."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-exporter-e2e/{node}/{h.namespace}/{h.pod}"))
+
+
+# The panel proposed for the workloads dashboard ("GPU use per pod on shared GPUs"): each query,
+# with the dashboard's variables filled in, must return each pod's own use (docs/pods.md).
+USAGE_PANEL_QUERIES = [
+    'sum by (hostname, gpu, GPU_I_ID, namespace, pod) '
+    '(gpu_exporter_container_sm_utilization_percent{hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"})',
+    'sum by (hostname, gpu, GPU_I_ID, namespace, pod) '
+    '(gpu_exporter_container_fb_used_bytes{hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"})',
+]
 
 
 def pod_events(node):
@@ -334,7 +368,12 @@ def run(args, work, procs):
         ports[node] = port
         argv = argv + ["-a", f"127.0.0.1:{port}", "-c", "1000"]
         if node in devices:
-            argv += ["-k", "--pod-resources-kubelet-socket", str(kubelet_socket(work, node))]
+            argv += ["-k", "--pod-resources-kubelet-socket", str(kubelet_socket(work, node)),
+                     "--container-runtime-endpoint", f"unix://{cri_socket(work, node)}",
+                     "--path.procfs", str(proc_root(work, node)),
+                     "--sim-processes", str(work / f"{node}-pods.toml"),
+                     "--kubernetes-process-usage", "--kubernetes-enable-pod-uid",
+                     "--kubernetes-enable-pod-labels", "--kubernetes-pod-label-allowlist-regex", LABEL_ALLOWLIST]
         procs.start(node, argv, env={"NODE_NAME": node})
     for node, port in ports.items():
         wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready")[0] == 200, 30)
@@ -388,6 +427,7 @@ def run(args, work, procs):
     check_alerts(prom, am_port, pods_mode)
     if pods_mode:
         check_pods(prom, devices)
+        check_usage(prom)
     check_dashboards(prom, pods_mode)
     report_memory(procs)
 
@@ -511,6 +551,14 @@ def kubelet_socket(work, node):
     return work / f"{node}-kubelet.sock"
 
 
+def cri_socket(work, node):
+    return work / f"{node}-cri.sock"
+
+
+def proc_root(work, node):
+    return work / f"{node}-proc"
+
+
 def list_devices(argv, node):
     """The node's GPUs and MIG instances as `gpu-exporter --list-devices` prints them, given the
     node's own sim flags and NODE_NAME: {gpu: (uuid, {gi: (mig uuid, profile)})}."""
@@ -549,14 +597,23 @@ def device_of(node, h, gpus):
 
 def assignments_toml(node, holders, gpus):
     out = [f"# fake-kubelet assignments for {node}, written by tests/e2e/e2e.py", ""]
+    out += [f"{k} = {json.dumps(v)}" for k, v in CGROUPS.get(node, {}).items()] + [""]
     for h in holders:
         resource, device = device_of(node, h, gpus)
         out.append("[[assignment]]")
         for k in ("namespace", "pod", "container"):
             out.append(f"{k} = {json.dumps(getattr(h, k))}")
+        out.append(f"pod_uid = {json.dumps(pod_uid(node, h))}")
         if resource:
             out.append(f"resource = {json.dumps(resource)}")
-        out += [f"devices = [{json.dumps(device)}]", ""]
+        out.append(f"devices = [{json.dumps(device)}]")
+        if h.pids:
+            out.append(f"pids = [{', '.join(str(p) for p in h.pids)}]")
+            out.append(f"weight = {h.weight}")
+        if h.labels:
+            out.append("labels = { " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}"
+                                                 for k, v in sorted(h.labels.items())) + " }")
+        out.append("")
     return "\n".join(out)
 
 
@@ -570,7 +627,8 @@ def start_fake_kubelets(args, work, procs, sim):
         assignments.write_text(assignments_toml(node, holders, gpus))
         sock = kubelet_socket(work, node)
         name = f"{node}-kubelet"
-        procs.start(name, [args.fake_kubelet, "--socket", str(sock), "--assignments", str(assignments)])
+        procs.start(name, [args.fake_kubelet, "--socket", str(sock), "--assignments", str(assignments),
+                           "--cri-socket", str(cri_socket(work, node)), "--proc-root", str(proc_root(work, node))])
         pods = len({(h.namespace, h.pod) for h in holders})
         want = f"fake-kubelet: serving {pods} pods on {sock}"
 
@@ -668,6 +726,79 @@ def check_pods(prom, devices):
     log(f"pod labels as assigned: {len(entities) - len(shared)} singly held GPUs/MIG instances labelled, "
         f"{len(shared)} shared GPU(s) unlabelled with one gpu_exporter_gpu_pod_info per holder, "
         f"pod_resources_up == 1 on {', '.join(POD_HOLDERS)}")
+
+
+def check_usage(prom):
+    """Per-process usage as seen through Prometheus: every pod's own use of the GPU or MIG
+    instance it runs on, summing to the device's within the documented tolerance, with pod_uid
+    and the allowlisted pod labels; and the runtime's and /proc's self-metrics."""
+    def value(series):
+        return float(series["value"][1])
+
+    def problems():
+        out = []
+        for node, holders in POD_HOLDERS.items():
+            pids = sum(len(h.pids) for h in holders)
+            for metric, want in (("gpu_exporter_cri_up", 1.0),
+                                 ('gpu_exporter_gpu_processes{outcome="attributed"}', float(pids)),
+                                 ('gpu_exporter_gpu_processes{outcome="unknown_container"}', 0.0),
+                                 ('gpu_exporter_gpu_processes{outcome="unreadable"}', 0.0)):
+                q = metric.replace("}", f', node="{node}"}}') if "{" in metric else f'{metric}{{node="{node}"}}'
+                got = [value(x) for x in prom.query(q)]
+                if got != [want]:
+                    out.append(f"{q}: expected {want}, found {got}")
+            entities = {}
+            for h in holders:
+                entities.setdefault((h.gpu, h.gi), []).append(h)
+            for (gpu, gi), hs in sorted(entities.items(), key=str):
+                sel = f'hostname="{node}", gpu="{gpu}", GPU_I_ID="{"" if gi is None else gi}"'
+                running = sorted((h.namespace, h.pod) for h in hs if h.pids)
+                fb = prom.query(f"gpu_exporter_container_fb_used_bytes{{{sel}}}")
+                got = sorted((x["metric"].get("namespace"), x["metric"].get("pod")) for x in fb)
+                if got != running:
+                    out.append(f"gpu_exporter_container_fb_used_bytes{{{sel}}}: pods {got}, expected {running}")
+                    continue
+                for x in fb:
+                    m = x["metric"]
+                    h = next(h for h in hs if h.pod == m.get("pod"))
+                    if m.get("pod_uid") != pod_uid(node, h):
+                        out.append(f"{m.get('pod')}: pod_uid {m.get('pod_uid')!r}, expected {pod_uid(node, h)!r}")
+                    want_labels = {k: v for k, v in (h.labels or {}).items() if k in ("app", "team")}
+                    got_labels = {k: m[k] for k in ("app", "team", "tier") if k in m}
+                    if got_labels != want_labels:
+                        out.append(f"{m.get('pod')}: pod labels {got_labels}, expected {want_labels} (tier is not allowlisted)")
+                    if value(x) <= 0:
+                        out.append(f"{m.get('pod')} on {node} GPU {gpu}: no memory")
+                device_fb = [value(x) for x in prom.query(f"DCGM_FI_DEV_FB_USED{{{sel}}}")]
+                summed = sum(value(x) for x in fb) / 1048576
+                # Memory: the containers' sum is the device's, to the MiB (a copy per holder on a
+                # shared entity in virtual mode; one unlabelled series here).
+                if running and (not device_fb or summed != device_fb[0]):
+                    out.append(f"{node} GPU {gpu} GI {gi}: containers use {summed} MiB, device FB_USED {device_fb}")
+                if gi is None and len(running) > 1:
+                    sm = prom.query(f"gpu_exporter_container_sm_utilization_percent{{{sel}}}")
+                    util = [value(x) for x in prom.query(f"DCGM_FI_DEV_GPU_UTIL{{{sel}}}")]
+                    total = sum(value(x) for x in sm)
+                    tolerance = UTIL_TOLERANCE_PER_CONTAINER * len(running)
+                    if len(sm) != len(running) or not util or abs(total - util[0]) > tolerance:
+                        out.append(f"{node} GPU {gpu}: per-pod SM {[(x['metric'].get('pod'), value(x)) for x in sm]} "
+                                   f"sums to {total}, device GPU_UTIL {util} (tolerance {tolerance})")
+                    elif any(value(x) <= 0 for x in sm):
+                        out.append(f"{node} GPU {gpu}: a busy pod reads 0 % SM: {sm}")
+        variables = VARIABLES["gpu-exporter-workloads"]
+        for q in USAGE_PANEL_QUERIES:
+            got = {(x["metric"].get("hostname"), x["metric"].get("pod")) for x in prom.query(fill(q, variables))}
+            want = {(node, h.pod) for node, hs in POD_HOLDERS.items() for h in hs if h.pids
+                    and ("sm_utilization" not in q or h.gi is None)}
+            if got != want:
+                out.append(f"panel query {q}: pods {sorted(got)}, expected {sorted(want)}")
+        return out
+
+    settle("per-pod GPU usage differs from the simulated processes", problems, 30)
+    shared = [(n, h.gpu) for n, hs in POD_HOLDERS.items() for h in hs if h.replica is not None]
+    log(f"per-pod usage: every pod's own SM and memory on {len(POD_HOLDERS)} nodes, the {len(shared)} pods "
+        f"on the time-sliced GPU summing to the device within {UTIL_TOLERANCE_PER_CONTAINER} point each, "
+        "pod_uid and allowlisted labels present, the proposed panel's queries answer")
 
 
 if __name__ == "__main__":
