@@ -6,7 +6,7 @@
 # (kubectl only if none is installed), pip kubernetes-validate. Steps, each must pass:
 #   1. generated files are up to date (dashboards, PrometheusRule, ConfigMap CSV copy)
 #   2. promtool check rules + promtool test rules
-#   3. kubectl kustomize deploy/ + scripts/validate-manifests.py
+#   3. kubectl kustomize deploy/ and overlays/process-usage/ + scripts/validate-manifests.py
 #   4. tests/e2e/run.sh (20 simulated nodes, real Prometheus + Alertmanager, fake kubelets;
 #      with GPU_EXPORTER_BIN set, fake-kubelet must be next to that binary)
 set -euo pipefail
@@ -40,10 +40,12 @@ step "promtool check rules / test rules"
 promtool check rules alerts/gpu-exporter.rules.yml
 promtool test rules alerts/gpu-exporter.rules.test.yml
 
-step "kubectl kustomize deploy/ + schema validation"
+step "kubectl kustomize deploy/ and overlays/process-usage/ + schema validation"
 rendered="$(mktemp --suffix=.yaml)"
 trap 'rm -f "$rendered"' EXIT
 kubectl kustomize deploy/ > "$rendered"
+python3 scripts/validate-manifests.py "$rendered"
+kubectl kustomize overlays/process-usage/ > "$rendered"
 python3 scripts/validate-manifests.py "$rendered"
 
 step "end-to-end (real Prometheus + Alertmanager)"

@@ -143,6 +143,16 @@ pub const CONTAINER_ENC_UTIL: &str = "gpu_exporter_container_encoder_utilization
 /// Decoder utilisation of a container's processes, %.
 pub const CONTAINER_DEC_UTIL: &str = "gpu_exporter_container_decoder_utilization_percent";
 
+/// Every per-container family, in exposition order.
+pub const CONTAINER_FAMILIES: &[&str] = &[
+    CONTAINER_PROCESSES,
+    CONTAINER_FB_USED,
+    CONTAINER_SM_UTIL,
+    CONTAINER_MEM_UTIL,
+    CONTAINER_ENC_UTIL,
+    CONTAINER_DEC_UTIL,
+];
+
 /// Label names a pod label may not take: the identity labels, every per-series attribute, and
 /// the attribute families reserved for pod attribution. A pod label with one of these names (or
 /// a label-type CSV field's, or the hostname label's) is left out, as dcgm-exporter never lets
