@@ -1,5 +1,6 @@
-//! The sampling loop: tick → read every device on a blocking thread → record events → build the
-//! snapshot → render it once → publish the bytes.
+//! The sampling loop: tick → read every device on a blocking thread (with per-process
+//! attribution, also its processes and their cgroups) → record events → attribute processes to
+//! containers → build the snapshot → render it once → publish the bytes.
 //!
 //! Scrapes never reach this code: they clone the last published [`Published`] body. A slow
 //! source delays the next sample (ticks are skipped, not queued); a failing device only removes
