@@ -32,7 +32,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::api::{ApiError, NvmlApi, ProcessInfo, ProcessUtilSample};
-use super::{GpuState, NvmlSource, State};
+use super::lifecycle::{GpuState, State};
+use super::NvmlSource;
 use crate::gpu::{Device, FieldError, GpuProcess, ProcessUtilization};
 
 /// A cursor this far ahead of the wall clock means the clock was stepped back.
