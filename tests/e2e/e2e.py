@@ -100,9 +100,9 @@ def pod_uid(node, h):
 # The panel proposed for the workloads dashboard ("GPU use per pod on shared GPUs"): each query,
 # with the dashboard's variables filled in, must return each pod's own use (docs/pods.md).
 USAGE_PANEL_QUERIES = [
-    'sum by (hostname, gpu, GPU_I_ID, namespace, pod) '
+    'sum by (namespace, pod, container, hostname, gpu, GPU_I_ID) '
     '(gpu_exporter_container_sm_utilization_percent{hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"})',
-    'sum by (hostname, gpu, GPU_I_ID, namespace, pod) '
+    'sum by (namespace, pod, container, hostname, gpu, GPU_I_ID) '
     '(gpu_exporter_container_fb_used_bytes{hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"})',
 ]
 
@@ -293,7 +293,7 @@ def fill(expr, variables):
 
 
 def needs_pods(expr):
-    return ('pod!=""' in expr or "gpu_exporter_gpu_pod_info" in expr
+    return ('pod!=""' in expr or "gpu_exporter_gpu_pod_info" in expr or "gpu_exporter_container_" in expr
             or re.search(r",\s*(namespace|pod)\)\s*$", expr) is not None)
 
 
