@@ -104,6 +104,7 @@ fn holder(i: usize, vgpu: Option<usize>) -> Holder {
             container: "server".into(),
         },
         vgpu: vgpu.map(|v| v.to_string()),
+        dra: None,
     }
 }
 
@@ -137,7 +138,10 @@ fn attribution(devices: &[Device], pods: usize) -> Attribution {
     for list in holders.values_mut() {
         list.sort();
     }
-    Attribution { holders }
+    Attribution {
+        holders,
+        ..Default::default()
+    }
 }
 
 struct Case {
@@ -312,6 +316,7 @@ fn bench_pod_mapping(c: &mut Criterion) {
     let opts = MappingOptions {
         extra_resource_names: Vec::new(),
         id_type: GpuIdType::Uid,
+        enable_dra: false,
     };
     let mut group = c.benchmark_group("pod_mapping");
     let pods = 1000usize;

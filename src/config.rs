@@ -129,6 +129,18 @@ pub struct Args {
     #[arg(long, env = "KUBERNETES_VIRTUAL_GPUS")]
     pub kubernetes_virtual_gpus: bool,
 
+    /// With -k: attribute GPUs and MIG instances allocated through DRA ResourceClaims by
+    /// NVIDIA's DRA driver (gpu.nvidia.com), with `dra_*` labels. Resolved on the node; no API
+    /// server access.
+    #[arg(long, env = "KUBERNETES_ENABLE_DRA")]
+    pub kubernetes_enable_dra: bool,
+
+    /// Directory of HPC job mapping files (dcgm-exporter's format): one file per GPU named by its
+    /// index (`0`) or per MIG instance (`0.3`: GPU index . GPU_I_ID), one job id per line. Each
+    /// series of that GPU or instance gets an `hpc_job` label, one copy per job.
+    #[arg(long, env = "DCGM_HPC_JOB_MAPPING_DIR")]
+    pub hpc_job_mapping_dir: Option<PathBuf>,
+
     /// Devices to export: `f` (MIG instances where enabled, else GPUs), `g[:ids]` (GPUs),
     /// `i[:ids]` (MIG instances by GPU instance id). Ids: `0,2-4`.
     #[arg(
@@ -343,6 +355,9 @@ impl Config {
         }
         if args.enable_dcgm_log || args.dcgm_log_level.is_some() {
             notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: there is no DCGM library to log".to_owned());
+        }
+        if args.kubernetes_enable_dra && !args.kubernetes {
+            notices.push("--kubernetes-enable-dra has no effect without -k/--kubernetes: DRA allocations are read from the kubelet's pod-resources API".to_owned());
         }
         if args.disable_startup_validate {
             notices.push(
@@ -571,6 +586,26 @@ mod tests {
         assert!(e.to_string().starts_with("--configmap-data:"));
         let c = Config::resolve(args(&["-r", "localhost:5555"])).unwrap();
         assert_eq!(c.notices.len(), 1);
+    }
+
+    #[test]
+    fn dra_and_hpc_flags_use_dcgm_exporters_names() {
+        let a = args(&[]);
+        assert!(!a.kubernetes_enable_dra);
+        assert_eq!(a.hpc_job_mapping_dir, None);
+        let a = args(&[
+            "--kubernetes-enable-dra",
+            "--hpc-job-mapping-dir",
+            "/run/hpc-jobs",
+        ]);
+        assert!(a.kubernetes_enable_dra);
+        assert_eq!(a.hpc_job_mapping_dir, Some(PathBuf::from("/run/hpc-jobs")));
+        // DRA without -k is accepted but noticed; with -k it is not.
+        let c = Config::resolve(args(&["--kubernetes-enable-dra"])).unwrap();
+        assert_eq!(c.notices.len(), 1);
+        assert!(c.notices[0].starts_with("--kubernetes-enable-dra has no effect"));
+        let c = Config::resolve(args(&["-k", "--kubernetes-enable-dra"])).unwrap();
+        assert!(c.notices.is_empty());
     }
 
     #[test]

@@ -268,12 +268,14 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             mapping: MappingOptions {
                 extra_resource_names: config.args.nvidia_resource_names.clone(),
                 id_type: config.args.kubernetes_gpu_id_type,
+                enable_dra: config.args.kubernetes_enable_dra,
             },
         };
         tracing::info!(
             socket = %socket.display(),
             refresh_ms = config.args.pod_resources_refresh,
             ttl_ms = config.args.pod_resources_ttl,
+            dra = config.args.kubernetes_enable_dra,
             "pod attribution from the kubelet pod-resources API"
         );
         let refresher = Refresher::new(

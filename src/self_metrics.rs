@@ -51,6 +51,10 @@ pub struct PodResourcesState {
     pub unknown_devices: u64,
     /// GPUs and MIG instances with at least one holder in the published attribution.
     pub allocated_entities: u64,
+    /// Whether `--kubernetes-enable-dra` is on (the DRA family is rendered only then).
+    pub dra_enabled: bool,
+    /// Devices of NVIDIA's DRA driver in the last good reply that resolved to nothing, by reason.
+    pub dra_unresolved: BTreeMap<&'static str, u64>,
 }
 
 impl PodResourcesStatus {
@@ -77,6 +81,16 @@ impl PodResourcesStatus {
         let mut s = self.lock();
         s.up = false;
         *s.errors.entry(reason).or_default() += 1;
+    }
+
+    /// Turns the DRA family on (`--kubernetes-enable-dra`).
+    pub fn enable_dra(&self) {
+        self.lock().dra_enabled = true;
+    }
+
+    /// Records the DRA devices of the published attribution that resolved to nothing.
+    pub fn record_dra_unresolved(&self, by_reason: &BTreeMap<&'static str, usize>) {
+        self.lock().dra_unresolved = by_reason.iter().map(|(r, n)| (*r, *n as u64)).collect();
     }
 
     /// Records what was published: unknown device ids and allocated entities.
@@ -120,7 +134,7 @@ impl PodResourcesStatus {
                 }
             })
             .collect();
-        vec![
+        let mut families = vec![
             family(
                 "gpu_exporter_pod_resources_up",
                 "Whether the last kubelet pod-resources List call succeeded (1) or failed (0).",
@@ -151,7 +165,27 @@ impl PodResourcesStatus {
                 MetricType::Gauge,
                 one(count(s.allocated_entities)),
             ),
-        ]
+        ];
+        if s.dra_enabled {
+            let unresolved = crate::pods::dra::Unresolved::REASONS
+                .iter()
+                .map(|r| {
+                    let mut labels = String::new();
+                    push_label(&mut labels, "reason", r);
+                    Series {
+                        labels: labels.into(),
+                        value: count(s.dra_unresolved.get(r).copied().unwrap_or(0)),
+                    }
+                })
+                .collect();
+            families.push(family(
+                "gpu_exporter_pod_resources_dra_unresolved_devices",
+                "Devices of NVIDIA's DRA driver (gpu.nvidia.com) in the last kubelet reply that resolve to no local GPU or MIG instance, by reason (no_match, unrecognised_name); they get no pod labels.",
+                MetricType::Gauge,
+                unresolved,
+            ));
+        }
+        families
     }
 }
 

@@ -12,7 +12,7 @@ use crate::catalog::field::MigScope;
 use crate::catalog::{Catalog, Field, MetricSpec, MetricType};
 use crate::gpu::{Device, DeviceSample, FieldError, MigInstance, Reading, Value};
 use crate::health::{self, Recent};
-use crate::pods::{Attribution, EntityKey, Holder};
+use crate::pods::{Attribution, DraClaim, EntityKey, Holder};
 use crate::render::{push_label, Family, Series};
 
 /// Which entities are exported (`-d/--devices`).
@@ -122,7 +122,8 @@ struct Variant {
 }
 
 impl Variant {
-    fn new(prefix: &str, attrs: Vec<(&'static str, String)>) -> Self {
+    fn new(prefix: &str, mut attrs: Vec<(&'static str, String)>) -> Self {
+        attrs.sort_by_key(|(k, _)| *k);
         let mut full = String::with_capacity(prefix.len() + 96);
         full.push_str(prefix);
         for (k, v) in &attrs {
@@ -236,17 +237,54 @@ fn entity<'a>(
         }
         v
     };
+    // As dcgm-exporter: one copy per DRA holder, with its claim, whatever the sharing mode.
+    let dra_attrs = |h: &Holder, c: &DraClaim| {
+        let mut v = pod_attrs(h, false);
+        v.extend([
+            ("dra_claim_name", c.claim_name.clone()),
+            ("dra_claim_namespace", c.claim_namespace.clone()),
+            ("dra_device_name", c.device.clone()),
+            ("dra_driver_name", c.driver.clone()),
+            ("dra_pool_name", c.pool.clone()),
+        ]);
+        if let Some(i) = instance {
+            v.push(("dra_mig_device_uuid", i.uuid.clone()));
+            v.push(("dra_mig_profile", i.profile.clone()));
+        }
+        v
+    };
+    let dra: Vec<Vec<(&'static str, String)>> = holders
+        .iter()
+        .filter_map(|h| h.dra.as_ref().map(|c| dra_attrs(h, c)))
+        .collect();
     // One container holding several replicas of a GPU is still a single holder.
     let sole = holders
         .first()
         .filter(|first| holders.iter().all(|h| h.pod == first.pod));
     let variants = match (holders, opts.virtual_gpus) {
+        _ if !dra.is_empty() => dra,
         ([], _) => vec![vec![]],
         (_, false) => match sole {
             Some(one) => vec![pod_attrs(one, false)],
             None => vec![vec![]],
         },
         (many, true) => many.iter().map(|h| pod_attrs(h, true)).collect(),
+    };
+    // HPC jobs multiply the copies: one per job (dcgm-exporter applies them after the pods).
+    let jobs = attribution.jobs_of(key);
+    let variants: Vec<Vec<(&'static str, String)>> = if jobs.is_empty() {
+        variants
+    } else {
+        variants
+            .iter()
+            .flat_map(|v| {
+                jobs.iter().map(move |j| {
+                    let mut v = v.clone();
+                    v.push(("hpc_job", j.clone()));
+                    v
+                })
+            })
+            .collect()
     };
     let mut prefix = identity_labels(outcome, instance, opts);
     push_label_fields(&mut prefix, catalog, outcome);
@@ -406,7 +444,13 @@ fn pod_info(entities: &[Entity<'_>]) -> Option<Family> {
     };
     for e in entities {
         let id = &e.outcome.device.identity;
+        let mut last: Option<&Holder> = None;
         for h in e.holders {
+            // One series per container and replica, however many claims it holds the entity by.
+            if last.is_some_and(|l| l.pod == h.pod && l.vgpu == h.vgpu) {
+                continue;
+            }
+            last = Some(h);
             let mut s = String::new();
             push_label(&mut s, "gpu", &id.index.to_string());
             push_label(&mut s, "UUID", &id.uuid);
@@ -450,6 +494,7 @@ mod tests {
                     ci_id: 0,
                     profile: profile.to_owned(),
                     uuid: format!("MIG-{index}-{gi_id}"),
+                    placement: None,
                 })
                 .collect(),
         }
@@ -520,6 +565,7 @@ mod tests {
                 container: "c".into(),
             },
             vgpu: vgpu.map(str::to_owned),
+            dra: None,
         }
     }
 
@@ -617,7 +663,10 @@ mod tests {
             },
             vec![holder("solo", None)],
         );
-        let att = Attribution { holders };
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
         let outcomes = [
             outcome(device(0, "H100", &[]), 50, 1),
             outcome(device(1, "H100", &[]), 51, 2),
@@ -671,5 +720,138 @@ mod tests {
             .iter()
             .any(|l| l
                 .contains(r#"health_error_code="DCGM_FR_FALLEN_OFF_BUS",health_watch="ALL"} 20"#)));
+    }
+
+    fn dra_holder(pod: &str, claim: &str, device: &str) -> Holder {
+        Holder {
+            dra: Some(DraClaim {
+                claim_name: claim.into(),
+                claim_namespace: "ns".into(),
+                driver: "gpu.nvidia.com".into(),
+                pool: "n1".into(),
+                device: device.into(),
+            }),
+            ..holder(pod, None)
+        }
+    }
+
+    fn key(gpu: u32, gi_id: Option<u32>) -> EntityKey {
+        EntityKey { gpu, gi_id }
+    }
+
+    #[test]
+    fn dra_holders_get_one_copy_each_with_sorted_dra_labels_and_mig_details() {
+        let mut holders = std::collections::BTreeMap::new();
+        // GPU 1: a DRA claim shared by two pods, plus a device-plugin holder.
+        holders.insert(
+            key(1, None),
+            vec![
+                holder("classic", None),
+                dra_holder("a", "shared", "gpu-1"),
+                dra_holder("b", "shared", "gpu-1"),
+            ],
+        );
+        // GPU 0's MIG instance 2.
+        holders.insert(
+            key(0, Some(2)),
+            vec![dra_holder("m", "mig-claim", "gpu-0-mig-3g40gb-9-4")],
+        );
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let outcomes = [
+            outcome(device(0, "A100", &[(2, "3g.40gb"), (9, "1g.10gb")]), 50, 1),
+            outcome(device(1, "A100", &[]), 51, 2),
+        ];
+        let s = build(&cat(), &outcomes, &att, &opts());
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 4, "{temp:#?}");
+        assert!(
+            temp[0].ends_with(r#"GPU_I_PROFILE="3g.40gb",GPU_I_ID="2",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",dra_claim_name="mig-claim",dra_claim_namespace="ns",dra_device_name="gpu-0-mig-3g40gb-9-4",dra_driver_name="gpu.nvidia.com",dra_mig_device_uuid="MIG-0-2",dra_mig_profile="3g.40gb",dra_pool_name="n1",namespace="ns",pod="m"} 50"#),
+            "{}",
+            temp[0]
+        );
+        // The unallocated instance is untouched.
+        assert!(temp[1].contains(r#"GPU_I_ID="9""#) && !temp[1].contains("pod="));
+        // The DRA holders of GPU 1 get a copy each; the device-plugin holder none.
+        assert!(
+            temp[2].ends_with(r#"DCGM_FI_DRIVER_VERSION="570.1",container="c",dra_claim_name="shared",dra_claim_namespace="ns",dra_device_name="gpu-1",dra_driver_name="gpu.nvidia.com",dra_pool_name="n1",namespace="ns",pod="a"} 51"#),
+            "{}",
+            temp[2]
+        );
+        assert!(temp[3].contains(r#"pod="b"} 51"#), "{}", temp[3]);
+        // Everyone is in the info family, once per container.
+        let info = lines(&s, POD_INFO);
+        assert_eq!(info.len(), 4, "{info:#?}");
+        assert!(info[0].contains(r#"GPU_I_ID="2",pod="m""#));
+        assert!(info[1].contains(r#"pod="classic""#));
+    }
+
+    #[test]
+    fn a_container_holding_one_entity_through_two_claims_has_one_info_series() {
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(
+            key(0, None),
+            vec![
+                dra_holder("p", "one", "gpu-0"),
+                dra_holder("p", "two", "gpu-0"),
+            ],
+        );
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let s = build(
+            &cat(),
+            &[outcome(device(0, "H100", &[]), 40, 1)],
+            &att,
+            &opts(),
+        );
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 2);
+        assert!(temp[0].contains(r#"dra_claim_name="one""#));
+        assert!(temp[1].contains(r#"dra_claim_name="two""#));
+        assert_eq!(lines(&s, POD_INFO).len(), 1);
+    }
+
+    #[test]
+    fn hpc_jobs_multiply_every_copy_and_sort_among_the_attributes() {
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(key(0, None), vec![holder("solo", None)]);
+        let mut jobs = std::collections::BTreeMap::new();
+        jobs.insert(key(0, None), vec!["1001".to_owned(), "1002".to_owned()]);
+        // A plain file for a MIG GPU does not reach its instances, and vice versa.
+        jobs.insert(key(1, None), vec!["x".to_owned()]);
+        jobs.insert(key(1, Some(9)), vec!["77".to_owned()]);
+        let att = Attribution { holders, jobs };
+        let cat = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_XID_ERRORS, gauge, x\nDCGM_EXP_GPU_HEALTH_STATUS, gauge, h\nDCGM_FI_DRIVER_VERSION, label, d\n",
+            "t.csv",
+        )
+        .unwrap()
+        .0;
+        let outcomes = [
+            outcome(device(0, "H100", &[]), 40, 1),
+            outcome(device(1, "A100", &[(2, "3g.40gb"), (9, "1g.10gb")]), 41, 1),
+        ];
+        let s = build(&cat, &outcomes, &att, &opts());
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 4, "{temp:#?}");
+        assert!(
+            temp[0].ends_with(r#"container="c",hpc_job="1001",namespace="ns",pod="solo"} 40"#),
+            "{}",
+            temp[0]
+        );
+        assert!(temp[1].ends_with(r#"container="c",hpc_job="1002",namespace="ns",pod="solo"} 40"#));
+        assert!(!temp[2].contains("hpc_job"), "{}", temp[2]);
+        assert!(temp[3].contains(r#"GPU_I_ID="9""#) && temp[3].ends_with(r#"hpc_job="77"} 41"#));
+        // Per-series attributes merge in name order.
+        let xid = lines(&s, "DCGM_FI_DEV_XID_ERRORS");
+        assert!(xid[0].ends_with(r#"container="c",err_code="0",err_msg="No Error",hpc_job="1001",namespace="ns",pod="solo"} 0"#), "{}", xid[0]);
+        // Health series are about the hardware: no workload labels.
+        assert!(lines(&s, "DCGM_EXP_GPU_HEALTH_STATUS")
+            .iter()
+            .all(|l| !l.contains("hpc_job") && !l.contains("pod=")));
     }
 }

@@ -60,6 +60,7 @@ fn holder(ns: &str, pod: &str, container: &str, vgpu: Option<&str>) -> Holder {
             container: container.into(),
         },
         vgpu: vgpu.map(str::to_owned),
+        dra: None,
     }
 }
 
@@ -144,7 +145,10 @@ async fn pods_whole_shared_and_mig() {
         "4xA100-80GB-MIG",
         None,
         common::build_options(),
-        Attribution { holders },
+        Attribution {
+            holders,
+            ..Default::default()
+        },
     )
     .await;
     check("4xA100-80GB-MIG-pods", &body);

@@ -298,6 +298,7 @@ fn fixture_ids_are_the_sims_real_devices() {
         let opts = MappingOptions {
             extra_resource_names: vec![],
             id_type,
+            ..Default::default()
         };
         let m = mapping::attribution_from(&a.reply, &devices(profile), &opts);
         assert_eq!(m.unknown_devices, 0, "{file}: {:?}", m.unknown_examples);
@@ -810,6 +811,7 @@ async fn gke_device_names_through_the_binary() {
         mapping: MappingOptions {
             extra_resource_names: vec![],
             id_type: GpuIdType::DeviceName,
+            ..Default::default()
         },
         ..Default::default()
     };

@@ -78,6 +78,21 @@ pub struct MigInstance {
     pub profile: String,
     /// `MIG-…` UUID of the MIG device.
     pub uuid: String,
+    /// Where the GPU instance sits on its GPU, when NVML tells (`None`: unknown, e.g. the GPU
+    /// instance calls need privileges). NVIDIA's DRA driver names MIG devices by it.
+    pub placement: Option<MigPlacement>,
+}
+
+/// A GPU instance's profile id and placement (`nvmlGpuInstanceInfo_t`): which memory slices of
+/// its GPU it occupies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigPlacement {
+    /// GPU instance profile id (`NVML_GPU_INSTANCE_PROFILE_*`, e.g. 9 for 3g.40gb on an A100).
+    pub profile_id: u32,
+    /// First memory slice.
+    pub start: u32,
+    /// Number of memory slices.
+    pub size: u32,
 }
 
 /// A physical GPU and its MIG instances.

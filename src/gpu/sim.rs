@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::scenario::{Action, Pattern, Scenario};
 use super::{
-    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, MigInstance, Reading,
-    SourceError, Value, XidEvent,
+    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, MigInstance,
+    MigPlacement, Reading, SourceError, Value, XidEvent,
 };
 use crate::catalog::field::MigScope;
 use crate::catalog::Field;
@@ -71,13 +71,14 @@ const H100_SXM: Model = Model {
     pcie_gen: 5,
 };
 
-/// A fleet profile: a model, a GPU count and, per GPU, its MIG layout (profile names).
+/// A fleet profile: a model, a GPU count and, per GPU, its MIG layout.
 #[derive(Debug, Clone, Copy)]
 struct Profile {
     name: &'static str,
     model: Model,
     gpus: u32,
-    mig: &'static [&'static [(&'static str, u32)]],
+    /// Per GPU: (profile name, GPU instance id, first memory slice), as on a real A100 80GB.
+    mig: &'static [&'static [(&'static str, u32, u32)]],
 }
 
 /// The profiles `--sim-profile` accepts.
@@ -92,15 +93,16 @@ pub const PROFILES: &[&str] = &[
     "8xA100-80GB-7xMIG",
 ];
 
-/// Seven 1g.10gb instances, the most an A100 80GB can hold (GPU instance ids 7-13).
-const SEVEN_1G_10GB: &[(&str, u32)] = &[
-    ("1g.10gb", 7),
-    ("1g.10gb", 8),
-    ("1g.10gb", 9),
-    ("1g.10gb", 10),
-    ("1g.10gb", 11),
-    ("1g.10gb", 12),
-    ("1g.10gb", 13),
+/// Seven 1g.10gb instances, the most an A100 80GB can hold (GPU instance ids 7-13, on memory
+/// slices 0-6).
+const SEVEN_1G_10GB: &[(&str, u32, u32)] = &[
+    ("1g.10gb", 7, 0),
+    ("1g.10gb", 8, 1),
+    ("1g.10gb", 9, 2),
+    ("1g.10gb", 10, 3),
+    ("1g.10gb", 11, 4),
+    ("1g.10gb", 12, 5),
+    ("1g.10gb", 13, 6),
 ];
 
 fn profile(name: &str) -> Option<Profile> {
@@ -121,16 +123,16 @@ fn profile(name: &str) -> Option<Profile> {
             name: "4xA100-80GB-MIG",
             model: A100_80GB,
             gpus: 4,
-            // (profile, GPU instance id); GPU 3 has MIG disabled.
+            // (profile, GPU instance id, first memory slice); GPU 3 has MIG disabled.
             mig: &[
                 &[
-                    ("3g.40gb", 2),
-                    ("2g.20gb", 3),
-                    ("1g.10gb", 9),
-                    ("1g.10gb", 10),
+                    ("3g.40gb", 2, 4),
+                    ("2g.20gb", 3, 0),
+                    ("1g.10gb", 9, 2),
+                    ("1g.10gb", 10, 3),
                 ],
-                &[("7g.80gb", 0)],
-                &[("4g.40gb", 1), ("3g.40gb", 2)],
+                &[("7g.80gb", 0, 0)],
+                &[("4g.40gb", 1, 0), ("3g.40gb", 2, 4)],
                 &[],
             ],
         },
@@ -148,6 +150,20 @@ fn profile(name: &str) -> Option<Profile> {
         },
         _ => return None,
     })
+}
+
+/// GPU instance profile id and size in memory slices of an A100 80GB profile, as NVML reports
+/// them (`nvidia-smi mig -lgip`).
+fn mig_profile_id_and_size(profile: &str) -> (u32, u32) {
+    match profile {
+        "1g.10gb" => (19, 1),
+        "1g.10gb+me" => (20, 1),
+        "1g.20gb" => (15, 2),
+        "2g.20gb" => (14, 2),
+        "3g.40gb" => (9, 4),
+        "4g.40gb" => (5, 4),
+        _ => (0, 8),
+    }
 }
 
 /// MIG profile memory in MiB, as NVML reports it for an A100 80GB.
@@ -578,11 +594,19 @@ impl GpuSource for SimulatedSource {
                 let layout = self.profile.mig.get(i as usize).copied().unwrap_or(&[]);
                 let mut instances: Vec<MigInstance> = layout
                     .iter()
-                    .map(|&(profile, gi_id)| MigInstance {
-                        gi_id,
-                        ci_id: 0,
-                        profile: profile.to_owned(),
-                        uuid: uuid("MIG", self.seed, i, u64::from(gi_id) + 1),
+                    .map(|&(profile, gi_id, start)| {
+                        let (profile_id, size) = mig_profile_id_and_size(profile);
+                        MigInstance {
+                            gi_id,
+                            ci_id: 0,
+                            profile: profile.to_owned(),
+                            uuid: uuid("MIG", self.seed, i, u64::from(gi_id) + 1),
+                            placement: Some(MigPlacement {
+                                profile_id,
+                                start,
+                                size,
+                            }),
+                        }
                     })
                     .collect();
                 instances.sort_by_key(|m| m.gi_id);

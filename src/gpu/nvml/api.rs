@@ -59,6 +59,19 @@ pub struct FieldResult {
     pub value: Result<FieldNum, ApiError>,
 }
 
+/// A GPU instance as `nvmlGpuInstanceGetInfo` and its profile info describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInstanceInfo {
+    /// `profileId`.
+    pub profile_id: u32,
+    /// `placement.start`: first memory slice.
+    pub placement_start: u32,
+    /// `placement.size`: memory slices.
+    pub placement_size: u32,
+    /// The profile's name (`MIG 3g.40gb`); `None` if the profile info could not be read.
+    pub profile_name: Option<String>,
+}
+
 /// `nvmlDeviceGetMemoryInfo_v2`, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryInfo {
@@ -196,14 +209,14 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn gpu_instance_id(&self, mig: &Self::Device) -> Result<u32, ApiError>;
     /// `nvmlDeviceGetComputeInstanceId` of a MIG device.
     fn compute_instance_id(&self, mig: &Self::Device) -> Result<u32, ApiError>;
-    /// The GPU instance profile name NVML reports for GPU instance `gi_id` of `parent`
-    /// (`nvmlDeviceGetGpuInstanceById` → `nvmlGpuInstanceGetInfo` →
-    /// `nvmlDeviceGetGpuInstanceProfileInfoByIdV`), e.g. `MIG 3g.40gb`.
-    fn gpu_instance_profile_name(
+    /// GPU instance `gi_id` of `parent`: its profile id and placement
+    /// (`nvmlDeviceGetGpuInstanceById` → `nvmlGpuInstanceGetInfo`) and its profile name
+    /// (`nvmlDeviceGetGpuInstanceProfileInfoByIdV`), e.g. `MIG 3g.40gb`.
+    fn gpu_instance_info(
         &self,
         parent: &Self::Device,
         gi_id: u32,
-    ) -> Result<String, ApiError>;
+    ) -> Result<GpuInstanceInfo, ApiError>;
 
     /// `nvmlDeviceGetFieldValues`: one call for the whole batch. The outer error is the call's;
     /// per-field errors are inside, in request order.

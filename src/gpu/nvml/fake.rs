@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::api::{
-    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, GpmMetric, InforomObject,
-    MemoryInfo, NvmlApi, Registered, XidReport,
+    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, GpmMetric,
+    GpuInstanceInfo, InforomObject, MemoryInfo, NvmlApi, Registered, XidReport,
 };
 
 /// One MIG device of a fake GPU.
@@ -23,6 +23,8 @@ pub struct FakeMig {
     pub uuid: String,
     /// The GPU instance profile name as NVML reports it (`MIG 3g.40gb`).
     pub profile_name: String,
+    /// The GPU instance profile id and placement (start, size) `nvmlGpuInstanceGetInfo` reports.
+    pub placement: (u32, u32, u32),
     /// Its framebuffer.
     pub memory: MemoryInfo,
     /// GPM values (NVML units) `nvmlGpmMetricsGet` returns for this GPU instance.
@@ -362,11 +364,11 @@ impl NvmlApi for FakeNvml {
     fn compute_instance_id(&self, mig: &FakeHandle) -> Result<u32, ApiError> {
         self.with(mig, |_, m| m.map(|m| m.ci_id).ok_or(ApiError::NotSupported))
     }
-    fn gpu_instance_profile_name(
+    fn gpu_instance_info(
         &self,
         parent: &FakeHandle,
         gi_id: u32,
-    ) -> Result<String, ApiError> {
+    ) -> Result<GpuInstanceInfo, ApiError> {
         let denied = self.gpu(parent, |g| Some(g.gpu_instance_info_denied))?;
         if denied {
             return Err(ApiError::NoPermission);
@@ -376,7 +378,12 @@ impl NvmlApi for FakeNvml {
                 .iter()
                 .flatten()
                 .find(|m| m.gi_id == gi_id)
-                .map(|m| m.profile_name.clone())
+                .map(|m| GpuInstanceInfo {
+                    profile_id: m.placement.0,
+                    placement_start: m.placement.1,
+                    placement_size: m.placement.2,
+                    profile_name: Some(m.profile_name.clone()),
+                })
         })
     }
     fn field_values(

@@ -23,7 +23,7 @@ use nvml_wrapper_sys::bindings::{
     NVML_GPU_INSTANCE_PROFILE_COUNT,
 };
 
-use super::api::{ApiError, FieldNum, FieldRequest, FieldResult};
+use super::api::{ApiError, FieldNum, FieldRequest, FieldResult, GpuInstanceInfo};
 use super::convert::{translate_field_id, FieldIdScheme};
 use super::real::{api_error, RealDevice};
 
@@ -134,13 +134,13 @@ fn profile_info_v2_version() -> u32 {
     (std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32) | (2 << 24)
 }
 
-/// The profile name of GPU instance `gi_id` on `parent`: GPU instance → its profile id → the
-/// v2 profile info, which carries the name (`MIG 3g.40gb`).
-pub(super) fn gpu_instance_profile_name(
+/// GPU instance `gi_id` on `parent`: its info (profile id, placement), then the v2 profile
+/// info of that profile id, which carries the name (`MIG 3g.40gb`).
+pub(super) fn gpu_instance_info(
     nvml: &Nvml,
     parent: &RealDevice,
     gi_id: u32,
-) -> Result<String, ApiError> {
+) -> Result<GpuInstanceInfo, ApiError> {
     let lib = nvml.lib();
     let by_id = lib.nvmlDeviceGetGpuInstanceById.as_ref().map_err(missing)?;
     let get_info = lib.nvmlGpuInstanceGetInfo.as_ref().map_err(missing)?;
@@ -151,13 +151,30 @@ pub(super) fn gpu_instance_profile_name(
     let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: `gi` was just returned by NVML; `info` is a live out-struct.
     ret(unsafe { get_info(gi, &mut info) })?;
+    let profile_name = match profile_name(nvml, parent, info.profileId) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            tracing::debug!(gi_id, error = %e, "GPU instance profile info unavailable");
+            None
+        }
+    };
+    Ok(GpuInstanceInfo {
+        profile_id: info.profileId,
+        placement_start: info.placement.start,
+        placement_size: info.placement.size,
+        profile_name,
+    })
+}
 
+/// The name of GPU instance profile `profile_id` on `parent`.
+fn profile_name(nvml: &Nvml, parent: &RealDevice, profile_id: u32) -> Result<String, ApiError> {
+    let lib = nvml.lib();
     // SAFETY: all-zero is a valid bit pattern (ints and a char array).
     let mut p: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
     p.version = profile_info_v2_version();
     let found = match lib.nvmlDeviceGetGpuInstanceProfileInfoByIdV.as_ref() {
         // SAFETY: `p` is a live, versioned out-struct; the handle is valid.
-        Ok(sym) => ret(unsafe { sym(parent.handle(), info.profileId, &mut p) }).is_ok(),
+        Ok(sym) => ret(unsafe { sym(parent.handle(), profile_id, &mut p) }).is_ok(),
         Err(_) => false,
     };
     if !found {
@@ -172,9 +189,7 @@ pub(super) fn gpu_instance_profile_name(
             let mut q: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
             q.version = profile_info_v2_version();
             // SAFETY: `q` is a live, versioned out-struct; the handle is valid.
-            if ret(unsafe { sym(parent.handle(), profile, &mut q) }).is_ok()
-                && q.id == info.profileId
-            {
+            if ret(unsafe { sym(parent.handle(), profile, &mut q) }).is_ok() && q.id == profile_id {
                 p = q;
                 hit = true;
                 break;

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use crate::catalog::field::MigScope;
 use crate::catalog::Field;
 use crate::gpu::{
-    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, MigInstance, Reading,
-    SourceError, Value, XidEvent,
+    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, MigInstance,
+    MigPlacement, Reading, SourceError, Value, XidEvent,
 };
 
 use api::{ApiError, EventWait, FieldRequest, GpmMetric, MemoryInfo, NvmlApi};
@@ -494,19 +494,28 @@ impl<A: NvmlApi> NvmlSource<A> {
                     }
                 };
                 let ci_id = api.compute_instance_id(&mig).unwrap_or(0);
-                let profile = api
-                    .gpu_instance_profile_name(&g.handle, gi_id)
-                    .or_else(|e| {
-                        // The GPU instance path may need privileges; the MIG device's name
-                        // ("NVIDIA A100-SXM4-40GB MIG 3g.20gb") carries the profile too.
-                        tracing::debug!(gpu = index, gi_id, error = %e, "GPU instance profile info unavailable; using the MIG device name");
-                        api.name(&mig).map(|n| match n.find("MIG ") {
-                            Some(at) => n[at..].to_owned(),
-                            None => n,
-                        })
+                let info = api
+                    .gpu_instance_info(&g.handle, gi_id)
+                    .map_err(|e| {
+                        tracing::debug!(gpu = index, gi_id, error = %e, "GPU instance info unavailable; no placement, profile from the MIG device name");
                     })
-                    .map(|n| convert::mig_profile_name(&n))
-                    .unwrap_or_default();
+                    .ok();
+                let placement = info.as_ref().map(|i| MigPlacement {
+                    profile_id: i.profile_id,
+                    start: i.placement_start,
+                    size: i.placement_size,
+                });
+                let profile = match info.and_then(|i| i.profile_name) {
+                    Some(n) => Ok(n),
+                    // The GPU instance path may need privileges; the MIG device's name
+                    // ("NVIDIA A100-SXM4-40GB MIG 3g.20gb") carries the profile too.
+                    None => api.name(&mig).map(|n| match n.find("MIG ") {
+                        Some(at) => n[at..].to_owned(),
+                        None => n,
+                    }),
+                }
+                .map(|n| convert::mig_profile_name(&n))
+                .unwrap_or_default();
                 // One MIG device per GPU instance is exported (its first compute instance).
                 if instances.iter().any(|i: &MigInstance| i.gi_id == gi_id) {
                     continue;
@@ -516,6 +525,7 @@ impl<A: NvmlApi> NvmlSource<A> {
                     ci_id,
                     profile,
                     uuid,
+                    placement,
                 });
                 handles.push((gi_id, mig));
             }

@@ -11,8 +11,8 @@ use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::{EventSet, GpmSample, Nvml};
 
 use super::api::{
-    ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GpmMetric, InforomObject,
-    MemoryInfo, NvmlApi, Registered, XidReport,
+    ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GpmMetric, GpuInstanceInfo,
+    InforomObject, MemoryInfo, NvmlApi, Registered, XidReport,
 };
 use super::convert::FieldIdScheme;
 use super::{ffi, InitError, NvmlSource, RetryPolicy};
@@ -197,12 +197,12 @@ impl NvmlApi for RealNvml {
     fn compute_instance_id(&self, mig: &RealDevice) -> Result<u32, ApiError> {
         ffi::compute_instance_id(self.nvml, mig)
     }
-    fn gpu_instance_profile_name(
+    fn gpu_instance_info(
         &self,
         parent: &RealDevice,
         gi_id: u32,
-    ) -> Result<String, ApiError> {
-        ffi::gpu_instance_profile_name(self.nvml, parent, gi_id)
+    ) -> Result<GpuInstanceInfo, ApiError> {
+        ffi::gpu_instance_info(self.nvml, parent, gi_id)
     }
     fn field_values(
         &self,

@@ -223,6 +223,8 @@ fn mig_gpu() -> FakeGpu {
         ci_id: 0,
         uuid: format!("MIG-fake-{gi_id}"),
         profile_name: name.into(),
+        // 3g.40gb on an A100 80GB: profile id 9, on memory slices 0-3 or 4-7.
+        placement: (9, if gi_id == 1 { 0 } else { 4 }, 4),
         memory: MemoryInfo {
             total: mib(40_192),
             free: mib(40_192 - used_mib),
@@ -257,6 +259,16 @@ fn mig_instances_skip_empty_slots_and_read_per_instance_fields() {
         got,
         [(1, "3g.40gb", "MIG-fake-1"), (2, "3g.40gb", "MIG-fake-2")]
     );
+    // The GPU instance info gives each instance's profile id and placement (DRA device names).
+    let placements: Vec<Option<MigPlacement>> = d.instances.iter().map(|i| i.placement).collect();
+    let at = |start| {
+        Some(MigPlacement {
+            profile_id: 9,
+            start,
+            size: 4,
+        })
+    };
+    assert_eq!(placements, [at(0), at(4)]);
     let fields = [
         Field::GpuUtil,
         Field::GpuTemp,
@@ -300,6 +312,8 @@ fn mig_profile_falls_back_to_the_mig_device_name_without_privileges() {
     let d = src.devices().unwrap().remove(0);
     let profiles: Vec<&str> = d.instances.iter().map(|i| i.profile.as_str()).collect();
     assert_eq!(profiles, ["3g.40gb", "3g.40gb"]);
+    // Without the GPU instance info there is no placement either.
+    assert!(d.instances.iter().all(|i| i.placement.is_none()));
 }
 
 #[test]
