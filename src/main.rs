@@ -15,7 +15,9 @@ use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::scenario::Scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::GpuSource;
+use gpu_exporter::hpc::{HpcJobs, HpcWatcher};
 use gpu_exporter::http::{self, AppState};
+use gpu_exporter::pods::dra;
 use gpu_exporter::pods::kubelet::KubeletPodResources;
 use gpu_exporter::pods::mapping::MappingOptions;
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
@@ -28,6 +30,9 @@ use gpu_exporter::web::WebSecurity;
 
 /// How often the metrics CSV is checked for changes (SIGHUP reloads at once).
 const CSV_POLL: Duration = Duration::from_secs(5);
+/// The HPC job mapping directory is read every sampling interval, within these bounds.
+const HPC_POLL_MIN: Duration = Duration::from_secs(1);
+const HPC_POLL_MAX: Duration = Duration::from_secs(5);
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -163,19 +168,30 @@ fn sim_source(config: &Config) -> Result<SimulatedSource> {
         .context("--sim-profile / --sim-scenario")
 }
 
-/// `--list-devices`: what the backend finds, for writing fake-kubelet assignment files.
+/// `--list-devices`: what the backend finds, for writing fake-kubelet assignment files: ids
+/// for the device plugin, GKE's device names, and the names of NVIDIA's DRA driver.
 fn list_devices(source: &impl GpuSource) -> Result<()> {
     let devices = source.devices().context("listing devices")?;
     for d in &devices {
         let id = &d.identity;
         println!(
-            "GPU {}\t{}\tdevice-name nvidia{}\t{}\t{}",
-            id.index, id.uuid, id.minor, id.pci_bus_id, id.model
+            "GPU {}\t{}\tdevice-name nvidia{}\t{}\t{}\tdra {}",
+            id.index,
+            id.uuid,
+            id.minor,
+            id.pci_bus_id,
+            id.model,
+            dra::gpu_device_name(id.minor)
         );
         for i in &d.instances {
             println!(
-                "  MIG GPU_I_ID {}\t{}\tdevice-name nvidia{}/gi{}\t{}",
-                i.gi_id, i.uuid, id.minor, i.gi_id, i.profile
+                "  MIG GPU_I_ID {}\t{}\tdevice-name nvidia{}/gi{}\t{}\tdra {}",
+                i.gi_id,
+                i.uuid,
+                id.minor,
+                i.gi_id,
+                i.profile,
+                dra::mig_device_name(id.minor, i).unwrap_or_else(|| "(no placement)".into())
             );
         }
     }
@@ -286,6 +302,18 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             refresher_opts,
         );
         tokio::spawn(refresher.run(shutdown.clone()));
+    }
+    if let Some(dir) = &config.args.hpc_job_mapping_dir {
+        let (hpc_tx, hpc_rx) = watch::channel(Arc::new(HpcJobs::default()));
+        sampler = sampler.with_hpc_jobs(hpc_rx);
+        let every = config.interval.clamp(HPC_POLL_MIN, HPC_POLL_MAX);
+        tracing::info!(
+            dir = %dir.display(),
+            poll_ms = every.as_millis() as u64,
+            "HPC job labels from --hpc-job-mapping-dir"
+        );
+        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics));
+        tokio::spawn(watcher.run(hpc_tx, every, shutdown.clone()));
     }
     let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
 

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::catalog::{Catalog, Field};
 use crate::gpu::{Device, DeviceSample, GpuSource, SourceError, Value, XidEvent};
 use crate::health::{History, Recent, Status};
+use crate::hpc::HpcJobs;
 use crate::pods::Attribution;
 use crate::render::render;
 use crate::self_metrics::{GpuStates, SampleStats, SelfMetrics};
@@ -134,6 +135,10 @@ pub struct Sampler<S: GpuSource> {
     inventory: Option<watch::Sender<Arc<Vec<Device>>>>,
     /// Label-type field values from each GPU's last good sample, by UUID.
     last_labels: HashMap<String, Vec<(Field, Value)>>,
+    /// HPC job mapping (`--hpc-job-mapping-dir`).
+    hpc_jobs: Option<watch::Receiver<Arc<HpcJobs>>>,
+    /// The last pod attribution and HPC jobs, and the two merged (reused while unchanged).
+    merged: Option<(Arc<Attribution>, Arc<HpcJobs>, Arc<Attribution>)>,
 }
 
 impl<S: GpuSource> Sampler<S> {
@@ -160,7 +165,39 @@ impl<S: GpuSource> Sampler<S> {
             started: Instant::now(),
             inventory: None,
             last_labels: HashMap::new(),
+            hpc_jobs: None,
+            merged: None,
         }
+    }
+
+    /// Reads HPC job ids from `rx` at every tick (published by [`crate::hpc::HpcWatcher`]).
+    #[must_use]
+    pub fn with_hpc_jobs(mut self, rx: watch::Receiver<Arc<HpcJobs>>) -> Self {
+        self.hpc_jobs = Some(rx);
+        self
+    }
+
+    /// The current attribution: the pods', with the HPC jobs merged in.
+    fn attribution_now(&mut self) -> Arc<Attribution> {
+        let pods = self.attribution.borrow().clone();
+        let Some(rx) = &self.hpc_jobs else {
+            return pods;
+        };
+        let hpc = rx.borrow().clone();
+        if hpc.jobs.is_empty() {
+            return pods;
+        }
+        if let Some((p, h, merged)) = &self.merged {
+            if Arc::ptr_eq(p, &pods) && Arc::ptr_eq(h, &hpc) {
+                return Arc::clone(merged);
+            }
+        }
+        let merged = Arc::new(Attribution {
+            holders: pods.holders.clone(),
+            jobs: hpc.jobs.clone(),
+        });
+        self.merged = Some((pods, hpc, Arc::clone(&merged)));
+        merged
     }
 
     /// Publishes each newly discovered device list on `tx` (for pod attribution, which maps
@@ -196,7 +233,7 @@ impl<S: GpuSource> Sampler<S> {
     pub async fn tick(&mut self) -> Arc<Published> {
         let begun = Instant::now();
         let catalog = self.catalog.borrow().clone();
-        let attribution = self.attribution.borrow().clone();
+        let attribution = self.attribution_now();
         self.rediscover_if_due(begun).await;
 
         let source = Arc::clone(&self.source);

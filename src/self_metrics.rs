@@ -24,6 +24,8 @@ pub struct SelfMetrics {
     field_errors: Mutex<BTreeMap<(Field, FieldError), u64>>,
     /// Pod-resources (kubelet) health, rendered only in Kubernetes mode.
     pub pod_resources: PodResourcesStatus,
+    /// HPC job mapping health, rendered only with `--hpc-job-mapping-dir`.
+    pub hpc_jobs: HpcJobsStatus,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     last_reload_failed: AtomicBool,
@@ -186,6 +188,92 @@ impl PodResourcesStatus {
             ));
         }
         families
+    }
+}
+
+/// The HPC job mapping's health, updated by [`crate::hpc::HpcWatcher`] and rendered with each
+/// sample as `gpu_exporter_hpc_job_*`.
+#[derive(Debug, Default)]
+pub struct HpcJobsStatus {
+    inner: Mutex<HpcJobsState>,
+}
+
+/// A copy of [`HpcJobsStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HpcJobsState {
+    /// Whether `--hpc-job-mapping-dir` is set (the families are rendered only then).
+    pub enabled: bool,
+    /// Mapping files read successfully at the last scan.
+    pub files_ok: u64,
+    /// Mapping files ignored at the last scan (unreadable or invalid).
+    pub files_bad: u64,
+    /// Problems seen, by reason (each counted when it appears).
+    pub errors: BTreeMap<&'static str, u64>,
+}
+
+impl HpcJobsStatus {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HpcJobsState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Turns the families on.
+    pub fn enable(&self) {
+        self.lock().enabled = true;
+    }
+
+    /// Records the file counts of a scan.
+    pub fn record_scan(&self, ok: usize, bad: usize) {
+        let mut s = self.lock();
+        s.files_ok = ok as u64;
+        s.files_bad = bad as u64;
+    }
+
+    /// Counts a new problem.
+    pub fn count_error(&self, reason: &'static str) {
+        *self.lock().errors.entry(reason).or_default() += 1;
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> HpcJobsState {
+        self.lock().clone()
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let s = self.state();
+        if !s.enabled {
+            return Vec::new();
+        }
+        let count = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
+        let labelled = |k: &str, v: &str, n: u64| {
+            let mut labels = String::new();
+            push_label(&mut labels, k, v);
+            Series {
+                labels: labels.into(),
+                value: count(n),
+            }
+        };
+        vec![
+            Family {
+                name: "gpu_exporter_hpc_job_files".to_owned(),
+                help: "HPC job mapping files at the last read of --hpc-job-mapping-dir: ok (in use), bad (ignored: unreadable or invalid).".to_owned(),
+                kind: MetricType::Gauge,
+                series: vec![
+                    labelled("state", "bad", s.files_bad),
+                    labelled("state", "ok", s.files_ok),
+                ],
+            },
+            Family {
+                name: "gpu_exporter_hpc_job_file_errors_total".to_owned(),
+                help: "Problems with the HPC job mapping directory or its files, by reason, each counted when it appears.".to_owned(),
+                kind: MetricType::Counter,
+                series: crate::hpc::HpcError::REASONS
+                    .iter()
+                    .map(|r| labelled("reason", r, s.errors.get(r).copied().unwrap_or(0)))
+                    .collect(),
+            },
+        ]
     }
 }
 
@@ -381,6 +469,7 @@ impl SelfMetrics {
             ),
         ];
         families.extend(self.pod_resources.families());
+        families.extend(self.hpc_jobs.families());
         families
     }
 }
