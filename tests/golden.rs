@@ -6,6 +6,10 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use gpu_exporter::gpu::GpuSource;
+use gpu_exporter::hpc;
+use gpu_exporter::pods::fake::Assignments;
+use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::{Attribution, EntityKey, Holder, PodRef};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
 
@@ -164,4 +168,28 @@ async fn legacy_hostname_label_and_gpu_selection() {
     };
     let body = render_case("4xA100-80GB-MIG", None, opts, Attribution::default()).await;
     check("4xA100-80GB-MIG-g0-Hostname", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dra_claims_and_hpc_jobs() {
+    // The attribution as the refresher would build it from the DRA fixture, and the HPC jobs as
+    // the watcher would read them from the fixture directory.
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let reply = Assignments::load(std::path::Path::new(&format!(
+        "{fixtures}/pods/a100-mig-dra-seed1.toml"
+    )))
+    .expect("DRA fixture")
+    .reply;
+    let devices = common::sim("4xA100-80GB-MIG", None)
+        .devices()
+        .expect("devices");
+    let opts = MappingOptions {
+        enable_dra: true,
+        ..MappingOptions::default()
+    };
+    let mut pods = mapping::attribution_from(&reply, &devices, &opts).attribution;
+    pods.jobs = hpc::scan(std::path::Path::new(&format!("{fixtures}/hpc/a100-mig"))).jobs;
+    assert_eq!(pods.jobs.len(), 3, "{:?}", pods.jobs);
+    let body = render_case("4xA100-80GB-MIG", None, common::build_options(), pods).await;
+    check("4xA100-80GB-MIG-dra-hpc", &body);
 }
