@@ -153,6 +153,14 @@ async fn files_added_changed_broken_and_removed_take_effect_without_a_restart() 
     assert_eq!(series(&body, FB).len(), series(&plain, FB).len());
     assert!(body.contains("gpu_exporter_hpc_job_file_errors_total{reason=\"not_utf8\"} 1\n"));
     assert!(body.contains("gpu_exporter_hpc_job_files{state=\"bad\"} 1\n"));
+    if common::promtool_available() {
+        let (_, findings) = common::promtool_check(&body);
+        let ours: Vec<&String> = findings
+            .iter()
+            .filter(|l| !l.starts_with("DCGM_"))
+            .collect();
+        assert!(ours.is_empty(), "promtool findings: {ours:?}");
+    }
 
     // Fixed, then the jobs end (epilog empties or removes the files).
     std::fs::write(dir.join("3"), "4414\n").unwrap();

@@ -806,7 +806,9 @@ async fn fake_kubelet_binary_killed_and_restarted_labels_come_back() {
     assert!(!state.up);
     assert_eq!(state.errors.values().sum::<u64>(), 1, "{:?}", state.errors);
     assert!(
-        state.errors.contains_key("unavailable") || state.errors.contains_key("socket_missing")
+        state.errors.contains_key("unavailable") || state.errors.contains_key("socket_missing"),
+        "{:?}",
+        state.errors
     );
     // Within the TTL the last answer stays in use.
     let body = p.body().await;
@@ -985,18 +987,23 @@ async fn kubernetes_mode_body_passes_promtool() {
     }
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("kubelet.sock");
-    let a = Assignments::load(&fixture("a100-mig-seed1.toml")).unwrap();
+    // Device-plugin and DRA allocations, and the DRA self-metric.
+    let a = Assignments::load(&fixture("a100-mig-dra-seed1.toml")).unwrap();
     let (server, _tx) = fake_kubelet(&sock, a.reply);
-    let mut p = pipeline(
-        "4xA100-80GB-MIG",
-        client(&sock),
-        false,
-        RefresherOptions::default(),
-    );
+    let opts = RefresherOptions {
+        mapping: MappingOptions {
+            enable_dra: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut p = pipeline("4xA100-80GB-MIG", client(&sock), false, opts);
     p.body().await;
     p.refresher.refresh_once().await;
     let body = p.body().await;
     assert!(body.contains("gpu_exporter_pod_resources_errors_total"));
+    assert!(body.contains("gpu_exporter_pod_resources_dra_unresolved_devices{"));
+    assert!(body.contains("dra_mig_device_uuid="));
     let (_, findings) = common::promtool_check(&body);
     // DCGM_* names carry findings inherent to dcgm-exporter's contract (see tests/promtool.rs);
     // anything else is ours and must be clean.
