@@ -1,5 +1,6 @@
 //! fake-kubelet: serves the kubelet pod-resources v1 API on a unix socket from a file of
-//! pod-to-device assignments, so gpu-exporter's Kubernetes mode can be run without a cluster.
+//! pod-to-device assignments (device-plugin ids, or DRA claims with the DRA driver's device
+//! names), so gpu-exporter's Kubernetes mode can be run without a cluster.
 //!
 //! ```text
 //! fake-kubelet --socket /tmp/kubelet.sock --assignments tests/fixtures/pods/h100-seed1.toml
