@@ -19,9 +19,10 @@ use serde_yaml::Value as Yaml;
 use gpu_exporter::catalog;
 use gpu_exporter::self_metrics::{SampleStats, SelfMetrics};
 
-/// Grafana 11.0's dashboard schema version; older ones are migrated on import, which rewrites
-/// panels users then see as "changed".
-const MIN_SCHEMA_VERSION: u64 = 39;
+/// The dashboard schema version of Grafana 11.6, the one the pinned grafana-foundation-sdk build
+/// (scripts/gen-dashboards.py) writes; older ones are migrated on import, which rewrites panels
+/// users then see as "changed".
+const MIN_SCHEMA_VERSION: u64 = 41;
 
 /// Self-metrics of the pod-resources client that rules and dashboards may query. They are only
 /// emitted with `-k` (the `SelfMetrics::default()` of `known_metrics` has them off), so they are
@@ -586,10 +587,16 @@ fn daemonset_matches_the_binary_and_the_deployment_rules() {
         .get_arguments()
         .filter_map(|a| a.get_env())
         .map(|e| e.to_string_lossy().into_owned())
-        .chain(["NVIDIA_VISIBLE_DEVICES".into(), "NVIDIA_DRIVER_CAPABILITIES".into()])
+        .chain([
+            "NVIDIA_VISIBLE_DEVICES".into(),
+            "NVIDIA_DRIVER_CAPABILITIES".into(),
+        ])
         .collect();
     for name in env.keys() {
-        assert!(known.contains(name), "the DaemonSet sets {name}, which nothing reads");
+        assert!(
+            known.contains(name),
+            "the DaemonSet sets {name}, which nothing reads"
+        );
     }
     assert_eq!(env["KUBERNETES_ENABLE_DRA"]["value"].as_str(), Some("true"));
 

@@ -3,7 +3,8 @@
 //! "all links" is unreachable through it), the GPU/compute instance ids of a MIG device, the
 //! GPU instance profile name, and the non-deprecated clock event reasons call.
 //!
-//! This is the crate's only `unsafe` code. Every block calls one NVML function with pointers
+//! This is the bottom layer of the real backend: it depends on `nvml-wrapper` and [`super::api`]
+//! only, and [`super::real`] builds on it. This is the crate's only `unsafe` code. Every block calls one NVML function with pointers
 //! to live, correctly sized locals, as `nvml.h` documents for it.
 #![allow(unsafe_code)]
 
@@ -23,9 +24,25 @@ use nvml_wrapper_sys::bindings::{
     NVML_GPU_INSTANCE_PROFILE_COUNT,
 };
 
+use nvml_wrapper::error::NvmlError as WrapperError;
+use nvml_wrapper::Device;
+
 use super::api::{ApiError, FieldNum, FieldRequest, FieldResult, GpuInstanceInfo};
 use super::convert::{translate_field_id, FieldIdScheme};
-use super::real::{api_error, RealDevice};
+
+/// Maps an `nvml-wrapper` error to ours.
+pub(super) fn api_error(e: WrapperError) -> ApiError {
+    match e {
+        WrapperError::NotSupported
+        | WrapperError::FailedToLoadSymbol(_)
+        | WrapperError::FunctionNotFound => ApiError::NotSupported,
+        WrapperError::NoPermission => ApiError::NoPermission,
+        WrapperError::NotFound => ApiError::NotFound,
+        WrapperError::GpuLost => ApiError::GpuLost,
+        WrapperError::Timeout => ApiError::Timeout,
+        other => ApiError::Other(other.to_string()),
+    }
+}
 
 fn missing(e: impl std::fmt::Display) -> ApiError {
     tracing::debug!(error = %e, "NVML symbol missing from this driver");
@@ -41,7 +58,7 @@ fn ret(code: nvmlReturn_t) -> Result<(), ApiError> {
 pub(super) fn field_values(
     nvml: &Nvml,
     scheme: FieldIdScheme,
-    d: &RealDevice,
+    d: &Device<'_>,
     requests: &[FieldRequest],
 ) -> Result<Vec<FieldResult>, ApiError> {
     let sym = nvml
@@ -91,7 +108,7 @@ pub(super) fn field_values(
 }
 
 /// `nvmlDeviceGetGpuInstanceId`.
-pub(super) fn gpu_instance_id(nvml: &Nvml, mig: &RealDevice) -> Result<u32, ApiError> {
+pub(super) fn gpu_instance_id(nvml: &Nvml, mig: &Device<'_>) -> Result<u32, ApiError> {
     let sym = nvml
         .lib()
         .nvmlDeviceGetGpuInstanceId
@@ -104,7 +121,7 @@ pub(super) fn gpu_instance_id(nvml: &Nvml, mig: &RealDevice) -> Result<u32, ApiE
 }
 
 /// `nvmlDeviceGetComputeInstanceId`.
-pub(super) fn compute_instance_id(nvml: &Nvml, mig: &RealDevice) -> Result<u32, ApiError> {
+pub(super) fn compute_instance_id(nvml: &Nvml, mig: &Device<'_>) -> Result<u32, ApiError> {
     let sym = nvml
         .lib()
         .nvmlDeviceGetComputeInstanceId
@@ -117,7 +134,7 @@ pub(super) fn compute_instance_id(nvml: &Nvml, mig: &RealDevice) -> Result<u32, 
 }
 
 /// `nvmlDeviceGetCurrentClocksEventReasons`.
-pub(super) fn clocks_event_reasons(nvml: &Nvml, d: &RealDevice) -> Result<u64, ApiError> {
+pub(super) fn clocks_event_reasons(nvml: &Nvml, d: &Device<'_>) -> Result<u64, ApiError> {
     let sym = nvml
         .lib()
         .nvmlDeviceGetCurrentClocksEventReasons
@@ -138,7 +155,7 @@ fn profile_info_v2_version() -> u32 {
 /// info of that profile id, which carries the name (`MIG 3g.40gb`).
 pub(super) fn gpu_instance_info(
     nvml: &Nvml,
-    parent: &RealDevice,
+    parent: &Device<'_>,
     gi_id: u32,
 ) -> Result<GpuInstanceInfo, ApiError> {
     let lib = nvml.lib();
@@ -167,7 +184,7 @@ pub(super) fn gpu_instance_info(
 }
 
 /// The name of GPU instance profile `profile_id` on `parent`.
-fn profile_name(nvml: &Nvml, parent: &RealDevice, profile_id: u32) -> Result<String, ApiError> {
+fn profile_name(nvml: &Nvml, parent: &Device<'_>, profile_id: u32) -> Result<String, ApiError> {
     let lib = nvml.lib();
     // SAFETY: all-zero is a valid bit pattern (ints and a char array).
     let mut p: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };

@@ -15,7 +15,8 @@ use super::api::{
     InforomObject, MemoryInfo, NvmlApi, Registered, XidReport,
 };
 use super::convert::FieldIdScheme;
-use super::{ffi, InitError, NvmlSource, RetryPolicy};
+use super::ffi::{self, api_error};
+use super::{InitError, NvmlSource, RetryPolicy};
 
 /// NVML through `libnvidia-ml.so.1`. The library handle lives for the rest of the process
 /// (NVML is initialised once; `nvmlShutdown` is never needed by an exporter).
@@ -59,20 +60,6 @@ impl NvmlSource<RealNvml> {
     /// The NVML source over the real library, retrying initialisation per `retry`.
     pub fn real(retry: RetryPolicy) -> Self {
         NvmlSource::new(RealNvml::init, retry)
-    }
-}
-
-/// Maps a wrapper error to ours.
-pub(super) fn api_error(e: WrapperError) -> ApiError {
-    match e {
-        WrapperError::NotSupported
-        | WrapperError::FailedToLoadSymbol(_)
-        | WrapperError::FunctionNotFound => ApiError::NotSupported,
-        WrapperError::NoPermission => ApiError::NoPermission,
-        WrapperError::NotFound => ApiError::NotFound,
-        WrapperError::GpuLost => ApiError::GpuLost,
-        WrapperError::Timeout => ApiError::Timeout,
-        other => ApiError::Other(other.to_string()),
     }
 }
 

@@ -11,7 +11,7 @@ use super::counting::Counting;
 use super::fake::{FakeGpu, FakeMig, FakeNvml};
 use super::*;
 use crate::catalog::{self, Field};
-use crate::gpu::{FieldError, GpuSource, SourceError, Value};
+use crate::gpu::{FieldError, GpuIdentity, GpuSource, MigPlacement, Reading, SourceError, Value};
 
 const NO_RETRY_WAIT: RetryPolicy = RetryPolicy {
     initial: Duration::ZERO,

@@ -1,0 +1,211 @@
+//! Discovery: enumerating GPUs, reading each new GPU's identity and static facts once, and
+//! re-enumerating MIG devices on every discovery.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::gpu::{Device, GpuIdentity, MigInstance, MigPlacement, SourceError};
+
+use super::api::{self, ApiError, NvmlApi};
+use super::convert::{self, StaticFact};
+use super::lifecycle::{GpuState, Ready};
+use super::read::text;
+use super::{NvmlError, NvmlSource};
+
+impl<A: NvmlApi> NvmlSource<A> {
+    pub(super) fn discover(&self, ready: &mut Ready<A>) -> Result<Vec<Device>, SourceError> {
+        let api = Arc::clone(&ready.api);
+        let count = api.device_count().map_err(|cause| SourceError::Discovery {
+            cause: Box::new(NvmlError::Call {
+                call: "nvmlDeviceGetCount_v2",
+                cause,
+            }),
+        })?;
+        let mut found: HashMap<String, GpuState<A>> = HashMap::new();
+        let mut devices = Vec::new();
+        let mut old = std::mem::take(&mut ready.gpus);
+        for index in 0..count {
+            let handle_uuid = api
+                .device_by_index(index)
+                .and_then(|h| api.uuid(&h).map(|u| (h, u)));
+            let (handle, uuid) = match handle_uuid {
+                Ok(x) => x,
+                Err(ApiError::GpuLost) => {
+                    // Keep a GPU we knew at this index: its reads fail as lost, so its health
+                    // series say FAIL instead of vanishing.
+                    let known = old
+                        .iter()
+                        .find(|(_, g)| g.identity.index == index)
+                        .map(|(u, _)| u.clone());
+                    match known.and_then(|u| old.remove_entry(&u)) {
+                        Some((uuid, g)) => {
+                            tracing::warn!(gpu = index, %uuid, "GPU has fallen off the bus");
+                            devices.push(Device {
+                                identity: g.identity.clone(),
+                                mig_enabled: !g.mig.is_empty(),
+                                instances: Vec::new(),
+                            });
+                            found.insert(uuid, g);
+                        }
+                        None => {
+                            tracing::warn!(gpu = index, "GPU has fallen off the bus before it was ever read; it is not exported");
+                        }
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(gpu = index, error = %e, "cannot open GPU; skipping it");
+                    continue;
+                }
+            };
+            let mut g = match old.remove(&uuid) {
+                Some(mut g) => {
+                    g.handle = handle;
+                    g.identity.index = index;
+                    g
+                }
+                None => self.read_static(&api, handle, index, uuid.clone()),
+            };
+            let (mig_enabled, instances) = Self::read_mig(&api, &mut g);
+            devices.push(Device {
+                identity: g.identity.clone(),
+                mig_enabled,
+                instances,
+            });
+            found.insert(uuid, g);
+        }
+        for uuid in old.keys() {
+            tracing::warn!(%uuid, "GPU is gone from NVML's device list");
+        }
+        ready.gpus = found;
+        devices.sort_by_key(|d| d.identity.index);
+
+        if self.gpm_decision.load(Ordering::Relaxed) == 0 {
+            let any = ready.gpus.values().any(|g| g.gpm);
+            self.gpm_decision
+                .store(if any { 1 } else { 2 }, Ordering::Relaxed);
+        }
+        self.ensure_events(ready);
+        Ok(devices)
+    }
+
+    fn read_static(&self, api: &A, handle: A::Device, index: u32, uuid: String) -> GpuState<A> {
+        let name = api.name(&handle);
+        let identity = GpuIdentity {
+            index,
+            uuid: uuid.clone(),
+            pci_bus_id: api.pci_bus_id(&handle).unwrap_or_else(|e| {
+                tracing::warn!(gpu = index, error = %e, "nvmlDeviceGetPciInfo failed");
+                String::new()
+            }),
+            minor: api.minor_number(&handle).unwrap_or_else(|e| {
+                tracing::warn!(gpu = index, error = %e, "nvmlDeviceGetMinorNumber failed; using the index");
+                index
+            }),
+            model: name.clone().unwrap_or_default(),
+        };
+        let statics = vec![
+            (StaticFact::Name, text(name)),
+            (StaticFact::Brand, text(api.brand(&handle))),
+            (StaticFact::Serial, text(api.serial(&handle))),
+            (StaticFact::Vbios, text(api.vbios_version(&handle))),
+            (
+                StaticFact::InforomImage,
+                text(api.inforom_image_version(&handle)),
+            ),
+            (
+                StaticFact::Inforom(api::InforomObject::Oem),
+                text(api.inforom_version(&handle, api::InforomObject::Oem)),
+            ),
+            (
+                StaticFact::Inforom(api::InforomObject::Ecc),
+                text(api.inforom_version(&handle, api::InforomObject::Ecc)),
+            ),
+            (
+                StaticFact::Inforom(api::InforomObject::Power),
+                text(api.inforom_version(&handle, api::InforomObject::Power)),
+            ),
+        ];
+        let gpm = api.gpm_supported(&handle).unwrap_or(false);
+        tracing::info!(gpu = index, %uuid, model = %identity.model, gpm, "GPU found");
+        GpuState {
+            handle,
+            identity,
+            statics,
+            gpm,
+            mig: Vec::new(),
+            prev_gpm: None,
+            prev_mig_gpm: HashMap::new(),
+            prev_nvlink: None,
+        }
+    }
+
+    /// Re-enumerates MIG devices (handles can change on reconfiguration), skipping empty slots.
+    fn read_mig(api: &A, g: &mut GpuState<A>) -> (bool, Vec<MigInstance>) {
+        let index = g.identity.index;
+        let enabled = api.mig_enabled(&g.handle).unwrap_or(false);
+        let mut handles = Vec::new();
+        let mut instances = Vec::new();
+        if enabled {
+            let slots = api.mig_device_slots(&g.handle).unwrap_or(0);
+            for slot in 0..slots {
+                let mig = match api.mig_device_by_index(&g.handle, slot) {
+                    Ok(m) => m,
+                    Err(ApiError::NotFound) => continue,
+                    Err(e) => {
+                        tracing::warn!(gpu = index, slot, error = %e, "cannot open MIG device");
+                        continue;
+                    }
+                };
+                let (gi_id, uuid) = match (api.gpu_instance_id(&mig), api.uuid(&mig)) {
+                    (Ok(gi), Ok(u)) => (gi, u),
+                    (Err(e), _) | (_, Err(e)) => {
+                        tracing::warn!(gpu = index, slot, error = %e, "cannot identify MIG device");
+                        continue;
+                    }
+                };
+                let ci_id = api.compute_instance_id(&mig).unwrap_or(0);
+                let info = api
+                    .gpu_instance_info(&g.handle, gi_id)
+                    .map_err(|e| {
+                        tracing::debug!(gpu = index, gi_id, error = %e, "GPU instance info unavailable; no placement, profile from the MIG device name");
+                    })
+                    .ok();
+                let placement = info.as_ref().map(|i| MigPlacement {
+                    profile_id: i.profile_id,
+                    start: i.placement_start,
+                    size: i.placement_size,
+                });
+                let profile = match info.and_then(|i| i.profile_name) {
+                    Some(n) => Ok(n),
+                    // The GPU instance path may need privileges; the MIG device's name
+                    // ("NVIDIA A100-SXM4-40GB MIG 3g.20gb") carries the profile too.
+                    None => api.name(&mig).map(|n| match n.find("MIG ") {
+                        Some(at) => n[at..].to_owned(),
+                        None => n,
+                    }),
+                }
+                .map(|n| convert::mig_profile_name(&n))
+                .unwrap_or_default();
+                // One MIG device per GPU instance is exported (its first compute instance).
+                if instances.iter().any(|i: &MigInstance| i.gi_id == gi_id) {
+                    continue;
+                }
+                instances.push(MigInstance {
+                    gi_id,
+                    ci_id,
+                    profile,
+                    uuid,
+                    placement,
+                });
+                handles.push((gi_id, mig));
+            }
+        }
+        instances.sort_by_key(|i| i.gi_id);
+        g.prev_mig_gpm
+            .retain(|gi, _| handles.iter().any(|(h, _)| h == gi));
+        g.mig = handles;
+        (enabled, instances)
+    }
+}
