@@ -2,9 +2,14 @@
 //!
 //! This is where dcgm-exporter's label contract lives: the label order `gpu, UUID, pci_bus_id,
 //! device, modelName, [GPU_I_PROFILE, GPU_I_ID], hostname`, then label-type CSV fields (sorted
-//! by name), then the per-series attributes (`err_code`, `xid`, pod labels, ...) sorted by name,
-//! as dcgm-exporter's templates emit them. Each entity's label prefix is escaped once per sample.
-//! A device that could not be read contributes no series except its health and XID series.
+//! by name), then the per-series attributes (`err_code`, `xid`, pod labels, `dra_*`, `hpc_job`,
+//! ...) sorted by name, as dcgm-exporter's templates emit them. Each entity's label prefix is
+//! escaped once per sample. A device that could not be read contributes no series except its
+//! health and XID series.
+//!
+//! Copies: an entity's series are emitted once per attribute set: one per DRA holder (with its
+//! claim's `dra_*` labels), else one per holder in `--kubernetes-virtual-gpus` mode, else once
+//! (with the pod labels of a sole holder); each of these once per HPC job (`hpc_job`).
 
 use std::sync::Arc;
 
