@@ -8,6 +8,8 @@
 //!     instances re-enumerated every discovery);
 //!   - `read`: one tick of one device: one batched field-values call plus the few calls that
 //!     have no field id, GPM deltas across ticks, GPU loss;
+//!   - `nvlink`: the per-link NVLink fields (dcgm-exporter's link entities), with the error
+//!     counters on their own cadence;
 //!   - `events`: the XID event thread.
 //! - [`convert`]: pure mapping from DCGM fields to NVML calls and units.
 //! - [`api::NvmlApi`]: the narrow seam, one method per NVML call; [`real::RealNvml`] is the
@@ -22,6 +24,7 @@ mod events;
 pub mod fake;
 mod ffi;
 mod lifecycle;
+mod nvlink;
 mod read;
 pub mod real;
 
@@ -108,6 +111,8 @@ pub struct NvmlSource<A: NvmlApi> {
     /// GPM support decided at startup: 0 unknown (NVML not up at startup), 1 yes, 2 no.
     gpm_decision: AtomicU8,
     xids: Arc<XidQueue>,
+    /// How often the per-link NVLink error counters are re-read (`nvlink`).
+    link_error_period: Duration,
 }
 
 impl<A: NvmlApi> std::fmt::Debug for NvmlSource<A> {
@@ -135,6 +140,7 @@ impl<A: NvmlApi> NvmlSource<A> {
             }),
             gpm_decision: AtomicU8::new(0),
             xids: Arc::new(XidQueue::default()),
+            link_error_period: nvlink::DEFAULT_ERROR_PERIOD,
         };
         // The first attempt (and discovery, which decides GPM support) happens now, so the
         // composition root knows whether NVML is up before it filters the catalog.
@@ -224,7 +230,14 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 cause: Box::new(NvmlError::Unknown(uuid)),
             });
         };
-        match read::read_device(&*api, &ready.system, g, device, fields) {
+        match read::read_device(
+            &*api,
+            &ready.system,
+            g,
+            device,
+            fields,
+            self.link_error_period,
+        ) {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) => Err(SourceError::Device {
                 index,
@@ -236,6 +249,7 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 g.prev_gpm = None;
                 g.prev_mig_gpm.clear();
                 g.prev_nvlink = None;
+                g.links.reset();
                 Err(SourceError::GpuLost { index, uuid })
             }
         }
