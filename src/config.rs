@@ -173,6 +173,20 @@ pub struct Args {
     #[arg(long, env = "DCGM_EXPORTER_WEB_CONFIG_FILE")]
     pub web_config_file: Option<PathBuf>,
 
+    /// HTTP connections open at once. At the limit a new connection is still admitted: the
+    /// least useful open one (not yet a complete request, else idle the longest) of the client
+    /// holding the most is closed for it. 0: the file descriptor limit less 128, at most 4096.
+    #[arg(long, env = "GPU_EXPORTER_HTTP_MAX_CONNECTIONS", default_value_t = 0)]
+    pub http_max_connections: usize,
+
+    /// HTTP connections past their first byte (TLS handshake, request, keep-alive: each holds
+    /// buffers) at once; the bound on memory. At the limit another active connection is
+    /// closed the same way. At most --http-max-connections.
+    #[arg(long, env = "GPU_EXPORTER_HTTP_MAX_ACTIVE_CONNECTIONS",
+          default_value_t = crate::http::conn::DEFAULT_MAX_ACTIVE_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_active_connections: u64,
+
     /// Replace spaces in the `modelName` label with `-`.
     #[arg(
         long,

@@ -15,7 +15,8 @@
 //! - [`render`]: families → Prometheus text 0.0.4 (pure).
 //! - [`sampler`]: the loop that ties the above together once per interval and publishes bytes.
 //! - [`self_metrics`]: the exporter's own `gpu_exporter_*` series.
-//! - [`http`]: `/metrics`, `/health`, `/ready`, with connection limits.
+//! - [`http`]: `/metrics`, `/health`, `/ready`; per-phase connection deadlines and eviction at the
+//!   connection limits, so that floods never lock the scraper out.
 //! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
 //! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
 //!

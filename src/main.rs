@@ -319,26 +319,27 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
     }
     let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "--address {}: cannot listen on {}",
-                config.args.address, config.listen
-            )
-        })?;
+    let limits = http_limits(&config);
+    let listener = http::bind(config.listen).with_context(|| {
+        format!(
+            "--address {}: cannot listen on {}",
+            config.args.address, config.listen
+        )
+    })?;
     tracing::info!(
         tls = web.as_ref().is_some_and(|w| w.tls_enabled()),
         address = %listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
         metrics = config.catalog.metrics.len(),
         interval_ms = config.interval.as_millis() as u64,
         collectors = %config.catalog_origin,
+        max_connections = limits.max_connections,
+        max_active_connections = limits.max_active_connections,
         "gpu-exporter listening"
     );
     let router = http::router(AppState {
         published: pub_rx,
         interval: config.interval,
-        metrics,
+        metrics: Arc::clone(&metrics),
     });
     let stop = shutdown.clone();
     tokio::spawn(async move {
@@ -347,7 +348,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
         stop.cancel();
     });
     let stopped = shutdown.clone();
-    http::serve_with(listener, router, http::Limits::default(), web, async move {
+    http::serve_with(listener, router, limits, web, metrics, async move {
         stopped.cancelled().await;
     })
     .await
@@ -355,6 +356,32 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
     shutdown.cancel();
     let _ = sampler_task.await;
     Ok(())
+}
+
+/// The HTTP limits: defaults, with the connection limit from `--http-max-connections` or from
+/// the file descriptor limit (raised towards the hard limit first, as Go programs do).
+fn http_limits(config: &Config) -> http::Limits {
+    let max_connections = if config.args.http_max_connections > 0 {
+        config.args.http_max_connections
+    } else {
+        match http::conn::raise_fd_limit() {
+            Ok((before, after)) if before != after => tracing::info!(
+                before = ?before,
+                after = ?after,
+                "raised the soft file descriptor limit"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("cannot raise the soft file descriptor limit: {e}"),
+        }
+        http::conn::connections_for_fd_limit(http::conn::fd_limit())
+    };
+    http::Limits {
+        max_connections,
+        max_active_connections: usize::try_from(config.args.http_max_active_connections)
+            .unwrap_or(usize::MAX)
+            .min(max_connections),
+        ..http::Limits::default()
+    }
 }
 
 /// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use crate::catalog::{Field, MetricType};
 use crate::gpu::{FieldError, Value};
+use crate::http::{CloseReason, RejectReason};
 use crate::pods::AttributionError;
 use crate::render::{push_label, Family, Series};
 
@@ -29,6 +30,154 @@ pub struct SelfMetrics {
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     last_reload_failed: AtomicBool,
+    /// HTTP connections and rejected requests.
+    pub http: HttpStats,
+}
+
+/// The HTTP server's connection figures, rendered as `gpu_exporter_http_*`.
+#[derive(Debug)]
+pub struct HttpStats {
+    open: tokio::sync::watch::Sender<u64>,
+    active: AtomicU64,
+    limit: AtomicU64,
+    active_limit: AtomicU64,
+    closed: [AtomicU64; CloseReason::ALL.len()],
+    rejected: [AtomicU64; RejectReason::ALL.len()],
+}
+
+impl Default for HttpStats {
+    fn default() -> Self {
+        Self {
+            open: tokio::sync::watch::Sender::new(0),
+            active: AtomicU64::default(),
+            limit: AtomicU64::default(),
+            active_limit: AtomicU64::default(),
+            closed: Default::default(),
+            rejected: Default::default(),
+        }
+    }
+}
+
+impl HttpStats {
+    /// Sets the number of open connections, and of those past their first byte.
+    pub fn set_open(&self, open: usize, active: usize) {
+        self.open.send_replace(open as u64);
+        self.active.store(active as u64, Ordering::Relaxed);
+    }
+
+    /// Open connections past their first byte.
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Open connections.
+    pub fn open(&self) -> u64 {
+        *self.open.borrow()
+    }
+
+    /// Follows the number of open connections (for waiting on it).
+    pub fn watch_open(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.open.subscribe()
+    }
+
+    /// Sets the connection limits in force: open at all, and past their first byte.
+    pub fn set_limits(&self, open: usize, active: usize) {
+        self.limit.store(open as u64, Ordering::Relaxed);
+        self.active_limit.store(active as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a closed connection.
+    pub fn count_closed(&self, reason: CloseReason) {
+        self.closed[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections closed for `reason` so far.
+    pub fn closed(&self, reason: CloseReason) -> u64 {
+        self.closed[reason.index()].load(Ordering::Relaxed)
+    }
+
+    /// Counts a request turned away.
+    pub fn count_rejected(&self, reason: RejectReason) {
+        self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests turned away for `reason` so far.
+    pub fn rejected(&self, reason: RejectReason) -> u64 {
+        self.rejected[reason.index()].load(Ordering::Relaxed)
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let count = |n: &AtomicU64| {
+            Value::Int(i64::try_from(n.load(Ordering::Relaxed)).unwrap_or(i64::MAX))
+        };
+        let one = |v: Value| {
+            vec![Series {
+                labels: "".into(),
+                value: v,
+            }]
+        };
+        let by_reason = |reasons: &mut dyn Iterator<Item = (&'static str, &AtomicU64)>| {
+            reasons
+                .map(|(r, n)| {
+                    let mut labels = String::new();
+                    push_label(&mut labels, "reason", r);
+                    Series {
+                        labels: labels.into(),
+                        value: count(n),
+                    }
+                })
+                .collect()
+        };
+        let family = |name: &str, help: &str, kind, series| Family {
+            name: name.to_owned(),
+            help: help.to_owned(),
+            kind,
+            series,
+        };
+        let labelled = |k: &str, v: &str, value| {
+            let mut labels = String::new();
+            push_label(&mut labels, k, v);
+            Series {
+                labels: labels.into(),
+                value,
+            }
+        };
+        vec![
+            family(
+                "gpu_exporter_http_connections_open",
+                "HTTP connections open, as of the last sample.",
+                MetricType::Gauge,
+                one(Value::Int(i64::try_from(self.open()).unwrap_or(i64::MAX))),
+            ),
+            family(
+                "gpu_exporter_http_connections_active",
+                "HTTP connections open that have sent at least one byte (and hold buffers), as of the last sample.",
+                MetricType::Gauge,
+                one(count(&self.active)),
+            ),
+            family(
+                "gpu_exporter_http_connections_limit",
+                "HTTP connection limits: open at all, and active (past their first byte). At a limit the least useful connection of the heaviest client is closed for the new one.",
+                MetricType::Gauge,
+                vec![
+                    labelled("scope", "active", count(&self.active_limit)),
+                    labelled("scope", "open", count(&self.limit)),
+                ],
+            ),
+            family(
+                "gpu_exporter_http_connections_closed_total",
+                "HTTP connections closed, by reason (timeouts by phase, evicted at the connection limit, refused, closed normally).",
+                MetricType::Counter,
+                by_reason(&mut CloseReason::ALL.iter().map(|r| (r.as_str(), &self.closed[r.index()]))),
+            ),
+            family(
+                "gpu_exporter_http_requests_rejected_total",
+                "HTTP requests turned away before reaching a handler, by reason (per-client rate limit, bad credentials, per-client limit on failed logins).",
+                MetricType::Counter,
+                by_reason(&mut RejectReason::ALL.iter().map(|r| (r.as_str(), &self.rejected[r.index()]))),
+            ),
+        ]
+    }
 }
 
 /// The pod-resources client's health, updated by the attribution refresher and rendered with
@@ -468,6 +617,7 @@ impl SelfMetrics {
                 one(count(self.scrapes.load(Ordering::Relaxed))),
             ),
         ];
+        families.extend(self.http.families());
         families.extend(self.pod_resources.families());
         families.extend(self.hpc_jobs.families());
         families
