@@ -281,7 +281,8 @@ fn identity_labels(
     push_label(&mut s, "gpu", &id.index.to_string());
     push_label(&mut s, "UUID", &id.uuid);
     push_label(&mut s, "pci_bus_id", &id.pci_bus_id);
-    push_label(&mut s, "device", &format!("nvidia{}", id.minor));
+    // dcgm-exporter writes `nvidia<DCGM GPU index>`, not the minor number of /dev/nvidiaN.
+    push_label(&mut s, "device", &format!("nvidia{}", id.index));
     if opts.replace_blanks_in_model_name {
         push_label(&mut s, "modelName", &id.model.replace(' ', "-"));
     } else {
@@ -521,6 +522,24 @@ mod tests {
             },
             vgpu: vgpu.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn the_device_label_names_the_gpu_index_not_the_minor_number() {
+        let mut d = device(1, "G", &[(3, "1g.10gb")]);
+        d.identity.minor = 7;
+        let s = build(
+            &cat(),
+            &[outcome(d, 40, 100)],
+            &Attribution::default(),
+            &opts(),
+        );
+        let temps = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temps.len(), 1);
+        assert!(
+            temps[0].contains(r#"gpu="1""#) && temps[0].contains(r#"device="nvidia1""#),
+            "{temps:?}"
+        );
     }
 
     #[test]

@@ -61,7 +61,8 @@ pub struct GpuIdentity {
     pub uuid: String,
     /// PCI bus id, `00000000:8D:00.0` form.
     pub pci_bus_id: String,
-    /// Minor number: `/dev/nvidia<minor>` (the `device` label).
+    /// Minor number: `/dev/nvidia<minor>` (GKE device-plugin ids name GPUs by it; the `device`
+    /// label uses the index, as dcgm-exporter does).
     pub minor: u32,
     /// Product name (`modelName`).
     pub model: String,

@@ -106,6 +106,24 @@ fn profiles(s: &Scrape) -> Vec<(String, String)> {
 }
 
 #[test]
+fn the_device_label_is_nvidia_and_the_gpu_index_not_the_minor_number() {
+    let mut n = node::standard();
+    n.insert("gpu.0.minor".into(), "3".into());
+    n.insert("gpu.1.minor".into(), "1".into());
+    let standin = StandIn::new(n);
+    let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
+    let s = exp.wait_for("a sample", |s| s.samples() >= 1);
+    for x in s.named("DCGM_FI_DEV_GPU_TEMP") {
+        assert_eq!(
+            x.label("device"),
+            format!("nvidia{}", x.label("gpu")),
+            "{x:?}"
+        );
+    }
+    assert_eq!(s.named("DCGM_FI_DEV_GPU_TEMP").count(), 3);
+}
+
+#[test]
 fn a_lost_gpu_fails_its_health_and_the_other_keeps_reporting() {
     let mut standin = StandIn::new(node::standard());
     let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
