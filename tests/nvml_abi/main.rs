@@ -124,6 +124,27 @@ fn the_device_label_is_nvidia_and_the_gpu_index_not_the_minor_number() {
 }
 
 #[test]
+fn the_brand_is_spelled_as_dcgm_spells_it() {
+    let mut n = node::standard();
+    n.insert("gpu.1.brand".into(), "10".into()); // NVML_BRAND_NVIDIA_VWS
+    let standin = StandIn::new(n);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = csv_with(dir.path(), "DCGM_FI_DEV_BRAND, label, Brand.\n");
+    let exp = Exporter::start(&standin, &["-f", arg(&csv)]);
+    let s = exp.wait_for("a sample", |s| s.samples() >= 1);
+    let brands: BTreeMap<&str, &str> = s
+        .named("DCGM_FI_DEV_GPU_TEMP")
+        .map(|x| (x.label("gpu"), x.label("DCGM_FI_DEV_BRAND")))
+        .collect();
+    assert_eq!(
+        brands,
+        BTreeMap::from([("0", "NVIDIA"), ("1", "NVIDIA RTX Virtual Workstation")]),
+        "{}",
+        s.text
+    );
+}
+
+#[test]
 fn a_lost_gpu_fails_its_health_and_the_other_keeps_reporting() {
     let mut standin = StandIn::new(node::standard());
     let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);

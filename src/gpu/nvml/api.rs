@@ -173,8 +173,8 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn minor_number(&self, d: &Self::Device) -> Result<u32, ApiError>;
     /// `nvmlDeviceGetName`.
     fn name(&self, d: &Self::Device) -> Result<String, ApiError>;
-    /// `nvmlDeviceGetBrand`, as a display string.
-    fn brand(&self, d: &Self::Device) -> Result<String, ApiError>;
+    /// `nvmlDeviceGetBrand`: the `nvmlBrandType_t` value (see [`super::convert::brand_name`]).
+    fn brand(&self, d: &Self::Device) -> Result<u32, ApiError>;
     /// `nvmlDeviceGetSerial`.
     fn serial(&self, d: &Self::Device) -> Result<String, ApiError>;
     /// `nvmlDeviceGetVbiosVersion`.

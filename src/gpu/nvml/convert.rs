@@ -303,6 +303,30 @@ pub fn field_error(e: &ApiError) -> FieldError {
     }
 }
 
+/// DCGM's text for an `nvmlBrandType_t` (`DCGM_FI_DEV_BRAND`): the strings DCGM's cache
+/// manager writes (taken by DCGM from nvidia-smi), "Unknown" for anything else.
+pub fn brand_name(brand: u32) -> &'static str {
+    match brand {
+        1 => "Quadro",
+        2 => "Tesla",
+        3 => "NVS",
+        4 => "Grid",
+        5 => "GeForce",
+        6 => "Titan",
+        7 => "NVIDIA Virtual Applications",
+        8 => "NVIDIA Virtual PC",
+        9 => "NVIDIA Virtual Compute Server",
+        10 => "NVIDIA RTX Virtual Workstation",
+        11 => "NVIDIA vGaming",
+        12 => "Quadro RTX",
+        13 => "NVIDIA RTX",
+        14 => "NVIDIA",
+        15 => "GeForce RTX",
+        16 => "Titan RTX",
+        _ => "Unknown",
+    }
+}
+
 /// Framebuffer bytes → MiB, truncated, as DCGM reports `DCGM_FI_DEV_FB_*`.
 pub fn bytes_to_mib(bytes: u64) -> i64 {
     i64::try_from(bytes / 1_048_576).unwrap_or(i64::MAX)
@@ -572,6 +596,16 @@ mod tests {
         assert_eq!(mig_profile_name("MIG 3g.40gb"), "3g.40gb");
         assert_eq!(mig_profile_name("MIG 1g.10gb+me"), "1g.10gb+me");
         assert_eq!(mig_profile_name("7g.80gb"), "7g.80gb");
+    }
+
+    #[test]
+    fn brands_are_dcgms_strings() {
+        assert_eq!(brand_name(14), "NVIDIA");
+        assert_eq!(brand_name(2), "Tesla");
+        assert_eq!(brand_name(10), "NVIDIA RTX Virtual Workstation");
+        assert_eq!(brand_name(11), "NVIDIA vGaming");
+        assert_eq!(brand_name(0), "Unknown");
+        assert_eq!(brand_name(99), "Unknown");
     }
 
     #[test]

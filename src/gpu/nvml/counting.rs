@@ -81,7 +81,7 @@ impl<A: NvmlApi> NvmlApi for Counting<A> {
         fn pci_bus_id(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetPciInfo_v3";
         fn minor_number(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetMinorNumber";
         fn name(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetName";
-        fn brand(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetBrand";
+        fn brand(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetBrand";
         fn serial(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetSerial";
         fn vbios_version(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetVbiosVersion";
         fn inforom_version(&self, d: &A::Device, obj: InforomObject) -> Result<String, ApiError> = "nvmlDeviceGetInforomVersion";

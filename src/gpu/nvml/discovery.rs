@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::gpu::{Device, GpuIdentity, MigInstance, SourceError};
+use crate::gpu::{Device, GpuIdentity, MigInstance, SourceError, Value};
 
 use super::api::{self, ApiError, NvmlApi};
 use super::convert::{self, StaticFact};
@@ -107,7 +107,12 @@ impl<A: NvmlApi> NvmlSource<A> {
         };
         let statics = vec![
             (StaticFact::Name, text(name)),
-            (StaticFact::Brand, text(api.brand(&handle))),
+            (
+                StaticFact::Brand,
+                api.brand(&handle)
+                    .map(|b| Value::Text(convert::brand_name(b).to_owned()))
+                    .map_err(|e| convert::field_error(&e)),
+            ),
             (StaticFact::Serial, text(api.serial(&handle))),
             (StaticFact::Vbios, text(api.vbios_version(&handle))),
             (

@@ -319,8 +319,8 @@ impl NvmlApi for FakeNvml {
             })
         })
     }
-    fn brand(&self, d: &FakeHandle) -> Result<String, ApiError> {
-        self.gpu(d, |_| Some("NVIDIA".into()))
+    fn brand(&self, d: &FakeHandle) -> Result<u32, ApiError> {
+        self.gpu(d, |_| Some(14)) // NVML_BRAND_NVIDIA
     }
     fn serial(&self, d: &FakeHandle) -> Result<String, ApiError> {
         self.gpu(d, |g| g.serial.clone())

@@ -13,8 +13,8 @@ use std::ffi::CStr;
 use nvml_wrapper::error::nvml_try;
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{
-    nvmlFieldValue_t, nvmlGpuInstanceInfo_t, nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstance_t,
-    nvmlReturn_t, nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE as DOUBLE,
+    nvmlBrandType_t, nvmlFieldValue_t, nvmlGpuInstanceInfo_t, nvmlGpuInstanceProfileInfo_v2_t,
+    nvmlGpuInstance_t, nvmlReturn_t, nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE as DOUBLE,
     nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT as SIGNED_INT,
     nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG as SIGNED_LONG_LONG,
     nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT as UNSIGNED_INT,
@@ -105,6 +105,16 @@ pub(super) fn field_values(
             }),
         })
         .collect())
+}
+
+/// `nvmlDeviceGetBrand`, as the raw `nvmlBrandType_t` (nvml-wrapper's enum refuses values it
+/// does not know, and its names are not DCGM's).
+pub(super) fn brand(nvml: &Nvml, d: &Device<'_>) -> Result<u32, ApiError> {
+    let sym = nvml.lib().nvmlDeviceGetBrand.as_ref().map_err(missing)?;
+    let mut brand: nvmlBrandType_t = 0;
+    // SAFETY: `brand` is a live enum-sized out-value the call writes; the handle is valid.
+    ret(unsafe { sym(d.handle(), &mut brand) })?;
+    Ok(brand)
 }
 
 /// `nvmlDeviceGetGpuInstanceId`.

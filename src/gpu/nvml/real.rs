@@ -146,8 +146,8 @@ impl NvmlApi for RealNvml {
     fn name(&self, d: &RealDevice) -> Result<String, ApiError> {
         d.name().map_err(api_error)
     }
-    fn brand(&self, d: &RealDevice) -> Result<String, ApiError> {
-        d.brand().map(|b| format!("{b:?}")).map_err(api_error)
+    fn brand(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        ffi::brand(self.nvml, d)
     }
     fn serial(&self, d: &RealDevice) -> Result<String, ApiError> {
         d.serial().map_err(api_error)
