@@ -14,7 +14,7 @@ mod node;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use harness::{Exporter, Scrape, Series, StandIn};
+use harness::{Exporter, Node, Scrape, Series, StandIn};
 use node::{GPU0, GPU1};
 
 /// The shipped default CSV.
@@ -103,6 +103,49 @@ fn profiles(s: &Scrape) -> Vec<(String, String)> {
         .collect();
     v.sort();
     v
+}
+
+#[test]
+fn mig_profile_names_follow_dcgm_not_nvml() {
+    // DCGM names a GPU instance `{sliceCount}g.{ceil(memorySizeMB / 1024)}gb`: no "+me"
+    // suffix, and its own rounding (an H100 NVL 1g.12gb profile with 11008 MiB is "1g.11gb").
+    let mut n = node::standard();
+    n.insert("gpu.1.mig.2.profile".into(), "7".into()); // MIG 1g.10gb+me
+    n.insert("gpu.1.profile.2.name".into(), "MIG 1g.12gb".into());
+    n.insert("gpu.1.profile.2.slices".into(), "1".into());
+    n.insert("gpu.1.profile.2.mem_mb".into(), "11008".into());
+    let want = vec![
+        ("2".to_owned(), "1g.11gb".to_owned()),
+        ("9".to_owned(), "1g.10gb".to_owned()),
+    ];
+    let run = |n: &Node| {
+        let standin = StandIn::new(n.clone());
+        let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
+        let s = exp.wait_for("a sample", |s| s.samples() >= 1);
+        assert_eq!(profiles(&s), want, "{}", s.text);
+        drop(exp);
+        let calls = |f: &str| standin.counter(&format!("calls.{f}"));
+        (
+            calls("nvmlDeviceGetGpuInstanceProfileInfoByIdV"),
+            calls("nvmlDeviceGetGpuInstanceProfileInfoV"),
+            calls("nvmlDeviceGetAttributes_v2"),
+        )
+    };
+    // R580 and later: the profile by id.
+    let (by_id, scan, attributes) = run(&n);
+    assert!(
+        by_id >= 2 && scan == 0 && attributes == 0,
+        "{by_id} {scan} {attributes}"
+    );
+    // Older drivers: the profiles scanned for the id.
+    n.insert("no_by_id_v".into(), "1".into());
+    let (_, scan, attributes) = run(&n);
+    assert!(scan >= 2 && attributes == 0, "{scan} {attributes}");
+    // Without the privilege the GPU instance path needs, the MIG devices' attributes give the
+    // same names.
+    n.insert("gpu.1.gi_denied".into(), "1".into());
+    let (_, _, attributes) = run(&n);
+    assert!(attributes >= 2, "{attributes}");
 }
 
 #[test]

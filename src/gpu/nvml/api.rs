@@ -72,6 +72,17 @@ pub struct MemoryInfo {
     pub reserved: u64,
 }
 
+/// A GPU instance profile, as NVML describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GiProfile {
+    /// `sliceCount` (`gpuInstanceSliceCount` for a MIG device).
+    pub slices: u32,
+    /// `memorySizeMB` (MiB).
+    pub memory_mib: u64,
+    /// NVML's profile name (`MIG 1g.10gb+me`); empty when it comes from device attributes.
+    pub name: String,
+}
+
 /// Which clock `nvmlDeviceGetClockInfo` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClockKind {
@@ -196,14 +207,17 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn gpu_instance_id(&self, mig: &Self::Device) -> Result<u32, ApiError>;
     /// `nvmlDeviceGetComputeInstanceId` of a MIG device.
     fn compute_instance_id(&self, mig: &Self::Device) -> Result<u32, ApiError>;
-    /// The GPU instance profile name NVML reports for GPU instance `gi_id` of `parent`
-    /// (`nvmlDeviceGetGpuInstanceById` → `nvmlGpuInstanceGetInfo` →
-    /// `nvmlDeviceGetGpuInstanceProfileInfoByIdV`), e.g. `MIG 3g.40gb`.
-    fn gpu_instance_profile_name(
+    /// The profile of GPU instance `gi_id` of `parent` (`nvmlDeviceGetGpuInstanceById` →
+    /// `nvmlGpuInstanceGetInfo` → `nvmlDeviceGetGpuInstanceProfileInfoByIdV`). Needs
+    /// privileges on some drivers.
+    fn gpu_instance_profile(
         &self,
         parent: &Self::Device,
         gi_id: u32,
-    ) -> Result<String, ApiError>;
+    ) -> Result<GiProfile, ApiError>;
+    /// `nvmlDeviceGetAttributes_v2` of a MIG device: its GPU instance's slice count and memory
+    /// size, as a profile without a name. Needs no privileges.
+    fn mig_attributes(&self, mig: &Self::Device) -> Result<GiProfile, ApiError>;
 
     /// `nvmlDeviceGetFieldValues`: one call for the whole batch. The outer error is the call's;
     /// per-field errors are inside, in request order.

@@ -429,11 +429,23 @@ pub fn gpm_value(metric: GpmMetric, raw: f64) -> Result<Value, FieldError> {
     }))
 }
 
-/// A MIG GPU instance profile name as the NVIDIA device plugin spells it: NVML says
-/// `MIG 3g.40gb`, the device plugin (and `GPU_I_PROFILE`) `3g.40gb`.
-pub fn mig_profile_name(nvml_name: &str) -> String {
-    let n = nvml_name.trim();
-    n.strip_prefix("MIG ").unwrap_or(n).trim().to_owned()
+/// A GPU instance profile named as DCGM names it, and so as dcgm-exporter prints
+/// `GPU_I_PROFILE`: `{slices}g.{ceil(memory MiB / 1024)}gb`. NVML's own names carry suffixes
+/// (`1g.10gb+me`, `1g.24gb+gfx`) and round differently on some boards (an H100 NVL `1g.12gb`
+/// has 11008 MiB, which DCGM calls `1g.11gb`); DCGM never uses them.
+pub fn dcgm_profile_name(slices: u32, memory_mib: u64) -> String {
+    format!("{slices}g.{}gb", memory_mib.div_ceil(1024))
+}
+
+/// The profile part of a MIG device's name (`NVIDIA A100-SXM4-40GB MIG 3g.20gb+me` →
+/// `3g.20gb`): the last resort when NVML gives neither the profile nor the device attributes.
+/// The name's rounding is NVML's, which DCGM's rule may not match.
+pub fn profile_from_device_name(name: &str) -> String {
+    let p = name.rfind("MIG ").map_or(name, |at| &name[at + 4..]).trim();
+    match p.find("gb") {
+        Some(end) => p[..end + 2].to_owned(),
+        None => p.to_owned(),
+    }
 }
 
 /// The delay before the next NVML initialisation attempt: `initial` after the first failure,
@@ -592,10 +604,22 @@ mod tests {
     }
 
     #[test]
-    fn profile_names_lose_the_mig_prefix() {
-        assert_eq!(mig_profile_name("MIG 3g.40gb"), "3g.40gb");
-        assert_eq!(mig_profile_name("MIG 1g.10gb+me"), "1g.10gb+me");
-        assert_eq!(mig_profile_name("7g.80gb"), "7g.80gb");
+    fn profile_names_follow_dcgm() {
+        assert_eq!(dcgm_profile_name(3, 40_448), "3g.40gb");
+        assert_eq!(dcgm_profile_name(1, 9_856), "1g.10gb");
+        assert_eq!(dcgm_profile_name(7, 81_920), "7g.80gb");
+        // H100 NVL: NVML says 1g.12gb; DCGM (and dcgm-exporter) 1g.11gb.
+        assert_eq!(dcgm_profile_name(1, 11_008), "1g.11gb");
+        assert_eq!(
+            profile_from_device_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me"),
+            "1g.10gb"
+        );
+        assert_eq!(
+            profile_from_device_name("NVIDIA B200 MIG 1g.23gb-me"),
+            "1g.23gb"
+        );
+        assert_eq!(profile_from_device_name("MIG 3g.40gb"), "3g.40gb");
+        assert_eq!(profile_from_device_name("MIG 7g.80gb"), "7g.80gb");
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::api::{
-    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, GpmMetric, InforomObject,
-    MemoryInfo, NvmlApi, Registered, XidReport,
+    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, GiProfile, GpmMetric,
+    InforomObject, MemoryInfo, NvmlApi, Registered, XidReport,
 };
 
 /// One MIG device of a fake GPU.
@@ -23,6 +23,10 @@ pub struct FakeMig {
     pub uuid: String,
     /// The GPU instance profile name as NVML reports it (`MIG 3g.40gb`).
     pub profile_name: String,
+    /// The profile's slice count.
+    pub slices: u32,
+    /// The profile's memory size, MiB.
+    pub profile_mib: u64,
     /// Its framebuffer.
     pub memory: MemoryInfo,
     /// GPM values (NVML units) `nvmlGpmMetricsGet` returns for this GPU instance.
@@ -362,11 +366,7 @@ impl NvmlApi for FakeNvml {
     fn compute_instance_id(&self, mig: &FakeHandle) -> Result<u32, ApiError> {
         self.with(mig, |_, m| m.map(|m| m.ci_id).ok_or(ApiError::NotSupported))
     }
-    fn gpu_instance_profile_name(
-        &self,
-        parent: &FakeHandle,
-        gi_id: u32,
-    ) -> Result<String, ApiError> {
+    fn gpu_instance_profile(&self, parent: &FakeHandle, gi_id: u32) -> Result<GiProfile, ApiError> {
         let denied = self.gpu(parent, |g| Some(g.gpu_instance_info_denied))?;
         if denied {
             return Err(ApiError::NoPermission);
@@ -376,7 +376,21 @@ impl NvmlApi for FakeNvml {
                 .iter()
                 .flatten()
                 .find(|m| m.gi_id == gi_id)
-                .map(|m| m.profile_name.clone())
+                .map(|m| GiProfile {
+                    slices: m.slices,
+                    memory_mib: m.profile_mib,
+                    name: m.profile_name.clone(),
+                })
+        })
+    }
+    fn mig_attributes(&self, mig: &FakeHandle) -> Result<GiProfile, ApiError> {
+        self.with(mig, |_, m| {
+            m.map(|m| GiProfile {
+                slices: m.slices,
+                memory_mib: m.profile_mib,
+                name: String::new(),
+            })
+            .ok_or(ApiError::NotSupported)
         })
     }
     fn field_values(

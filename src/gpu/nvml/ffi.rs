@@ -1,7 +1,8 @@
 //! Raw NVML calls `nvml-wrapper` lacks or gets wrong, through its loaded symbol table:
 //! field values with per-entry `scopeId` (the wrapper always sends 0, so NVLink throughput
 //! "all links" is unreachable through it), the GPU/compute instance ids of a MIG device, the
-//! GPU instance profile name, and the non-deprecated clock event reasons call.
+//! GPU instance profile and MIG device attributes, the raw brand, and the non-deprecated clock
+//! event reasons call.
 //!
 //! This is the bottom layer of the real backend: it depends on `nvml-wrapper` and [`super::api`]
 //! only, and [`super::real`] builds on it. This is the crate's only `unsafe` code. Every block calls one NVML function with pointers
@@ -13,8 +14,9 @@ use std::ffi::CStr;
 use nvml_wrapper::error::nvml_try;
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{
-    nvmlBrandType_t, nvmlFieldValue_t, nvmlGpuInstanceInfo_t, nvmlGpuInstanceProfileInfo_v2_t,
-    nvmlGpuInstance_t, nvmlReturn_t, nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE as DOUBLE,
+    nvmlBrandType_t, nvmlDeviceAttributes_t, nvmlFieldValue_t, nvmlGpuInstanceInfo_t,
+    nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstance_t, nvmlReturn_t,
+    nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE as DOUBLE,
     nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT as SIGNED_INT,
     nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG as SIGNED_LONG_LONG,
     nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT as UNSIGNED_INT,
@@ -27,7 +29,7 @@ use nvml_wrapper_sys::bindings::{
 use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::Device;
 
-use super::api::{ApiError, FieldNum, FieldRequest, FieldResult};
+use super::api::{ApiError, FieldNum, FieldRequest, FieldResult, GiProfile};
 use super::convert::{translate_field_id, FieldIdScheme};
 
 /// Maps an `nvml-wrapper` error to ours.
@@ -161,13 +163,13 @@ fn profile_info_v2_version() -> u32 {
     (std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32) | (2 << 24)
 }
 
-/// The profile name of GPU instance `gi_id` on `parent`: GPU instance → its profile id → the
-/// v2 profile info, which carries the name (`MIG 3g.40gb`).
-pub(super) fn gpu_instance_profile_name(
+/// The profile of GPU instance `gi_id` on `parent`: GPU instance → its profile id → the v2
+/// profile info (slice count, memory size, name).
+pub(super) fn gpu_instance_profile(
     nvml: &Nvml,
     parent: &Device<'_>,
     gi_id: u32,
-) -> Result<String, ApiError> {
+) -> Result<GiProfile, ApiError> {
     let lib = nvml.lib();
     let by_id = lib.nvmlDeviceGetGpuInstanceById.as_ref().map_err(missing)?;
     let get_info = lib.nvmlGpuInstanceGetInfo.as_ref().map_err(missing)?;
@@ -215,5 +217,27 @@ pub(super) fn gpu_instance_profile_name(
     let bytes: Vec<u8> = p.name.iter().map(|&c| c as u8).collect();
     let name = CStr::from_bytes_until_nul(&bytes)
         .map_err(|_| ApiError::Other("profile name not terminated".into()))?;
-    Ok(name.to_string_lossy().into_owned())
+    Ok(GiProfile {
+        slices: p.sliceCount,
+        memory_mib: p.memorySizeMB,
+        name: name.to_string_lossy().into_owned(),
+    })
+}
+
+/// `nvmlDeviceGetAttributes_v2` of a MIG device: its GPU instance's slices and memory.
+pub(super) fn mig_attributes(nvml: &Nvml, mig: &Device<'_>) -> Result<GiProfile, ApiError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetAttributes_v2
+        .as_ref()
+        .map_err(missing)?;
+    // SAFETY: all-zero is a valid bit pattern for this plain C struct of integers.
+    let mut a: nvmlDeviceAttributes_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `a` is a live out-struct the call fills; the handle is a valid MIG handle.
+    ret(unsafe { sym(mig.handle(), &mut a) })?;
+    Ok(GiProfile {
+        slices: a.gpuInstanceSliceCount,
+        memory_mib: a.memorySizeMB,
+        name: String::new(),
+    })
 }

@@ -11,7 +11,7 @@ use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::{EventSet, GpmSample, Nvml};
 
 use super::api::{
-    ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GpmMetric, InforomObject,
+    ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GiProfile, GpmMetric, InforomObject,
     MemoryInfo, NvmlApi, Registered, XidReport,
 };
 use super::convert::FieldIdScheme;
@@ -184,12 +184,11 @@ impl NvmlApi for RealNvml {
     fn compute_instance_id(&self, mig: &RealDevice) -> Result<u32, ApiError> {
         ffi::compute_instance_id(self.nvml, mig)
     }
-    fn gpu_instance_profile_name(
-        &self,
-        parent: &RealDevice,
-        gi_id: u32,
-    ) -> Result<String, ApiError> {
-        ffi::gpu_instance_profile_name(self.nvml, parent, gi_id)
+    fn gpu_instance_profile(&self, parent: &RealDevice, gi_id: u32) -> Result<GiProfile, ApiError> {
+        ffi::gpu_instance_profile(self.nvml, parent, gi_id)
+    }
+    fn mig_attributes(&self, mig: &RealDevice) -> Result<GiProfile, ApiError> {
+        ffi::mig_attributes(self.nvml, mig)
     }
     fn field_values(
         &self,

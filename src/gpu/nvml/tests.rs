@@ -223,6 +223,8 @@ fn mig_gpu() -> FakeGpu {
         ci_id: 0,
         uuid: format!("MIG-fake-{gi_id}"),
         profile_name: name.into(),
+        slices: 3,
+        profile_mib: 40_448,
         memory: MemoryInfo {
             total: mib(40_192),
             free: mib(40_192 - used_mib),
@@ -293,13 +295,24 @@ fn mig_instances_skip_empty_slots_and_read_per_instance_fields() {
 }
 
 #[test]
-fn mig_profile_falls_back_to_the_mig_device_name_without_privileges() {
+fn mig_profiles_are_named_as_dcgm_names_them_with_or_without_privileges() {
     let mut g = mig_gpu();
+    if let Some(m) = g.mig[0].as_mut() {
+        m.profile_name = "MIG 1g.12gb".into();
+        m.slices = 1;
+        m.profile_mib = 11_008;
+    }
+    let want = ["3g.40gb", "1g.11gb"];
+    let src = source(&FakeNvml::new("570.172.08", vec![g.clone()]));
+    let d = src.devices().unwrap().remove(0);
+    let profiles: Vec<&str> = d.instances.iter().map(|i| i.profile.as_str()).collect();
+    assert_eq!(profiles, want);
+    // Refused the GPU instance path, the MIG devices' attributes give the same names.
     g.gpu_instance_info_denied = true;
     let src = source(&FakeNvml::new("570.172.08", vec![g]));
     let d = src.devices().unwrap().remove(0);
     let profiles: Vec<&str> = d.instances.iter().map(|i| i.profile.as_str()).collect();
-    assert_eq!(profiles, ["3g.40gb", "3g.40gb"]);
+    assert_eq!(profiles, want);
 }
 
 #[test]
