@@ -160,7 +160,7 @@ impl Entity<'_> {
                 let is = sample.instances.iter().find(|s| s.gi_id == inst.gi_id)?;
                 find(&is.readings).map(|i| &is.readings[i].1)
             }
-            (Some(_), MigScope::Unsupported) => None,
+            (Some(_), MigScope::Unsupported | MigScope::Gpu) => None,
         }
     }
 }
@@ -522,6 +522,32 @@ mod tests {
             },
             vgpu: vgpu.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn gpu_level_gpm_readings_stay_on_the_gpu_and_parent_readings_repeat_on_instances() {
+        let (cat, _) = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_PROF_PCIE_TX_BYTES, gauge, p\n",
+            "t.csv",
+        )
+        .unwrap();
+        let mut o = outcome(device(0, "G", &[(1, "1g.10gb"), (2, "1g.10gb")]), 40, 100);
+        if let Ok(s) = o.sample.as_mut() {
+            s.readings
+                .push((Field::ProfPcieTxBytes, Ok(Value::Float(1_048_576.0))));
+        }
+        let flex = build(
+            &cat,
+            std::slice::from_ref(&o),
+            &Attribution::default(),
+            &opts(),
+        );
+        assert_eq!(lines(&flex, "DCGM_FI_DEV_GPU_TEMP").len(), 2);
+        assert!(lines(&flex, "DCGM_FI_PROF_PCIE_TX_BYTES").is_empty());
+        let mut whole = opts();
+        whole.selection = DeviceSelection::Gpus(None);
+        let whole = build(&cat, &[o], &Attribution::default(), &whole);
+        assert_eq!(lines(&whole, "DCGM_FI_PROF_PCIE_TX_BYTES").len(), 1);
     }
 
     #[test]

@@ -74,6 +74,104 @@ fn field_errors(s: &Scrape, field: &str, reason: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
+#[test]
+fn every_default_csv_series_matches_what_the_driver_holds() {
+    let standin = StandIn::new(node::standard());
+    let csv = default_csv();
+    let exp = Exporter::start(&standin, &["-f", arg(&csv)]);
+    let s = settled(&exp);
+    let node = &standin.node;
+    let metrics = csv_metrics(&csv);
+    assert!(metrics.len() > 30, "{metrics:?}");
+    for metric in &metrics {
+        let got: Vec<Series> = s.named(metric).cloned().collect();
+        match metric.as_str() {
+            "DCGM_FI_DEV_XID_ERRORS" | "DCGM_EXP_XID_ERRORS_COUNT" => {
+                // No XID yet: 0 on every entity, with dcgm-exporter's labels.
+                let mut want = Vec::new();
+                for e in node::entities(node) {
+                    let mut l = node::labels(node, e);
+                    if metric == "DCGM_FI_DEV_XID_ERRORS" {
+                        l.insert("err_code".into(), "0".into());
+                        l.insert("err_msg".into(), "No Error".into());
+                    } else {
+                        l.insert("window_size_in_ms".into(), "300000".into());
+                    }
+                    want.push(Series {
+                        name: metric.clone(),
+                        labels: l,
+                        value: 0.0,
+                    });
+                }
+                assert_eq!(sorted(got), sorted(want), "{metric}");
+            }
+            "DCGM_EXP_CLOCK_EVENTS_COUNT" => {
+                // Both GPUs report "GPU idle" (bit 0x1) every sample: one series per entity,
+                // counting the samples so far.
+                let want: Vec<String> = node::entities(node)
+                    .into_iter()
+                    .map(|e| {
+                        let mut l = node::labels(node, e);
+                        l.insert("clock_event".into(), "gpu_idle".into());
+                        l.insert("window_size_in_ms".into(), "300000".into());
+                        format!("{l:?}")
+                    })
+                    .collect();
+                let mut have: Vec<String> = got.iter().map(|s| format!("{:?}", s.labels)).collect();
+                have.sort();
+                let mut want = want;
+                want.sort();
+                assert_eq!(have, want, "{metric}");
+                assert!(got.iter().all(|s| s.value >= 1.0), "{got:#?}");
+            }
+            "DCGM_EXP_GPU_HEALTH_STATUS" => {
+                // Health is per physical GPU; every watch passes.
+                let mut want = Vec::new();
+                for gpu in 0..2 {
+                    for watch in [
+                        "PCIE", "NVLINK", "PMU", "MCU", "MEM", "SM", "INFOROM", "THERMAL", "POWER",
+                        "DRIVER", "ALL",
+                    ] {
+                        let mut l = node::labels(node, node::Entity { gpu, slot: None });
+                        l.insert("health_error_code".into(), "DCGM_FR_OK".into());
+                        l.insert("health_watch".into(), watch.into());
+                        want.push(Series {
+                            name: metric.clone(),
+                            labels: l,
+                            value: 0.0,
+                        });
+                    }
+                }
+                assert_eq!(sorted(got), sorted(want), "{metric}");
+            }
+            _ => {
+                let want = node::expected_series(node, metric);
+                assert!(!want.is_empty(), "{metric}: the node gives it no value");
+                assert_eq!(sorted(got), sorted(want), "{metric}");
+            }
+        }
+    }
+    // Nothing else of DCGM's is served, and nothing failed.
+    for series in &s.series {
+        if series.name.starts_with("DCGM_") {
+            assert!(metrics.contains(&series.name), "unexpected {series:?}");
+        }
+        if series.name == "gpu_exporter_field_errors_total" {
+            assert_eq!(series.value, 0.0, "{series:?}\n{}", exp.logs());
+        }
+    }
+    assert_eq!(
+        s.value("gpu_exporter_gpus", &[("state", "healthy")]),
+        Some(2.0)
+    );
+    assert_eq!(
+        s.value("gpu_exporter_build_info", &[]).map(|_| ()),
+        Some(()),
+        "{}",
+        s.text
+    );
+}
+
 /// Waits until the exporter's event thread has registered GPUs `gpus` ("0,1") on a set.
 fn wait_registered(standin: &StandIn, gpus: &str) -> BTreeMap<String, String> {
     standin.wait_status(&format!("an event set with GPUs {gpus}"), |st| {
@@ -146,6 +244,36 @@ fn mig_profile_names_follow_dcgm_not_nvml() {
     n.insert("gpu.1.gi_denied".into(), "1".into());
     let (_, _, attributes) = run(&n);
     assert!(attributes >= 2, "{attributes}");
+}
+
+#[test]
+fn gpu_level_gpm_metrics_are_not_repeated_on_mig_instances() {
+    let standin = StandIn::new(node::standard());
+    let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
+    let s = settled(&exp);
+    for metric in ["DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"] {
+        let gpus: Vec<&str> = s.named(metric).map(|x| x.label("gpu")).collect();
+        assert_eq!(gpus, ["0"], "{metric}\n{}", s.text);
+    }
+    // Per-instance profiling metrics stay per instance.
+    let mut sm: Vec<(String, f64)> = s
+        .named("DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+        .filter(|x| x.label("gpu") == "1")
+        .map(|x| (x.label("GPU_I_ID").to_owned(), x.value))
+        .collect();
+    sm.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(sm, [("2".to_owned(), 0.6), ("9".to_owned(), 0.2)]);
+    drop(exp);
+
+    // Exported as a whole GPU, the MIG GPU has its GPU-level PCIe rate.
+    let exp = Exporter::start(&standin, &["-f", arg(&default_csv()), "-d", "g"]);
+    let s = exp.wait_for("PCIe rates of both GPUs", |s| {
+        s.named("DCGM_FI_PROF_PCIE_TX_BYTES").count() == 2
+    });
+    assert_eq!(
+        s.value("DCGM_FI_PROF_PCIE_TX_BYTES", &[("gpu", "1")]),
+        Some(100.5 * 1_048_576.0)
+    );
 }
 
 #[test]
