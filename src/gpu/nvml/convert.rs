@@ -412,7 +412,7 @@ pub fn nvlink_bandwidth_mbps(prev: Option<NvlinkCounter>, cur: NvlinkCounter) ->
 }
 
 /// A GPM metric in DCGM's unit: utilisations 0–100 % → 0–1 ratios (DCGM divides by 100),
-/// PCIe/NVLink MiB/s → bytes/s.
+/// PCIe/NVLink MiB/s → whole bytes/s (DCGM multiplies by 1048576 and truncates).
 ///
 /// # Errors
 /// [`FieldError::Invalid`] for a negative or non-finite value.
@@ -424,7 +424,8 @@ pub fn gpm_value(metric: GpmMetric, raw: f64) -> Result<Value, FieldError> {
         GpmMetric::PcieTxPerSec
         | GpmMetric::PcieRxPerSec
         | GpmMetric::NvlinkTotalTxPerSec
-        | GpmMetric::NvlinkTotalRxPerSec => (raw * 1_048_576.0).round(),
+        // DCGM truncates: `(long long)(value * 1024.0 * 1024.0)`.
+        | GpmMetric::NvlinkTotalRxPerSec => (raw * 1_048_576.0).trunc(),
         _ => (raw / 100.0).min(1.0),
     }))
 }
@@ -596,6 +597,11 @@ mod tests {
         assert_eq!(
             gpm_value(GpmMetric::NvlinkTotalTxPerSec, 0.5),
             Ok(Value::Float(524_288.0))
+        );
+        // 1.0000009 MiB/s is 1048576.94 B/s: DCGM truncates to 1048576.
+        assert_eq!(
+            gpm_value(GpmMetric::PcieTxPerSec, 1.000_000_9),
+            Ok(Value::Float(1_048_576.0))
         );
         assert_eq!(
             gpm_value(GpmMetric::DramBwUtil, f64::NAN),
