@@ -172,6 +172,110 @@ fn every_default_csv_series_matches_what_the_driver_holds() {
     );
 }
 
+#[test]
+fn memory_temperature_and_instant_power_read_the_uint_whatever_the_value_type_says() {
+    // NVIDIA bug 4300930 (r545): NVML_FI_DEV_MEMORY_TEMP and POWER_INSTANT are labelled DOUBLE
+    // but stored in uiVal. DCGM ignores valueType for them and rejects temperatures over 200.
+    let mut n = node::standard();
+    n.insert("gpu.0.field.82".into(), "ui_as_double:71".into());
+    n.insert("gpu.0.field.186".into(), "ui_as_double:350123".into());
+    n.insert("gpu.1.field.82".into(), "ui_as_double:4000".into());
+    let standin = StandIn::new(n);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = csv_with(
+        dir.path(),
+        "DCGM_FI_DEV_POWER_USAGE_INSTANT, gauge, Instantaneous power (in W).\n",
+    );
+    let exp = Exporter::start(&standin, &["-f", arg(&csv)]);
+    let s = exp.wait_for("a sample", |s| s.samples() >= 2);
+    assert_eq!(
+        s.value("DCGM_FI_DEV_MEMORY_TEMP", &[("gpu", "0")]),
+        Some(71.0),
+        "{}",
+        s.text
+    );
+    assert_eq!(
+        s.value("DCGM_FI_DEV_POWER_USAGE_INSTANT", &[("gpu", "0")]),
+        Some(350.123)
+    );
+    // 4000 °C is not a temperature: absent, and counted as an invalid reading.
+    assert_eq!(s.named("DCGM_FI_DEV_MEMORY_TEMP").count(), 1, "{}", s.text);
+    assert!(
+        field_errors(&s, "DCGM_FI_DEV_MEMORY_TEMP", "invalid") >= 1.0,
+        "{}",
+        s.text
+    );
+    // The instant power of GPU 1 is a normal UNSIGNED_INT: 350.124 W on both its instances.
+    assert_eq!(
+        s.named("DCGM_FI_DEV_POWER_USAGE_INSTANT")
+            .filter(|x| x.label("gpu") == "1")
+            .map(|x| x.value)
+            .collect::<Vec<_>>(),
+        [350.123, 350.123]
+    );
+}
+
+#[test]
+fn ecc_entries_nvml_did_not_fill_are_absent_not_zero() {
+    // GPU 0 has ECC disabled: NVML leaves the entries for ids 1..31 untouched (bug 2009232).
+    // GPU 1's driver fills the ECC entries but not their valueType (bug 2032468).
+    let mut n = node::standard();
+    n.insert("gpu.0.ecc".into(), "0".into());
+    for (id, v) in [(3, 0), (4, 0), (5, 8), (6, 0)] {
+        n.insert(format!("gpu.1.field.{id}"), format!("no_type:{v}"));
+    }
+    let standin = StandIn::new(n);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = csv_with(dir.path(), "DCGM_FI_DEV_ECC_CURRENT, gauge, ECC mode.\n");
+    let exp = Exporter::start(&standin, &["-f", arg(&csv)]);
+    let s = exp.wait_for("a sample", |s| s.samples() >= 2);
+    // The ECC mode itself is read with nvmlDeviceGetEccMode when its entry is not filled.
+    assert_eq!(
+        s.value("DCGM_FI_DEV_ECC_CURRENT", &[("gpu", "0")]),
+        Some(0.0),
+        "{}",
+        s.text
+    );
+    for x in s
+        .named("DCGM_FI_DEV_ECC_CURRENT")
+        .filter(|x| x.label("gpu") == "1")
+    {
+        assert_eq!(x.value, 1.0, "{x:?}");
+    }
+    for metric in [
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "DCGM_FI_DEV_RETIRED_SBE",
+        "DCGM_FI_DEV_RETIRED_DBE",
+        "DCGM_FI_DEV_RETIRED_PENDING",
+    ] {
+        let gpus: Vec<&str> = s.named(metric).map(|x| x.label("gpu")).collect();
+        assert_eq!(gpus, ["1", "1"], "{metric}: GPU 0 has ECC off\n{}", s.text);
+    }
+    // Row remapping (ids 142-145) is not ECC-gated.
+    assert_eq!(
+        s.value("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", &[("gpu", "0")]),
+        Some(2.0)
+    );
+    for x in s.named("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL") {
+        assert_eq!(x.value, 8.0, "{x:?}");
+    }
+    for x in s.named("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") {
+        assert_eq!(x.value, 0.0, "{x:?}");
+    }
+    // Unfilled entries are "not supported", not failures.
+    assert_eq!(
+        field_errors(&s, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "failed"),
+        0.0
+    );
+    assert_eq!(
+        field_errors(&s, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "invalid"),
+        0.0
+    );
+}
+
 /// Waits until the exporter's event thread has registered GPUs `gpus` ("0,1") on a set.
 fn wait_registered(standin: &StandIn, gpus: &str) -> BTreeMap<String, String> {
     standin.wait_status(&format!("an event set with GPUs {gpus}"), |st| {

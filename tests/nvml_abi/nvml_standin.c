@@ -39,8 +39,9 @@
  *         untouched         the entry is left exactly as the caller passed it (NVML bug
  *                           2009232, ECC fields with ECC disabled)
  *       absent: the entry answers NVML_ERROR_NOT_SUPPORTED
- *   gpu.N.ecc = 0               ECC disabled: entries for ids 1..31 (ECC and retired pages)
- *                               are left untouched, as bug 2009232 describes
+ *   gpu.N.ecc = 0               ECC disabled (nvmlDeviceGetEccMode says so): entries for ids
+ *                               1..31 (ECC and retired pages) are left untouched, as bug
+ *                               2009232 describes
  *   gpu.N.gpm = 1, gpu.N.gpm.<metricId> = x    GPM support and nvmlGpmMetricsGet values
  *   gpu.N.mig = 1, gpu.N.mig.slots, gpu.N.mig.gen
  *       gen: bumping it (a MIG reconfiguration) invalidates every MIG handle handed out
@@ -1059,6 +1060,22 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
             memory->free = (unsigned long long)f;
             memory->used = (unsigned long long)u;
             memory->reserved = (unsigned long long)res;
+        }
+    }
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending) {
+    BEGIN("nvmlDeviceGetEccMode");
+    struct handle *h = NULL;
+    if (r == NVML_SUCCESS) {
+        r = resolve(device, SYM, 0, &h);
+    }
+    if (r == NVML_SUCCESS) {
+        if (!current || !pending) {
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            *current = *pending = cfg_int_or(1, "gpu.%d.ecc", h->gpu) ? 1 : 0;
         }
     }
     END();

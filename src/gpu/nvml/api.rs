@@ -39,7 +39,7 @@ pub struct FieldRequest {
     pub scope: u32,
 }
 
-/// A numeric field value as NVML typed it.
+/// A numeric field value, interpreted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FieldNum {
     /// `NVML_VALUE_TYPE_UNSIGNED_*`.
@@ -50,13 +50,117 @@ pub enum FieldNum {
     Float(f64),
 }
 
+/// `nvmlValueType_t` of a field-values entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueType {
+    /// `NVML_VALUE_TYPE_DOUBLE`.
+    Double,
+    /// `NVML_VALUE_TYPE_UNSIGNED_INT`.
+    UnsignedInt,
+    /// `NVML_VALUE_TYPE_UNSIGNED_LONG`.
+    UnsignedLong,
+    /// `NVML_VALUE_TYPE_UNSIGNED_LONG_LONG`.
+    UnsignedLongLong,
+    /// `NVML_VALUE_TYPE_SIGNED_LONG_LONG`.
+    SignedLongLong,
+    /// `NVML_VALUE_TYPE_SIGNED_INT`.
+    SignedInt,
+    /// `NVML_VALUE_TYPE_UNSIGNED_SHORT`.
+    UnsignedShort,
+    /// NVML answered `NVML_SUCCESS` but left `valueType` as the caller set it (NVML bug
+    /// 2032468, seen on ECC fields).
+    Unset,
+    /// A type this build does not know.
+    Unknown(u32),
+}
+
+impl ValueType {
+    /// The type of an `nvmlValueType_t` value.
+    pub fn from_raw(t: u32) -> Self {
+        match t {
+            0 => Self::Double,
+            1 => Self::UnsignedInt,
+            2 => Self::UnsignedLong,
+            3 => Self::UnsignedLongLong,
+            4 => Self::SignedLongLong,
+            5 => Self::SignedInt,
+            6 => Self::UnsignedShort,
+            other => Self::Unknown(other),
+        }
+    }
+}
+
+/// A filled field-values entry as NVML left it: its `valueType` and the 8 bytes of its `value`
+/// union, in memory order. Interpreting them is [`super::convert`]'s job, because some drivers
+/// label values wrongly (see [`super::convert::field_value`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldValue {
+    /// `valueType`.
+    pub value_type: ValueType,
+    /// The `value` union's bytes.
+    pub raw: [u8; 8],
+}
+
+impl FieldValue {
+    /// The union's `uiVal` member (its first four bytes).
+    pub fn ui_val(&self) -> u32 {
+        u32::from_ne_bytes([self.raw[0], self.raw[1], self.raw[2], self.raw[3]])
+    }
+
+    /// The union's `ullVal` member.
+    pub fn ull_val(&self) -> u64 {
+        u64::from_ne_bytes(self.raw)
+    }
+
+    /// The value as its `valueType` says; `None` when the type is unset or unknown.
+    pub fn typed(&self) -> Option<FieldNum> {
+        let r = &self.raw;
+        Some(match self.value_type {
+            ValueType::Double => FieldNum::Float(f64::from_ne_bytes(*r)),
+            ValueType::UnsignedInt => FieldNum::Unsigned(u64::from(self.ui_val())),
+            ValueType::UnsignedLong | ValueType::UnsignedLongLong => {
+                FieldNum::Unsigned(self.ull_val())
+            }
+            ValueType::SignedLongLong => FieldNum::Signed(i64::from_ne_bytes(*r)),
+            ValueType::SignedInt => {
+                FieldNum::Signed(i64::from(i32::from_ne_bytes([r[0], r[1], r[2], r[3]])))
+            }
+            ValueType::UnsignedShort => {
+                FieldNum::Unsigned(u64::from(u16::from_ne_bytes([r[0], r[1]])))
+            }
+            ValueType::Unset | ValueType::Unknown(_) => return None,
+        })
+    }
+}
+
+impl From<FieldNum> for FieldValue {
+    /// The entry a well-behaved driver writes for `n`.
+    fn from(n: FieldNum) -> Self {
+        match n {
+            FieldNum::Unsigned(u) => Self {
+                value_type: ValueType::UnsignedLongLong,
+                raw: u.to_ne_bytes(),
+            },
+            FieldNum::Signed(i) => Self {
+                value_type: ValueType::SignedLongLong,
+                raw: i.to_ne_bytes(),
+            },
+            FieldNum::Float(f) => Self {
+                value_type: ValueType::Double,
+                raw: f.to_ne_bytes(),
+            },
+        }
+    }
+}
+
 /// One entry of a batched field-values answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FieldResult {
     /// When the driver sampled the value, µs since the epoch.
     pub timestamp_us: i64,
-    /// The value, or the per-field error.
-    pub value: Result<FieldNum, ApiError>,
+    /// The value, or the per-field error. An entry NVML did not fill at all (NVML bug 2009232:
+    /// ECC fields with ECC disabled) is `NotSupported`.
+    pub value: Result<FieldValue, ApiError>,
 }
 
 /// `nvmlDeviceGetMemoryInfo_v2`, bytes.
@@ -226,6 +330,8 @@ pub trait NvmlApi: Send + Sync + 'static {
         d: &Self::Device,
         requests: &[FieldRequest],
     ) -> Result<Vec<FieldResult>, ApiError>;
+    /// `nvmlDeviceGetEccMode`: whether ECC is currently enabled.
+    fn ecc_enabled(&self, d: &Self::Device) -> Result<bool, ApiError>;
     /// `nvmlDeviceGetMemoryInfo_v2` (works on MIG device handles).
     fn memory_info(&self, d: &Self::Device) -> Result<MemoryInfo, ApiError>;
     /// `nvmlDeviceGetUtilizationRates`: (gpu %, memory %).

@@ -6,12 +6,14 @@
 use crate::catalog::Field;
 use crate::gpu::{FieldError, Value};
 
-use super::api::{ApiError, ClockKind, FieldNum, GpmMetric, InforomObject};
+use super::api::{ApiError, ClockKind, FieldNum, FieldValue, GpmMetric, InforomObject, ValueType};
 
 /// `NVML_FI_*` ids used here, V12 numbering (nvml-wrapper-sys 0.10 / CUDA ≤ 13.0).
 pub mod fi {
     /// `NVML_FI_DEV_ECC_CURRENT`.
     pub const ECC_CURRENT: u32 = 1;
+    /// `NVML_FI_DEV_ECC_DBE_AGG_CBU`: the last ECC counter id (29–31 are retired pages).
+    pub const ECC_LAST: u32 = 28;
     /// `NVML_FI_DEV_ECC_SBE_VOL_TOTAL`.
     pub const ECC_SBE_VOL_TOTAL: u32 = 3;
     /// `NVML_FI_DEV_ECC_DBE_VOL_TOTAL`.
@@ -355,13 +357,39 @@ pub fn milliwatts_to_watts(mw: u64) -> f64 {
     mw as f64 / 1000.0
 }
 
-/// A field-values entry in DCGM's unit.
+/// Memory temperatures above this are not readings (DCGM rejects them).
+pub const MAX_MEMORY_TEMP_C: u32 = 200;
+
+/// A field-values entry of field `id` in DCGM's unit, read as DCGM reads it:
+///
+/// - `MEMORY_TEMP` and `POWER_INSTANT`: the union's `uiVal`, whatever `valueType` says. Some
+///   drivers label them `DOUBLE` but store an unsigned int (NVIDIA bug 4300930, r545); read as
+///   a double that is a denormal near 0. A memory temperature above 200 °C is rejected.
+/// - ECC fields (ids 1–28) whose `valueType` NVML left unset (NVML bug 2032468):
+///   `UNSIGNED_LONG_LONG`, as DCGM forces.
+/// - everything else: as its `valueType` says.
 ///
 /// # Errors
-/// [`FieldError::Invalid`] for a value that does not fit (a negative count, NaN).
-pub fn field_value(v: FieldNum, unit: Unit) -> Result<Value, FieldError> {
+/// [`FieldError::Invalid`] for a value that does not fit (a negative count, NaN, an unset or
+/// unknown type).
+pub fn field_value(id: u32, v: FieldValue, unit: Unit) -> Result<Value, FieldError> {
+    let n = match id {
+        fi::MEMORY_TEMP => {
+            let t = v.ui_val();
+            return if t > MAX_MEMORY_TEMP_C {
+                Err(FieldError::Invalid)
+            } else {
+                Ok(Value::Int(i64::from(t)))
+            };
+        }
+        fi::POWER_INSTANT => FieldNum::Unsigned(u64::from(v.ui_val())),
+        fi::ECC_CURRENT..=fi::ECC_LAST if v.value_type == ValueType::Unset => {
+            FieldNum::Unsigned(v.ull_val())
+        }
+        _ => v.typed().ok_or(FieldError::Invalid)?,
+    };
     match unit {
-        Unit::Same => match v {
+        Unit::Same => match n {
             FieldNum::Unsigned(u) => i64::try_from(u)
                 .map(Value::Int)
                 .map_err(|_| FieldError::Invalid),
@@ -369,7 +397,7 @@ pub fn field_value(v: FieldNum, unit: Unit) -> Result<Value, FieldError> {
             FieldNum::Float(f) if f.is_finite() => Ok(Value::Float(f)),
             FieldNum::Float(_) => Err(FieldError::Invalid),
         },
-        Unit::MilliwattsToWatts => match v {
+        Unit::MilliwattsToWatts => match n {
             FieldNum::Unsigned(u) => Ok(Value::Float(milliwatts_to_watts(u))),
             FieldNum::Signed(i) if i >= 0 => Ok(Value::Float(milliwatts_to_watts(i as u64))),
             FieldNum::Float(f) if f.is_finite() && f >= 0.0 => Ok(Value::Float(f / 1000.0)),
@@ -379,8 +407,8 @@ pub fn field_value(v: FieldNum, unit: Unit) -> Result<Value, FieldError> {
 }
 
 /// A field-values entry as an unsigned counter (for the NVLink throughput sums).
-pub fn as_counter(v: FieldNum) -> Option<u64> {
-    match v {
+pub fn as_counter(v: FieldValue) -> Option<u64> {
+    match v.typed()? {
         FieldNum::Unsigned(u) => Some(u),
         FieldNum::Signed(i) => u64::try_from(i).ok(),
         FieldNum::Float(f) if f.is_finite() && f >= 0.0 => Some(f as u64),
@@ -549,25 +577,94 @@ mod tests {
         assert_eq!(memory_value(&m, MemoryPart::UsedRatio), Value::Float(0.25));
     }
 
+    fn v(n: FieldNum) -> FieldValue {
+        FieldValue::from(n)
+    }
+
+    /// An entry whose union holds `uiVal = n` (the other bytes zero) under `value_type`.
+    fn ui(value_type: ValueType, n: u32) -> FieldValue {
+        let mut raw = [0u8; 8];
+        raw[..4].copy_from_slice(&n.to_ne_bytes());
+        FieldValue { value_type, raw }
+    }
+
     #[test]
     fn field_values_convert_to_dcgm_units() {
+        let energy = fi::TOTAL_ENERGY_CONSUMPTION;
         assert_eq!(
-            field_value(FieldNum::Unsigned(302_206), Unit::MilliwattsToWatts),
+            field_value(
+                fi::POWER_INSTANT,
+                ui(ValueType::UnsignedInt, 302_206),
+                Unit::MilliwattsToWatts
+            ),
             Ok(Value::Float(302.206))
         );
         assert_eq!(
-            field_value(FieldNum::Unsigned(123_456_789), Unit::Same),
+            field_value(energy, v(FieldNum::Unsigned(123_456_789)), Unit::Same),
             Ok(Value::Int(123_456_789))
         );
         assert_eq!(
-            field_value(FieldNum::Unsigned(u64::MAX), Unit::Same),
+            field_value(energy, v(FieldNum::Unsigned(u64::MAX)), Unit::Same),
             Err(FieldError::Invalid)
         );
         assert_eq!(
-            field_value(FieldNum::Signed(-1), Unit::MilliwattsToWatts),
+            field_value(energy, v(FieldNum::Signed(-1)), Unit::MilliwattsToWatts),
             Err(FieldError::Invalid)
         );
+        assert_eq!(
+            field_value(energy, ui(ValueType::UnsignedInt, 7), Unit::Same),
+            Ok(Value::Int(7))
+        );
         assert_eq!(milliwatts_to_watts(700_000), 700.0);
+    }
+
+    #[test]
+    fn memory_temperature_and_instant_power_are_read_from_uival_whatever_the_type() {
+        // NVIDIA bug 4300930: labelled DOUBLE, stored in uiVal. As a double it is ~3.5e-322.
+        let mislabelled = ui(ValueType::Double, 71);
+        assert!(matches!(mislabelled.typed(), Some(FieldNum::Float(f)) if f < 1e-300));
+        assert_eq!(
+            field_value(fi::MEMORY_TEMP, mislabelled, Unit::Same),
+            Ok(Value::Int(71))
+        );
+        assert_eq!(
+            field_value(fi::MEMORY_TEMP, ui(ValueType::UnsignedInt, 71), Unit::Same),
+            Ok(Value::Int(71))
+        );
+        assert_eq!(
+            field_value(fi::MEMORY_TEMP, ui(ValueType::UnsignedInt, 201), Unit::Same),
+            Err(FieldError::Invalid)
+        );
+        assert_eq!(
+            field_value(
+                fi::POWER_INSTANT,
+                ui(ValueType::Double, 350_123),
+                Unit::MilliwattsToWatts
+            ),
+            Ok(Value::Float(350.123))
+        );
+    }
+
+    #[test]
+    fn ecc_fields_without_a_value_type_are_unsigned_long_long() {
+        // NVML bug 2032468: success and a value, but valueType not set.
+        let unset = FieldValue {
+            value_type: ValueType::Unset,
+            raw: 8u64.to_ne_bytes(),
+        };
+        assert_eq!(
+            field_value(fi::ECC_SBE_AGG_TOTAL, unset, Unit::Same),
+            Ok(Value::Int(8))
+        );
+        // Outside the ECC ids an unset type is not guessed.
+        assert_eq!(
+            field_value(fi::RETIRED_SBE, unset, Unit::Same),
+            Err(FieldError::Invalid)
+        );
+        assert_eq!(
+            field_value(fi::PCIE_REPLAY_COUNTER, unset, Unit::Same),
+            Err(FieldError::Invalid)
+        );
     }
 
     #[test]

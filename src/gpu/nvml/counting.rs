@@ -95,6 +95,7 @@ impl<A: NvmlApi> NvmlApi for Counting<A> {
         fn gpu_instance_profile(&self, parent: &A::Device, gi_id: u32) -> Result<GiProfile, ApiError> = "nvmlGpuInstanceGetInfo+ProfileInfo";
         fn mig_attributes(&self, mig: &A::Device) -> Result<GiProfile, ApiError> = "nvmlDeviceGetAttributes_v2";
         fn field_values(&self, d: &A::Device, requests: &[FieldRequest]) -> Result<Vec<FieldResult>, ApiError> = "nvmlDeviceGetFieldValues";
+        fn ecc_enabled(&self, d: &A::Device) -> Result<bool, ApiError> = "nvmlDeviceGetEccMode";
         fn memory_info(&self, d: &A::Device) -> Result<MemoryInfo, ApiError> = "nvmlDeviceGetMemoryInfo_v2";
         fn utilization(&self, d: &A::Device) -> Result<(u32, u32), ApiError> = "nvmlDeviceGetUtilizationRates";
         fn encoder_utilization(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetEncoderUtilization";

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::api::{
-    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, GiProfile, GpmMetric,
-    InforomObject, MemoryInfo, NvmlApi, Registered, XidReport,
+    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, FieldValue, GiProfile,
+    GpmMetric, InforomObject, MemoryInfo, NvmlApi, Registered, XidReport,
 };
 
 /// One MIG device of a fake GPU.
@@ -62,6 +62,8 @@ pub struct FakeGpu {
     pub gpu_instance_info_denied: bool,
     /// Field values by V12 `NVML_FI_*` id (scope 0).
     pub fields: HashMap<u32, FieldNum>,
+    /// `nvmlDeviceGetEccMode`'s current mode; `None` answers `NotSupported`.
+    pub ecc_enabled: Option<bool>,
     /// NVLink TX and RX KiB counters summed over links (scope `u32::MAX`).
     pub nvlink_kib: Option<(u64, u64)>,
     /// The driver's field timestamp, µs.
@@ -137,6 +139,7 @@ impl FakeGpu {
             mig: Vec::new(),
             gpu_instance_info_denied: false,
             fields,
+            ecc_enabled: Some(true),
             nvlink_kib: Some((0, 0)),
             timestamp_us: 1_000_000,
             memory: MemoryInfo {
@@ -409,7 +412,8 @@ impl NvmlApi for FakeNvml {
                             (138 | 139, _, _) => Err(ApiError::NotSupported),
                             (id, 0, _) => g.fields.get(&id).copied().ok_or(ApiError::NotSupported),
                             _ => Err(ApiError::NotSupported),
-                        };
+                        }
+                        .map(FieldValue::from);
                         FieldResult {
                             timestamp_us: g.timestamp_us,
                             value,
@@ -418,6 +422,9 @@ impl NvmlApi for FakeNvml {
                     .collect(),
             )
         })
+    }
+    fn ecc_enabled(&self, d: &FakeHandle) -> Result<bool, ApiError> {
+        self.gpu(d, |g| g.ecc_enabled)
     }
     fn memory_info(&self, d: &FakeHandle) -> Result<MemoryInfo, ApiError> {
         self.with(d, |g, m| Ok(m.map_or(g.memory, |m| m.memory)))

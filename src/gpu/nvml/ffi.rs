@@ -15,21 +15,14 @@ use nvml_wrapper::error::nvml_try;
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{
     nvmlBrandType_t, nvmlDeviceAttributes_t, nvmlFieldValue_t, nvmlGpuInstanceInfo_t,
-    nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstance_t, nvmlReturn_t,
-    nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE as DOUBLE,
-    nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT as SIGNED_INT,
-    nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG as SIGNED_LONG_LONG,
-    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT as UNSIGNED_INT,
-    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG as UNSIGNED_LONG,
-    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG as UNSIGNED_LONG_LONG,
-    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_SHORT as UNSIGNED_SHORT, nvmlValue_t,
+    nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstance_t, nvmlReturn_t, nvmlValue_t,
     NVML_GPU_INSTANCE_PROFILE_COUNT,
 };
 
 use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::Device;
 
-use super::api::{ApiError, FieldNum, FieldRequest, FieldResult, GiProfile};
+use super::api::{ApiError, FieldRequest, FieldResult, FieldValue, GiProfile, ValueType};
 use super::convert::{translate_field_id, FieldIdScheme};
 
 /// Maps an `nvml-wrapper` error to ours.
@@ -55,8 +48,17 @@ fn ret(code: nvmlReturn_t) -> Result<(), ApiError> {
     nvml_try(code).map_err(api_error)
 }
 
+/// `nvmlReturn` written into each entry before the call: not a code NVML returns, so an entry
+/// that still holds it was not filled (NVML bug 2009232: ECC fields with ECC disabled).
+const NOT_FILLED: nvmlReturn_t = 0x7E57_0000;
+/// `valueType` written before the call: not a type NVML uses, so an entry that still holds it
+/// after `NVML_SUCCESS` had its type left unset (NVML bug 2032468).
+const TYPE_UNSET: u32 = 0x7E57_0001;
+
 /// `nvmlDeviceGetFieldValues` with each request's `scopeId`, ids translated to the driver's
-/// numbering.
+/// numbering (requests the driver has no id for answer `NotSupported` without being sent).
+/// Each entry is pre-set with sentinels, so entries NVML leaves alone are told apart from
+/// values (a zeroed entry reads as a successful `0.0`).
 pub(super) fn field_values(
     nvml: &Nvml,
     scheme: FieldIdScheme,
@@ -68,45 +70,63 @@ pub(super) fn field_values(
         .nvmlDeviceGetFieldValues
         .as_ref()
         .map_err(missing)?;
+    let ids: Vec<Option<u32>> = requests
+        .iter()
+        .map(|r| Some(translate_field_id(scheme, r.id)))
+        .collect();
     let mut values: Vec<nvmlFieldValue_t> = requests
         .iter()
-        .map(|r| nvmlFieldValue_t {
-            fieldId: translate_field_id(scheme, r.id),
-            scopeId: r.scope,
-            timestamp: 0,
-            latencyUsec: 0,
-            valueType: 0,
-            nvmlReturn: 0,
-            value: nvmlValue_t { ullVal: 0 },
+        .zip(&ids)
+        .filter_map(|(r, id)| {
+            id.map(|id| nvmlFieldValue_t {
+                fieldId: id,
+                scopeId: r.scope,
+                timestamp: 0,
+                latencyUsec: 0,
+                valueType: TYPE_UNSET,
+                nvmlReturn: NOT_FILLED,
+                value: nvmlValue_t { ullVal: 0 },
+            })
         })
         .collect();
-    let count =
-        i32::try_from(values.len()).map_err(|_| ApiError::Other("too many fields".into()))?;
-    // SAFETY: `values` holds `count` initialised entries that NVML fills in place; the device
-    // handle is valid for the lifetime of the leaked `Nvml` it came from.
-    ret(unsafe { sym(d.handle(), count, values.as_mut_ptr()) })?;
-    Ok(values
+    if !values.is_empty() {
+        let count =
+            i32::try_from(values.len()).map_err(|_| ApiError::Other("too many fields".into()))?;
+        // SAFETY: `values` holds `count` initialised entries that NVML fills in place; the
+        // device handle is valid for the lifetime of the leaked `Nvml` it came from.
+        ret(unsafe { sym(d.handle(), count, values.as_mut_ptr()) })?;
+    }
+    let mut filled = values.iter();
+    Ok(ids
         .iter()
-        .map(|v| FieldResult {
-            timestamp_us: v.timestamp,
-            value: ret(v.nvmlReturn).and_then(|()| {
-                // SAFETY: NVML wrote the union member named by `valueType`; only that member
-                // is read.
-                unsafe {
-                    match v.valueType {
-                        DOUBLE => Ok(FieldNum::Float(v.value.dVal)),
-                        UNSIGNED_INT => Ok(FieldNum::Unsigned(u64::from(v.value.uiVal))),
-                        UNSIGNED_LONG => Ok(FieldNum::Unsigned(v.value.ulVal)),
-                        UNSIGNED_LONG_LONG => Ok(FieldNum::Unsigned(v.value.ullVal)),
-                        SIGNED_LONG_LONG => Ok(FieldNum::Signed(v.value.sllVal)),
-                        SIGNED_INT => Ok(FieldNum::Signed(i64::from(v.value.siVal))),
-                        UNSIGNED_SHORT => Ok(FieldNum::Unsigned(u64::from(v.value.usVal))),
-                        other => Err(ApiError::Other(format!("unknown NVML value type {other}"))),
-                    }
-                }
-            }),
+        .map(|id| match id.and(filled.next()) {
+            None => FieldResult {
+                timestamp_us: 0,
+                value: Err(ApiError::NotSupported),
+            },
+            Some(v) => FieldResult {
+                timestamp_us: v.timestamp,
+                value: entry(v),
+            },
         })
         .collect())
+}
+
+/// One field-values entry as NVML left it.
+fn entry(v: &nvmlFieldValue_t) -> Result<FieldValue, ApiError> {
+    if v.nvmlReturn == NOT_FILLED {
+        return Err(ApiError::NotSupported);
+    }
+    ret(v.nvmlReturn)?;
+    // SAFETY: every member of the union covers its first bytes and `ullVal` all eight; all
+    // eight were initialised (to 0) before NVML wrote the member it chose.
+    let raw = unsafe { v.value.ullVal }.to_ne_bytes();
+    let value_type = if v.valueType == TYPE_UNSET {
+        ValueType::Unset
+    } else {
+        ValueType::from_raw(v.valueType)
+    };
+    Ok(FieldValue { value_type, raw })
 }
 
 /// `nvmlDeviceGetBrand`, as the raw `nvmlBrandType_t` (nvml-wrapper's enum refuses values it

@@ -173,10 +173,19 @@ fn gpu_readings<A: NvmlApi>(
                 .chain(g.statics.iter())
                 .find(|(s, _)| *s == fact)
                 .map_or(Err(FieldError::NotSupported), |(_, r)| r.clone()),
-            Plan::FieldValue(id, unit) => fv_get(id, 0).and_then(|r| match &r.value {
-                Ok(v) => convert::field_value(*v, unit),
+            Plan::FieldValue(id, unit) => match fv_get(id, 0).and_then(|r| match &r.value {
+                Ok(v) => convert::field_value(id, *v, unit),
                 Err(e) => Err(convert::field_error(e)),
-            }),
+            }) {
+                // With ECC disabled NVML may leave the ECC entries unfilled (bug 2009232);
+                // the mode itself is then read as DCGM reads it, with nvmlDeviceGetEccMode.
+                Err(FieldError::NotSupported) if id == convert::fi::ECC_CURRENT => {
+                    check(api.ecc_enabled(&h))?
+                        .map(|on| Value::Int(i64::from(on)))
+                        .map_err(|e| convert::field_error(&e))
+                }
+                other => other,
+            },
             Plan::NvlinkBandwidth => nvlink_bandwidth(
                 &mut g.prev_nvlink,
                 fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_TX, convert::ALL_LINKS),

@@ -197,6 +197,11 @@ impl NvmlApi for RealNvml {
     ) -> Result<Vec<FieldResult>, ApiError> {
         ffi::field_values(self.nvml, self.scheme, d, requests)
     }
+    fn ecc_enabled(&self, d: &RealDevice) -> Result<bool, ApiError> {
+        d.is_ecc_enabled()
+            .map(|m| m.currently_enabled)
+            .map_err(api_error)
+    }
     fn memory_info(&self, d: &RealDevice) -> Result<MemoryInfo, ApiError> {
         d.memory_info()
             .map(|m| MemoryInfo {
