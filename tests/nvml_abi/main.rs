@@ -292,6 +292,90 @@ fn xid_count(s: &Scrape, gpu: &str, xid: &str) -> f64 {
         .fold(0.0, f64::max)
 }
 
+#[test]
+fn an_xid_on_another_gpu_right_after_a_gpu_is_lost_is_still_reported() {
+    let mut standin = StandIn::new(node::standard());
+    let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
+    wait_registered(&standin, "0,1");
+    // GPU 0 falls off the bus (XID 79); the event wait then fails with GPU_IS_LOST a few
+    // times, as a driver may; then GPU 1 raises XID 13.
+    standin.update(|n| {
+        n.insert("gpu.0.lost".into(), "1".into());
+        n.insert("xid.1".into(), "0 79".into());
+        n.insert("xid.2".into(), "1 13".into());
+        n.insert("events.fail_next".into(), "15 3".into());
+    });
+    let s = exp.wait_for("XID 13 on GPU 1 and XID 79 on GPU 0", |s| {
+        xid_count(s, "1", "13") >= 1.0 && xid_count(s, "0", "79") >= 1.0
+    });
+    // GPU 0's health fails; GPU 1 keeps reporting.
+    assert_eq!(
+        s.value(
+            "DCGM_EXP_GPU_HEALTH_STATUS",
+            &[("gpu", "0"), ("health_watch", "ALL")]
+        ),
+        Some(20.0)
+    );
+    assert_eq!(
+        s.named("DCGM_FI_DEV_GPU_TEMP")
+            .filter(|x| x.label("gpu") == "1")
+            .count(),
+        2
+    );
+    assert_eq!(
+        s.named("DCGM_FI_DEV_GPU_TEMP")
+            .filter(|x| x.label("gpu") == "0")
+            .count(),
+        0
+    );
+    assert!(standin.counter("wait_errors") >= 3);
+}
+
+#[test]
+fn the_event_thread_registers_again_when_its_event_set_breaks() {
+    let mut standin = StandIn::new(node::standard());
+    let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
+    wait_registered(&standin, "0,1");
+    let before = standin.counter("sets_created");
+    // From now on every wait on the existing set fails (NVML_ERROR_UNKNOWN: the set is in an
+    // undefined state and must be freed, per nvml.h); a new set works.
+    standin.update(|n| {
+        n.insert("events.fail_old_sets".into(), "999".into());
+    });
+    standin.wait_status("a new event set with both GPUs", |st| {
+        let created: u64 = st
+            .get("sets_created")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        created > before
+            && st.get(&format!("set.{created}.gpus")).map(String::as_str) == Some("0,1")
+    });
+    standin.update(|n| {
+        n.insert("xid.1".into(), "1 31".into());
+    });
+    exp.wait_for("XID 31 on GPU 1", |s| xid_count(s, "1", "31") >= 1.0);
+}
+
+#[test]
+fn an_unknown_xid_is_reported_as_999_not_as_no_error() {
+    let mut standin = StandIn::new(node::standard());
+    let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
+    wait_registered(&standin, "0,1");
+    // nvml.h: "eventData is set as 999 for unknown Xid error".
+    standin.update(|n| {
+        n.insert("xid.1".into(), "0 999".into());
+    });
+    let s = exp.wait_for("XID 999 on GPU 0", |s| xid_count(s, "0", "999") >= 1.0);
+    let last = s
+        .named("DCGM_FI_DEV_XID_ERRORS")
+        .find(|x| x.label("gpu") == "0")
+        .cloned()
+        .unwrap();
+    assert_eq!(last.value, 999.0, "{last:?}");
+    assert_eq!(last.label("err_code"), "999");
+    assert_eq!(last.label("err_msg"), "Unknown Error");
+}
+
 fn profiles(s: &Scrape) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = s
         .named("DCGM_FI_DEV_FB_USED")

@@ -242,9 +242,9 @@ pub enum GpmMetric {
 /// An XID reported through the event set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XidReport {
-    /// UUID of the GPU it happened on (`GPU-…`).
-    pub uuid: String,
-    /// The XID.
+    /// The GPU it happened on: its position in the slice given to [`NvmlApi::xid_events`].
+    pub device: usize,
+    /// The XID (`eventData`; 999 for an XID the driver does not know).
     pub xid: u64,
 }
 
@@ -253,7 +253,8 @@ pub type Registered<E> = (E, Vec<(usize, ApiError)>);
 
 /// A registered NVML event set (`nvmlEventSetWait_v2`). `Send`, used from one thread.
 pub trait EventWait: Send + 'static {
-    /// Waits up to `timeout_ms` for the next critical XID. `Ok(None)` on timeout.
+    /// Waits up to `timeout_ms` for the next critical XID. `Ok(None)` on timeout or another
+    /// kind of event. Names the device without any further NVML call.
     ///
     /// # Errors
     /// The NVML error that stopped waiting.
@@ -378,6 +379,7 @@ pub trait NvmlApi: Send + Sync + 'static {
     ) -> Result<Vec<Result<f64, ApiError>>, ApiError>;
 
     /// `nvmlEventSetCreate` + `nvmlDeviceRegisterEvents(nvmlEventTypeXidCriticalError)` for
-    /// each device. Devices that cannot register are skipped and returned with their error.
+    /// each device. Devices that cannot register are skipped and returned (by position) with
+    /// their error. Events name devices by their position in `devices`.
     fn xid_events(&self, devices: &[Self::Device]) -> Result<Registered<Self::Events>, ApiError>;
 }

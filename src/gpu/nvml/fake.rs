@@ -2,7 +2,7 @@
 //! to fall off the bus, vanish, return, or raise an XID. Used by the backend's tests and by
 //! benchmarks that count NVML calls; never by the exporter itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -188,10 +188,19 @@ pub struct FakeGpmSample {
 #[derive(Debug)]
 pub struct FakeEvents {
     rx: mpsc::Receiver<XidReport>,
+    failures: Arc<Mutex<VecDeque<ApiError>>>,
 }
 
 impl EventWait for FakeEvents {
     fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidReport>, ApiError> {
+        let failure = self
+            .failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front();
+        if let Some(e) = failure {
+            return Err(e);
+        }
         match self
             .rx
             .recv_timeout(Duration::from_millis(u64::from(timeout_ms)))
@@ -210,8 +219,18 @@ impl EventWait for FakeEvents {
 #[derive(Debug, Clone, Default)]
 pub struct FakeNvml {
     state: Arc<Mutex<FakeState>>,
-    events: Arc<Mutex<Option<mpsc::Sender<XidReport>>>>,
+    events: Arc<Mutex<Option<Registration>>>,
+    wait_failures: Arc<Mutex<VecDeque<ApiError>>>,
+    sets_created: Arc<Mutex<u64>>,
     seq: Arc<Mutex<u64>>,
+}
+
+/// The current event set's sender and the GPUs (indices into [`FakeState::gpus`]) it
+/// registered, by position.
+#[derive(Debug)]
+struct Registration {
+    tx: mpsc::Sender<XidReport>,
+    gpus: Vec<Option<usize>>,
 }
 
 impl FakeNvml {
@@ -231,16 +250,39 @@ impl FakeNvml {
         f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
-    /// Delivers an XID through the registered event set. Returns false if none is registered.
+    /// Delivers an XID on the GPU with `uuid` through the current event set. Returns false if
+    /// no set is registered for that GPU. Like NVML, it works for a GPU that fell off the bus.
     pub fn raise_xid(&self, uuid: &str, xid: u64) -> bool {
-        let tx = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        tx.as_ref().is_some_and(|tx| {
-            tx.send(XidReport {
-                uuid: uuid.into(),
-                xid,
-            })
-            .is_ok()
+        let gpu = self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .gpus
+            .iter()
+            .position(|g| g.uuid == uuid);
+        let reg = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        reg.as_ref().is_some_and(|r| {
+            r.gpus
+                .iter()
+                .position(|g| g.is_some() && *g == gpu)
+                .is_some_and(|device| r.tx.send(XidReport { device, xid }).is_ok())
         })
+    }
+
+    /// Makes the next waits on any event set fail with these errors, in order.
+    pub fn fail_event_waits(&self, errors: impl IntoIterator<Item = ApiError>) {
+        self.wait_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(errors);
+    }
+
+    /// Event sets created so far.
+    pub fn event_sets_created(&self) -> u64 {
+        *self
+            .sets_created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn with<T>(
@@ -504,14 +546,31 @@ impl NvmlApi for FakeNvml {
             .collect())
     }
     fn xid_events(&self, devices: &[FakeHandle]) -> Result<Registered<FakeEvents>, ApiError> {
-        let skipped = devices
-            .iter()
-            .enumerate()
-            .filter_map(|(i, d)| self.uuid(d).err().map(|e| (i, e)))
-            .collect();
+        let mut skipped = Vec::new();
+        let mut gpus = Vec::with_capacity(devices.len());
+        for (i, d) in devices.iter().enumerate() {
+            match self.uuid(d) {
+                Ok(_) => gpus.push(Some(d.gpu)),
+                Err(e) => {
+                    skipped.push((i, e));
+                    gpus.push(None);
+                }
+            }
+        }
         let (tx, rx) = mpsc::channel();
-        *self.events.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
-        Ok((FakeEvents { rx }, skipped))
+        *self.events.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Registration { tx, gpus });
+        *self
+            .sets_created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) += 1;
+        Ok((
+            FakeEvents {
+                rx,
+                failures: Arc::clone(&self.wait_failures),
+            },
+            skipped,
+        ))
     }
 }
 

@@ -1,8 +1,10 @@
 //! Raw NVML calls `nvml-wrapper` lacks or gets wrong, through its loaded symbol table:
 //! field values with per-entry `scopeId` (the wrapper always sends 0, so NVLink throughput
 //! "all links" is unreachable through it), the GPU/compute instance ids of a MIG device, the
-//! GPU instance profile and MIG device attributes, the raw brand, and the non-deprecated clock
-//! event reasons call.
+//! GPU instance profile and MIG device attributes, the raw brand, the non-deprecated clock
+//! event reasons call, and XID event sets (nvml-wrapper's event data needs an NVML call per
+//! event to name the device, which fails for a GPU that fell off the bus, and turns XID 999,
+//! "unknown", into nothing).
 //!
 //! This is the bottom layer of the real backend: it depends on `nvml-wrapper` and [`super::api`]
 //! only, and [`super::real`] builds on it. This is the crate's only `unsafe` code. Every block calls one NVML function with pointers
@@ -14,7 +16,8 @@ use std::ffi::CStr;
 use nvml_wrapper::error::nvml_try;
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{
-    nvmlBrandType_t, nvmlDeviceAttributes_t, nvmlFieldValue_t, nvmlGpuInstanceInfo_t,
+    nvmlBrandType_t, nvmlDeviceAttributes_t, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t,
+    nvmlEventTypeXidCriticalError, nvmlFieldValue_t, nvmlGpuInstanceInfo_t,
     nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstance_t, nvmlReturn_t, nvmlValue_t,
     NVML_GPU_INSTANCE_PROFILE_COUNT,
 };
@@ -260,4 +263,125 @@ pub(super) fn mig_attributes(nvml: &Nvml, mig: &Device<'_>) -> Result<GiProfile,
         memory_mib: a.memorySizeMB,
         name: String::new(),
     })
+}
+
+/// `nvmlEventTypeXidCriticalError`.
+const XID_CRITICAL_ERROR: u64 = nvmlEventTypeXidCriticalError as u64;
+
+/// A registered NVML event set, freed on drop. Waits map each event's device handle to the
+/// position the device had at registration, so reporting an event needs no further NVML call
+/// (one on a GPU that fell off the bus would fail).
+pub(super) struct EventSet {
+    nvml: &'static Nvml,
+    set: nvmlEventSet_t,
+    /// Registered device handles and their positions in the registration request.
+    devices: Vec<(nvmlDevice_t, usize)>,
+}
+
+// SAFETY: NVML is thread-safe; the set and the handles are plain identifiers NVML owns, valid
+// for the process (the library is never unloaded), and the set is used from one thread at a
+// time (`wait` takes `&mut self`).
+unsafe impl Send for EventSet {}
+
+impl std::fmt::Debug for EventSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventSet")
+            .field("devices", &self.devices.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for EventSet {
+    fn drop(&mut self) {
+        if let Ok(free) = self.nvml.lib().nvmlEventSetFree.as_ref() {
+            // SAFETY: `set` came from nvmlEventSetCreate and is freed exactly once, here.
+            let _ = unsafe { free(self.set) };
+        }
+    }
+}
+
+/// One event taken from a set.
+pub(super) enum Event {
+    /// An XID on the device at this registration position.
+    Xid {
+        /// Position of the device in the registration request.
+        device: usize,
+        /// `eventData`: the XID (999 for an XID the driver does not know).
+        xid: u64,
+    },
+    /// Any other event type, or an event from a handle that was not registered.
+    Other,
+}
+
+impl EventSet {
+    /// `nvmlEventSetWait_v2`. `Ok(None)` on timeout.
+    pub(super) fn wait(&mut self, timeout_ms: u32) -> Result<Option<Event>, ApiError> {
+        let sym = self
+            .nvml
+            .lib()
+            .nvmlEventSetWait_v2
+            .as_ref()
+            .map_err(missing)?;
+        // SAFETY: all-zero is a valid bit pattern (a null handle and integers).
+        let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is live (freed only on drop); `data` is a live out-struct.
+        match ret(unsafe { sym(self.set, &mut data, timeout_ms) }) {
+            Ok(()) => {}
+            Err(ApiError::Timeout) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        if data.eventType & XID_CRITICAL_ERROR == 0 {
+            return Ok(Some(Event::Other));
+        }
+        Ok(Some(
+            match self.devices.iter().find(|(h, _)| *h == data.device) {
+                Some(&(_, device)) => Event::Xid {
+                    device,
+                    xid: data.eventData,
+                },
+                None => Event::Other,
+            },
+        ))
+    }
+}
+
+/// `nvmlEventSetCreate` + `nvmlDeviceRegisterEvents(nvmlEventTypeXidCriticalError)` on each
+/// device. A device that cannot register is skipped and returned with its error; after any
+/// failure other than `NOT_SUPPORTED` (which leaves the set usable, per nvml.h) registration
+/// starts over on a fresh set without that device.
+pub(super) fn xid_event_set(
+    nvml: &'static Nvml,
+    devices: &[&Device<'_>],
+) -> Result<(EventSet, Vec<(usize, ApiError)>), ApiError> {
+    let lib = nvml.lib();
+    let create = lib.nvmlEventSetCreate.as_ref().map_err(missing)?;
+    let register = lib.nvmlDeviceRegisterEvents.as_ref().map_err(missing)?;
+    let mut skipped: Vec<(usize, ApiError)> = Vec::new();
+    'fresh: loop {
+        let mut set: nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: `set` is a live out-pointer.
+        ret(unsafe { create(&mut set) })?;
+        let mut out = EventSet {
+            nvml,
+            set,
+            devices: Vec::with_capacity(devices.len()),
+        };
+        for (i, d) in devices.iter().enumerate() {
+            if skipped.iter().any(|(s, _)| *s == i) {
+                continue;
+            }
+            // SAFETY: the handle is valid; the set is live.
+            let handle = unsafe { d.handle() };
+            // SAFETY: as above.
+            match ret(unsafe { register(handle, XID_CRITICAL_ERROR, set) }) {
+                Ok(()) => out.devices.push((handle, i)),
+                Err(ApiError::NotSupported) => skipped.push((i, ApiError::NotSupported)),
+                Err(e) => {
+                    skipped.push((i, e));
+                    continue 'fresh; // `out` drops here, freeing the set
+                }
+            }
+        }
+        return Ok((out, skipped));
+    }
 }

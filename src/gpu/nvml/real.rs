@@ -3,12 +3,10 @@
 
 use std::sync::Arc;
 
-use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, InfoRom, TemperatureSensor};
-use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError as WrapperError;
-use nvml_wrapper::{EventSet, GpmSample, Nvml};
+use nvml_wrapper::{GpmSample, Nvml};
 
 use super::api::{
     ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GiProfile, GpmMetric, InforomObject,
@@ -81,33 +79,17 @@ fn gpm_id(m: GpmMetric) -> GpmMetricId {
 }
 
 /// The real event set, waited on by the event thread.
+#[derive(Debug)]
 pub struct RealEvents {
-    set: EventSet<'static>,
-}
-
-impl std::fmt::Debug for RealEvents {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RealEvents").finish_non_exhaustive()
-    }
+    set: ffi::EventSet,
 }
 
 impl EventWait for RealEvents {
     fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidReport>, ApiError> {
-        match self.set.wait(timeout_ms) {
-            Ok(ev) => {
-                if !ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
-                    return Ok(None);
-                }
-                let xid = match ev.event_data {
-                    Some(XidError::Value(x)) => x,
-                    Some(XidError::Unknown) | None => 0,
-                };
-                let uuid = ev.device.uuid().map_err(api_error)?;
-                Ok(Some(XidReport { uuid, xid }))
-            }
-            Err(WrapperError::Timeout) => Ok(None),
-            Err(e) => Err(api_error(e)),
-        }
+        Ok(match self.set.wait(timeout_ms)? {
+            Some(ffi::Event::Xid { device, xid }) => Some(XidReport { device, xid }),
+            Some(ffi::Event::Other) | None => None,
+        })
     }
 }
 
@@ -288,30 +270,7 @@ impl NvmlApi for RealNvml {
             .map_err(api_error)
     }
     fn xid_events(&self, devices: &[RealDevice]) -> Result<Registered<RealEvents>, ApiError> {
-        // `nvmlDeviceRegisterEvents` consumes the set on failure, so a device that cannot
-        // register is excluded and registration starts over with a fresh set.
-        let mut skipped: Vec<(usize, ApiError)> = Vec::new();
-        loop {
-            let mut set = Some(self.nvml.create_event_set().map_err(api_error)?);
-            let mut failed = None;
-            for (i, d) in devices.iter().enumerate() {
-                if skipped.iter().any(|(s, _)| *s == i) {
-                    continue;
-                }
-                let Some(s) = set.take() else { break };
-                match d.register_events(EventTypes::CRITICAL_XID_ERROR, s) {
-                    Ok(s) => set = Some(s),
-                    Err(e) => {
-                        failed = Some((i, api_error(e.error)));
-                        break;
-                    }
-                }
-            }
-            match (failed, set) {
-                (Some(f), _) => skipped.push(f),
-                (None, Some(set)) => return Ok((RealEvents { set }, skipped)),
-                (None, None) => return Err(ApiError::Other("event set lost".into())),
-            }
-        }
+        let devices: Vec<&nvml_wrapper::Device<'static>> = devices.iter().map(|d| &**d).collect();
+        ffi::xid_event_set(self.nvml, &devices).map(|(set, skipped)| (RealEvents { set }, skipped))
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::api::{FieldNum, GpmMetric, MemoryInfo};
+use super::api::{ApiError, FieldNum, GpmMetric, MemoryInfo};
 use super::counting::Counting;
 use super::fake::{FakeGpu, FakeMig, FakeNvml};
 use super::*;
@@ -465,4 +465,57 @@ fn mig_call_budget_adds_memory_and_gpm_per_instance() {
     assert_eq!(steady.get("nvmlDeviceGetMemoryInfo_v2"), Some(&3));
     assert_eq!(steady.get("nvmlDeviceGetUtilizationRates"), None);
     assert_eq!(steady.values().sum::<u64>(), 12 - 3 + 2 * 3);
+}
+
+#[test]
+fn the_event_thread_survives_failed_waits_and_names_a_lost_gpu_without_asking_nvml() {
+    let fake = FakeNvml::new("570.172.08", vec![FakeGpu::h100(0), FakeGpu::h100(1)]);
+    let src = source(&fake);
+    src.devices().unwrap();
+    // GPU 1 falls off the bus: every call on it fails now, and the next waits fail too.
+    fake.update(|st| st.gpus[1].lost = true);
+    fake.fail_event_waits([ApiError::GpuLost, ApiError::GpuLost, ApiError::GpuLost]);
+    assert!(fake.raise_xid("GPU-fake-0001", 79));
+    assert!(fake.raise_xid("GPU-fake-0000", 13));
+    assert!(src.wait_for_xids(2, Duration::from_secs(30)));
+    let got: Vec<(String, u64)> = src
+        .drain_xids()
+        .into_iter()
+        .map(|(u, x)| (u, x.xid))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("GPU-fake-0001".to_owned(), 79),
+            ("GPU-fake-0000".to_owned(), 13)
+        ]
+    );
+    // Three failures are not enough to give up on the set.
+    assert_eq!(fake.event_sets_created(), 1);
+}
+
+#[test]
+fn the_event_thread_registers_on_a_new_set_when_waits_keep_failing() {
+    let fake = FakeNvml::new("570.172.08", vec![FakeGpu::h100(0), FakeGpu::h100(1)]);
+    let src = source(&fake);
+    src.devices().unwrap();
+    fake.update(|st| st.gpus[0].lost = true);
+    fake.fail_event_waits(
+        std::iter::repeat_with(|| ApiError::Other("Unknown Error".into()))
+            .take(events::REREGISTER_AFTER as usize),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while fake.event_sets_created() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never registered again"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The lost GPU is left out of the new set; the other one reports.
+    assert!(!fake.raise_xid("GPU-fake-0000", 48));
+    assert!(fake.raise_xid("GPU-fake-0001", 31));
+    assert!(src.wait_for_xids(1, Duration::from_secs(30)));
+    let got: Vec<u64> = src.drain_xids().into_iter().map(|(_, x)| x.xid).collect();
+    assert_eq!(got, [31]);
 }
