@@ -202,6 +202,13 @@ pub trait GpuSource: Send + Sync + 'static {
     /// read; per-field failures are recorded in the sample instead.
     fn sample(&self, device: &Device, fields: &[Field]) -> Result<DeviceSample, SourceError>;
 
+    /// Whether the source saw, since the last call, that its device list is out of date (a
+    /// MIG reconfiguration invalidates instance handles): the sampler then re-enumerates at
+    /// its next tick instead of waiting for the periodic discovery. Reading clears it.
+    fn wants_rediscovery(&self) -> bool {
+        false
+    }
+
     /// XID errors reported since the last call, keyed by GPU UUID. NVML delivers these through
     /// its event path, which keeps working when a GPU's reads fail (XID 79: fallen off the bus),
     /// so they are drained separately from [`GpuSource::sample`].

@@ -504,6 +504,44 @@ fn the_brand_is_spelled_as_dcgm_spells_it() {
 }
 
 #[test]
+fn a_mig_reconfiguration_is_noticed_on_the_next_tick() {
+    let mut standin = StandIn::new(node::standard());
+    let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
+    let s = exp.wait_for("both instances", |s| profiles(s).len() == 2);
+    assert_eq!(
+        profiles(&s),
+        [
+            ("2".to_owned(), "3g.40gb".to_owned()),
+            ("9".to_owned(), "1g.10gb".to_owned())
+        ]
+    );
+    // GI 2 is destroyed and GI 5 (a 1g.10gb) created in its slot: every MIG handle handed out
+    // before is invalid now (nvml.h: the handle "would remain invalid and must be requested
+    // again"). Re-discovery is due only in 60 s; the invalid handle must trigger it now.
+    standin.update(|n| {
+        n.insert("gpu.1.mig.gen".into(), "1".into());
+        n.insert("gpu.1.mig.0.gi".into(), "5".into());
+        n.insert("gpu.1.mig.0.profile".into(), "0".into());
+        n.insert(
+            "gpu.1.mig.0.uuid".into(),
+            "MIG-0e0b4bd3-cccc-5f0d-8a77-cccccccccccc".into(),
+        );
+    });
+    let s = exp.wait_for("the new instance layout", |s| {
+        profiles(s)
+            == [
+                ("5".to_owned(), "1g.10gb".to_owned()),
+                ("9".to_owned(), "1g.10gb".to_owned()),
+            ]
+    });
+    // GI 5 reports the memory of slot 0 (3000 MiB used), under its own labels.
+    assert_eq!(
+        s.value("DCGM_FI_DEV_FB_USED", &[("gpu", "1"), ("GPU_I_ID", "5")]),
+        Some(3000.0)
+    );
+}
+
+#[test]
 fn a_lost_gpu_fails_its_health_and_the_other_keeps_reporting() {
     let mut standin = StandIn::new(node::standard());
     let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);

@@ -18,6 +18,10 @@ pub enum ApiError {
     /// `NVML_ERROR_NOT_FOUND` (an empty MIG slot, a GPU that went away).
     #[error("not found")]
     NotFound,
+    /// `NVML_ERROR_INVALID_ARGUMENT`: among others, a MIG device handle whose instance was
+    /// destroyed or recreated.
+    #[error("invalid argument")]
+    InvalidArgument,
     /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus.
     #[error("GPU is lost")]
     GpuLost,

@@ -301,7 +301,9 @@ pub fn field_error(e: &ApiError) -> FieldError {
     match e {
         ApiError::NotSupported | ApiError::NotFound => FieldError::NotSupported,
         ApiError::NoPermission => FieldError::NoPermission,
-        ApiError::GpuLost | ApiError::Timeout | ApiError::Other(_) => FieldError::Failed,
+        ApiError::GpuLost | ApiError::Timeout | ApiError::InvalidArgument | ApiError::Other(_) => {
+            FieldError::Failed
+        }
     }
 }
 

@@ -143,6 +143,7 @@ impl<A: NvmlApi> NvmlSource<A> {
             prev_gpm: None,
             prev_mig_gpm: HashMap::new(),
             prev_nvlink: None,
+            mig_stale: false,
         }
     }
 
@@ -189,6 +190,7 @@ impl<A: NvmlApi> NvmlSource<A> {
         g.prev_mig_gpm
             .retain(|gi, _| handles.iter().any(|(h, _)| h == gi));
         g.mig = handles;
+        g.mig_stale = false;
         (enabled, instances)
     }
 

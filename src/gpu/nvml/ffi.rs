@@ -36,6 +36,7 @@ pub(super) fn api_error(e: WrapperError) -> ApiError {
         | WrapperError::FunctionNotFound => ApiError::NotSupported,
         WrapperError::NoPermission => ApiError::NoPermission,
         WrapperError::NotFound => ApiError::NotFound,
+        WrapperError::InvalidArg => ApiError::InvalidArgument,
         WrapperError::GpuLost => ApiError::GpuLost,
         WrapperError::Timeout => ApiError::Timeout,
         other => ApiError::Other(other.to_string()),

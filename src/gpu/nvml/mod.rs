@@ -25,7 +25,7 @@ mod lifecycle;
 mod read;
 pub mod real;
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -108,6 +108,8 @@ pub struct NvmlSource<A: NvmlApi> {
     /// GPM support decided at startup: 0 unknown (NVML not up at startup), 1 yes, 2 no.
     gpm_decision: AtomicU8,
     xids: Arc<XidQueue>,
+    /// Set when a MIG handle turned out stale; taken by [`GpuSource::wants_rediscovery`].
+    rediscover: AtomicBool,
 }
 
 impl<A: NvmlApi> std::fmt::Debug for NvmlSource<A> {
@@ -134,6 +136,7 @@ impl<A: NvmlApi> NvmlSource<A> {
                 attempts: 0,
             }),
             gpm_decision: AtomicU8::new(0),
+            rediscover: AtomicBool::new(false),
             xids: Arc::new(XidQueue::default()),
         };
         // The first attempt (and discovery, which decides GPM support) happens now, so the
@@ -224,7 +227,12 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 cause: Box::new(NvmlError::Unknown(uuid)),
             });
         };
-        match read::read_device(&*api, &ready.system, g, device, fields) {
+        let result = read::read_device(&*api, &ready.system, g, device, fields);
+        if std::mem::take(&mut g.mig_stale) {
+            tracing::info!(gpu = index, %uuid, "a MIG device handle is no longer valid (instances destroyed or recreated); re-enumerating at the next tick");
+            self.rediscover.store(true, Ordering::Relaxed);
+        }
+        match result {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) => Err(SourceError::Device {
                 index,
@@ -239,6 +247,10 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 Err(SourceError::GpuLost { index, uuid })
             }
         }
+    }
+
+    fn wants_rediscovery(&self) -> bool {
+        self.rediscover.swap(false, Ordering::Relaxed)
     }
 
     fn drain_xids(&self) -> Vec<(String, XidEvent)> {

@@ -134,6 +134,12 @@ fn field_values<A: NvmlApi>(
     Ok(Ok(fv))
 }
 
+/// Whether an error from a MIG handle (or a GPU instance id) means the instance behind it was
+/// destroyed or recreated since discovery.
+fn is_stale(e: &ApiError) -> bool {
+    matches!(e, ApiError::InvalidArgument | ApiError::NotFound)
+}
+
 /// The distinct GPM metrics the plans ask for, sorted.
 fn gpm_metrics<'a>(plans: impl IntoIterator<Item = &'a (Field, Plan)>) -> Vec<GpmMetric> {
     let mut m: Vec<GpmMetric> = plans
@@ -283,6 +289,9 @@ fn instance_readings<A: NvmlApi>(
             HashMap::new()
         } else {
             let cur = check(api.gpm_mig_sample(&h, inst.gi_id))?;
+            if cur.as_ref().is_err_and(is_stale) {
+                g.mig_stale = true;
+            }
             let mut prev = g.prev_mig_gpm.remove(&inst.gi_id);
             let out = gpm_delta(api, &mut prev, cur, &inst_metrics)?;
             if let Some(p) = prev {
@@ -293,9 +302,14 @@ fn instance_readings<A: NvmlApi>(
         let mut rs = Vec::with_capacity(inst_fields.len());
         for (f, p) in &inst_fields {
             let r = match p {
-                Plan::Memory(part) => once(&mut mem, || api.memory_info(mh))?
-                    .map(|m| convert::memory_value(&m, *part))
-                    .map_err(|e| convert::field_error(&e)),
+                Plan::Memory(part) => {
+                    let m = once(&mut mem, || api.memory_info(mh))?;
+                    if m.as_ref().is_err_and(is_stale) {
+                        g.mig_stale = true;
+                    }
+                    m.map(|m| convert::memory_value(&m, *part))
+                        .map_err(|e| convert::field_error(&e))
+                }
                 Plan::Gpm(m) => igpm
                     .get(m)
                     .cloned()
@@ -308,6 +322,12 @@ fn instance_readings<A: NvmlApi>(
             gi_id: inst.gi_id,
             readings: rs,
         });
+    }
+    if g.mig_stale {
+        // The handles may name other instances now (nvml.h: "handles may be reused and their
+        // properties can change"): nothing read through them this tick is kept.
+        instances.clear();
+        g.prev_mig_gpm.clear();
     }
     Ok(instances)
 }

@@ -519,3 +519,25 @@ fn the_event_thread_registers_on_a_new_set_when_waits_keep_failing() {
     let got: Vec<u64> = src.drain_xids().into_iter().map(|(_, x)| x.xid).collect();
     assert_eq!(got, [31]);
 }
+
+#[test]
+fn a_stale_mig_handle_drops_the_instance_readings_and_asks_for_rediscovery() {
+    let fake = FakeNvml::new("570.172.08", vec![mig_gpu()]);
+    let src = source(&fake);
+    let d = src.devices().unwrap().remove(0);
+    let fields = [Field::FbUsed, Field::GpuTemp];
+    assert_eq!(src.sample(&d, &fields).unwrap().instances.len(), 2);
+    assert!(!src.wants_rediscovery());
+    // GPU instance 2 (slot 0) is destroyed: its handle now answers NOT_FOUND.
+    fake.update(|st| st.gpus[0].mig[0] = None);
+    let s = src.sample(&d, &fields).unwrap();
+    assert!(s.instances.is_empty(), "{s:?}");
+    assert_eq!(reading(&s, Field::GpuTemp), Ok(Value::Int(45)));
+    assert!(src.wants_rediscovery());
+    assert!(!src.wants_rediscovery(), "reading the request clears it");
+    let d = src.devices().unwrap().remove(0);
+    let gis: Vec<u32> = d.instances.iter().map(|i| i.gi_id).collect();
+    assert_eq!(gis, [1]);
+    assert_eq!(src.sample(&d, &fields).unwrap().instances.len(), 1);
+    assert!(!src.wants_rediscovery());
+}
