@@ -1,5 +1,6 @@
 //! Pure translation between NVML and DCGM: which NVML call serves each [`Field`], the unit
-//! conversions DCGM applies, and the `NVML_FI_*` renumbering of drivers ≥ 580.82.
+//! conversions DCGM applies, the way DCGM reads the field values some drivers get wrong, and
+//! the `NVML_FI_*` renumberings of ids 251–273.
 //!
 //! Nothing here calls NVML; every function is a plain function of its arguments.
 
@@ -75,48 +76,73 @@ pub mod fi {
 /// `scopeId` meaning "summed over all links" for NVLink fields.
 pub const ALL_LINKS: u32 = u32::MAX;
 
-/// The `NVML_FI_*` numbering a driver uses.
+/// The `NVML_FI_*` numbering of ids 251–273 a driver uses. NVIDIA moved these ids twice; the
+/// layouts below are those of the `nvml.h` shipped with each CUDA release (checked against
+/// the headers of CUDA 12.6, 12.8, 12.9, 13.0, 13.0 Update 1 and later):
+///
+/// | driver | CUDA | 251–255 | 256–268 | 269–273 |
+/// |---|---|---|---|---|
+/// | < 570 | ≤ 12.6 | — | — | — |
+/// | 570.x | 12.8 | power smoothing | power smoothing | — |
+/// | 575.x – 580.81 | 12.9, 13.0 | clock events, power sync | power smoothing | power smoothing |
+/// | ≥ 580.82 | 13.0 U1+ | power smoothing | power smoothing | clock events, power sync |
+///
+/// ("—": the id does not exist; `NVML_FI_MAX` was 230 in CUDA 12.6 and 269 in 12.8.)
+/// [`fi`] and every id this crate requests use the 12.9 / 13.0 numbering ([`Self::V12`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FieldIdScheme {
-    /// CUDA ≤ 13.0 numbering (drivers before 580.82), the one [`fi`] uses.
+    /// Drivers before R570: no field ids from 251 on.
+    Before570,
+    /// R570 (CUDA 12.8): the power-smoothing block at 251–268 (where CUDA 13.0 Update 1 put it
+    /// again); the clock-event and power-sync fields do not exist yet.
+    R570,
+    /// R575 up to 580.81 (CUDA 12.9 and 13.0): clock events and power sync at 251–255, power
+    /// smoothing at 256–273. The numbering of [`fi`].
     V12,
-    /// CUDA 13.0 Update 1 numbering (drivers 580.82 and later): ids 251–273 moved.
+    /// Drivers 580.82 and later (CUDA 13.0 Update 1 on): power smoothing at 251–268, clock
+    /// events and power sync at 269–273.
     V13Update1,
 }
 
 impl FieldIdScheme {
-    /// The scheme of a driver version string such as `580.82.07`. Unparseable versions are
-    /// taken as the older scheme, as the ids below 251 are the same in both.
+    /// The scheme of a driver version string such as `580.82.07`. An unparseable version is
+    /// taken as the [`Self::V12`] numbering (ids below 251 are the same in all of them).
     pub fn for_driver(version: &str) -> Self {
         let mut parts = version.trim().split('.');
-        let major: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let Some(major) = parts.next().and_then(|s| s.parse::<u32>().ok()) else {
+            return Self::V12;
+        };
         let minor: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-        if (major, minor) >= (580, 82) {
-            Self::V13Update1
-        } else {
-            Self::V12
+        match (major, minor) {
+            (..570, _) => Self::Before570,
+            (570..575, _) => Self::R570,
+            (m, n) if (m, n) < (580, 82) => Self::V12,
+            _ => Self::V13Update1,
         }
     }
 }
 
-/// A V12 field id in `scheme`'s numbering. In V13U1 the clock-event/power-sync block (V12
-/// 251–255) moved to 269–273 and the power-smoothing block (V12 256–273) to 251–268.
-pub fn translate_field_id(scheme: FieldIdScheme, v12: u32) -> u32 {
+/// A [`FieldIdScheme::V12`] field id in `scheme`'s numbering, or `None` where that driver has
+/// no such field (it must not be requested: the id may mean another field there).
+pub fn translate_field_id(scheme: FieldIdScheme, v12: u32) -> Option<u32> {
     match (scheme, v12) {
-        (FieldIdScheme::V12, id) => id,
-        (FieldIdScheme::V13Update1, id @ 251..=255) => id + 18,
-        (FieldIdScheme::V13Update1, id @ 256..=273) => id - 5,
-        (FieldIdScheme::V13Update1, id) => id,
+        (_, id @ ..=250) | (FieldIdScheme::V12, id) => Some(id),
+        (FieldIdScheme::Before570, 251..=273) | (FieldIdScheme::R570, 251..=255) => None,
+        (FieldIdScheme::R570 | FieldIdScheme::V13Update1, id @ 256..=273) => Some(id - 5),
+        (FieldIdScheme::V13Update1, id @ 251..=255) => Some(id + 18),
+        // Ids after 273 were added later, without moving.
+        (_, id) => Some(id),
     }
 }
 
 /// The inverse of [`translate_field_id`]: a driver's id in V12 numbering.
-pub fn field_id_to_v12(scheme: FieldIdScheme, id: u32) -> u32 {
+pub fn field_id_to_v12(scheme: FieldIdScheme, id: u32) -> Option<u32> {
     match (scheme, id) {
-        (FieldIdScheme::V12, id) => id,
-        (FieldIdScheme::V13Update1, id @ 269..=273) => id - 18,
-        (FieldIdScheme::V13Update1, id @ 251..=268) => id + 5,
-        (FieldIdScheme::V13Update1, id) => id,
+        (_, id @ ..=250) | (FieldIdScheme::V12, id) => Some(id),
+        (FieldIdScheme::Before570, 251..=273) | (FieldIdScheme::R570, 269..=273) => None,
+        (FieldIdScheme::R570 | FieldIdScheme::V13Update1, id @ 251..=268) => Some(id + 5),
+        (FieldIdScheme::V13Update1, id @ 269..=273) => Some(id - 18),
+        (_, id) => Some(id),
     }
 }
 
@@ -499,17 +525,46 @@ mod tests {
 
     #[test]
     fn driver_versions_pick_the_field_id_scheme() {
-        assert_eq!(FieldIdScheme::for_driver("570.172.08"), FieldIdScheme::V12);
-        assert_eq!(FieldIdScheme::for_driver("580.65.06"), FieldIdScheme::V12);
+        use FieldIdScheme::*;
+        for (version, scheme) in [
+            ("535.230.02", Before570),
+            ("560.35.03", Before570),
+            ("570.86.10", R570),
+            ("570.172.08", R570),
+            ("575.51.03", V12),
+            ("580.65.06", V12),
+            ("580.81", V12),
+            ("580.82.07", V13Update1),
+            ("580.95.05", V13Update1),
+            ("590.10", V13Update1),
+            ("garbage", V12),
+        ] {
+            assert_eq!(FieldIdScheme::for_driver(version), scheme, "{version}");
+        }
+    }
+
+    #[test]
+    fn r570_has_power_smoothing_where_cuda_13_0_update_1_put_it_again() {
+        let s = FieldIdScheme::R570;
+        // V12 256 (PWR_SMOOTHING_ENABLED) is 251 on R570 (CUDA 12.8's nvml.h).
+        assert_eq!(translate_field_id(s, 256), Some(251));
+        assert_eq!(translate_field_id(s, 273), Some(268));
+        // The clock-event fields do not exist on R570: 251 there is PWR_SMOOTHING_ENABLED.
         assert_eq!(
-            FieldIdScheme::for_driver("580.82.07"),
-            FieldIdScheme::V13Update1
+            translate_field_id(s, fi::CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN),
+            None
         );
-        assert_eq!(
-            FieldIdScheme::for_driver("590.10"),
-            FieldIdScheme::V13Update1
-        );
-        assert_eq!(FieldIdScheme::for_driver("garbage"), FieldIdScheme::V12);
+        assert_eq!(translate_field_id(s, 255), None);
+        assert_eq!(field_id_to_v12(s, 251), Some(256));
+        assert_eq!(field_id_to_v12(s, 269), None);
+        // Before R570 none of 251-273 exists.
+        for id in 251..=273 {
+            assert_eq!(
+                translate_field_id(FieldIdScheme::Before570, id),
+                None,
+                "{id}"
+            );
+        }
     }
 
     #[test]
@@ -517,27 +572,37 @@ mod tests {
         let s = FieldIdScheme::V13Update1;
         assert_eq!(
             translate_field_id(s, fi::CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN),
-            269
+            Some(269)
         );
-        assert_eq!(translate_field_id(s, 253), 271);
-        assert_eq!(translate_field_id(s, 255), 273);
-        assert_eq!(translate_field_id(s, 256), 251);
-        assert_eq!(translate_field_id(s, 273), 268);
-        for id in [
-            fi::MEMORY_TEMP,
-            fi::POWER_INSTANT,
-            fi::NVLINK_THROUGHPUT_DATA_RX,
-            250,
-            274,
+        assert_eq!(translate_field_id(s, 253), Some(271));
+        assert_eq!(translate_field_id(s, 255), Some(273));
+        assert_eq!(translate_field_id(s, 256), Some(251));
+        assert_eq!(translate_field_id(s, 273), Some(268));
+        for scheme in [
+            FieldIdScheme::Before570,
+            FieldIdScheme::R570,
+            FieldIdScheme::V12,
+            s,
         ] {
-            assert_eq!(translate_field_id(s, id), id);
-            assert_eq!(translate_field_id(FieldIdScheme::V12, id), id);
-        }
-        for id in 0..300 {
-            assert_eq!(field_id_to_v12(s, translate_field_id(s, id)), id, "{id}");
+            for id in [
+                fi::MEMORY_TEMP,
+                fi::POWER_INSTANT,
+                fi::NVLINK_THROUGHPUT_DATA_RX,
+                250,
+                274,
+            ] {
+                assert_eq!(translate_field_id(scheme, id), Some(id), "{scheme:?} {id}");
+            }
+            for id in 0..300 {
+                if let Some(t) = translate_field_id(scheme, id) {
+                    assert_eq!(field_id_to_v12(scheme, t), Some(id), "{scheme:?} {id}");
+                }
+            }
         }
         // The translation is a permutation of 251..=273.
-        let mut moved: Vec<u32> = (251..=273).map(|id| translate_field_id(s, id)).collect();
+        let mut moved: Vec<u32> = (251..=273)
+            .filter_map(|id| translate_field_id(s, id))
+            .collect();
         moved.sort_unstable();
         assert_eq!(moved, (251..=273).collect::<Vec<_>>());
     }

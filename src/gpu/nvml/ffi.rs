@@ -76,7 +76,7 @@ pub(super) fn field_values(
         .map_err(missing)?;
     let ids: Vec<Option<u32>> = requests
         .iter()
-        .map(|r| Some(translate_field_id(scheme, r.id)))
+        .map(|r| translate_field_id(scheme, r.id))
         .collect();
     let mut values: Vec<nvmlFieldValue_t> = requests
         .iter()
