@@ -611,3 +611,76 @@ fn without_the_kernel_driver_ready_fails_and_recovers_when_it_loads() {
         .collect();
     assert!(uuids.contains(&GPU0.to_owned()) && uuids.contains(&GPU1.to_owned()));
 }
+
+/// C calls per tick, measured on the stand-in between two status snapshots taken right after
+/// GPU 0's field-values call (the first call of each tick; the stand-in writes its status at
+/// every field-values call), so they span whole ticks: at least `ticks` of them.
+fn calls_per_tick(standin: &StandIn, ticks: u64) -> BTreeMap<String, u64> {
+    let fv = |st: &BTreeMap<String, String>| -> u64 {
+        st.get("calls.nvmlDeviceGetFieldValues")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + harness::PATIENCE;
+    let snapshot = |ok: &dyn Fn(u64) -> bool| loop {
+        let st = standin.status();
+        if fv(&st) % 2 == 1 && ok(fv(&st)) {
+            return st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no tick boundary seen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    let a = snapshot(&|_| true);
+    let b = snapshot(&|n| n >= fv(&a) + 2 * ticks);
+    let n = (fv(&b) - fv(&a)) / 2;
+    b.iter()
+        .filter_map(|(k, v)| {
+            // The event thread's waits are not part of a tick.
+            let name = k
+                .strip_prefix("calls.")
+                .filter(|n| !n.starts_with("nvmlEventSet"))?;
+            let before: u64 = a.get(k).and_then(|x| x.parse().ok()).unwrap_or(0);
+            let d = v.parse::<u64>().ok()? - before;
+            assert_eq!(d % n, 0, "{name}: {d} calls in {n} ticks");
+            (d > 0).then(|| (name.to_owned(), d / n))
+        })
+        .collect()
+}
+
+#[test]
+fn the_real_path_makes_the_documented_calls_per_tick() {
+    let standin = StandIn::new(node::standard());
+    let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
+    settled(&exp);
+    let got = calls_per_tick(&standin, 5);
+    // GPU 0, a whole H100: the field-values batch, 2 clocks, temperature, power, utilisation,
+    // encoder, decoder, memory, clock event reasons, and a GPM sample and computation; each
+    // GPM sample is a buffer nvml-wrapper allocates (and frees the one it replaces): 14.
+    // GPU 1 in MIG mode with 2 instances: the batch, 2 clocks, temperature, power, clock event
+    // reasons, memory (GPU and each instance: 3), a GPM sample of the GPU (PCIe bytes) and of
+    // each GPU instance, with their computations, allocations and frees (12): 21.
+    let want: BTreeMap<String, u64> = [
+        ("nvmlDeviceGetFieldValues", 2),
+        ("nvmlDeviceGetClockInfo", 4),
+        ("nvmlDeviceGetTemperature", 2),
+        ("nvmlDeviceGetPowerUsage", 2),
+        ("nvmlDeviceGetUtilizationRates", 1),
+        ("nvmlDeviceGetEncoderUtilization", 1),
+        ("nvmlDeviceGetDecoderUtilization", 1),
+        ("nvmlDeviceGetMemoryInfo_v2", 4),
+        ("nvmlDeviceGetCurrentClocksEventReasons", 2),
+        ("nvmlGpmSampleGet", 2),
+        ("nvmlGpmMigSampleGet", 2),
+        ("nvmlGpmMetricsGet", 4),
+        ("nvmlGpmSampleAlloc", 4),
+        ("nvmlGpmSampleFree", 4),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(got, want);
+    assert_eq!(got.values().sum::<u64>(), 14 + 21);
+}
