@@ -3,7 +3,8 @@
 # bookworm clone, after `cargo build --release` (or it builds it):
 #   scripts/ci-artifacts.sh
 # Installs what it needs (idempotent): apt prometheus prometheus-alertmanager kubernetes-client
-# (kubectl only if none is installed), pip kubernetes-validate. Steps, each must pass:
+# (kubectl only if none is installed), pip kubernetes-validate and the exact grafana-foundation-sdk
+# build scripts/gen-dashboards.py pins. Steps, each must pass:
 #   1. generated files are up to date (dashboards, PrometheusRule, ConfigMap CSV copy)
 #   2. promtool check rules + promtool test rules
 #   3. kubectl kustomize deploy/ + scripts/validate-manifests.py
@@ -27,6 +28,10 @@ if ((${#need_apt[@]})); then
 fi
 python3 -c 'import kubernetes_validate, yaml' 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check kubernetes-validate pyyaml
+# The dashboards are generated with Grafana's SDK, pinned exactly (its version is in gen-dashboards.py).
+sdk="$(python3 scripts/gen-dashboards.py --requirement)"
+python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('${sdk%%==*}') != '${sdk#*==}')" 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check "$sdk"
 promtool --version 2>&1 | head -1
 kubectl version --client 2>/dev/null | head -1 || true
 

@@ -3,8 +3,23 @@
 
     python3 scripts/gen-dashboards.py            # rewrite dashboards/*.json
     python3 scripts/gen-dashboards.py --check    # exit 1 if a checked-in file is out of date
+    python3 scripts/gen-dashboards.py --requirement   # print the pip requirement of the pinned SDK
 
-Standard library only. Conventions (tests/artifacts.rs checks them):
+Built with Grafana's own grafana-foundation-sdk (PyPI), so panels, queries and variables follow
+Grafana's dashboard schema by construction. The SDK is pinned exactly (SDK_VERSION below: the build
+for Grafana 11.6, dashboard schemaVersion 41); a different version would change the output, so the
+script refuses to run with any other. Install it with
+
+    python3 -m pip install "$(python3 scripts/gen-dashboards.py --requirement)"
+
+(scripts/ci-artifacts.sh does). To move to a newer Grafana, change SDK_VERSION, regenerate, and
+review the diff of dashboards/.
+
+Layout of this file: small helpers (a query, one helper per panel type, a Board that places panels
+left to right on Grafana's 24-column grid), then one function per dashboard with one call per
+panel. To add a panel, add one `board.add(...)` line where it should appear.
+
+Conventions (tests/artifacts.rs checks them):
 - every panel and target uses the `${datasource}` variable; uids are fixed; schemaVersion is current;
 - variables: hostname (the exporter's `hostname` label = the Kubernetes node name), gpu, namespace, pod;
 - GPU-wide fields (power, temperature, clocks, PCIe, ECC...) are repeated on every MIG instance series
@@ -13,398 +28,432 @@ Standard library only. Conventions (tests/artifacts.rs checks them):
   GPU_UTIL), scaled to percent where it is shown next to DCGM_FI_DEV_GPU_UTIL.
 """
 
+import importlib.metadata
 import json
 import pathlib
 import sys
 
-SCHEMA_VERSION = 39  # Grafana 11.0
-DS = {"type": "prometheus", "uid": "${datasource}"}
+SDK = "grafana-foundation-sdk"
+SDK_VERSION = "1769699379!11.6.0"  # <build timestamp>!<Grafana version>: the 2026-01-29 build for Grafana 11.6
+REQUIREMENT = f"{SDK}=={SDK_VERSION}"
+
+
+def _require_sdk():
+    try:
+        have = importlib.metadata.version(SDK)
+    except importlib.metadata.PackageNotFoundError:
+        have = None
+    if have != SDK_VERSION:
+        sys.exit(f"gen-dashboards.py needs {REQUIREMENT} (found {have or 'none'}): "
+                 f"python3 -m pip install '{REQUIREMENT}'")
+
+
+if __name__ == "__main__" and "--requirement" in sys.argv[1:]:
+    print(REQUIREMENT)
+    sys.exit(0)
+_require_sdk()
+
+# pylint: disable=wrong-import-position
+from grafana_foundation_sdk.builders import bargauge, heatmap, piechart, prometheus, stat, table, timeseries  # noqa: E402
+from grafana_foundation_sdk.builders import common as common_b  # noqa: E402
+from grafana_foundation_sdk.builders import dashboard as dash  # noqa: E402
+from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
+from grafana_foundation_sdk.models import common  # noqa: E402
+from grafana_foundation_sdk.models import dashboard as model  # noqa: E402
+from grafana_foundation_sdk.models import heatmap as heatmap_m  # noqa: E402
+from grafana_foundation_sdk.models import piechart as piechart_m  # noqa: E402
+from grafana_foundation_sdk.models import prometheus as prometheus_m  # noqa: E402
+
 OUT = pathlib.Path(__file__).resolve().parent.parent / "dashboards"
+DS = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+REF_IDS = "ABCDEFGHIJ"
 
 
-class Layout:
-    """Places panels left to right in a 24-column grid."""
+# --- queries -------------------------------------------------------------------------------------
 
-    def __init__(self):
-        self.x, self.y, self.row_h = 0, 0, 0
-        self.next_id = 1
-
-    def place(self, w, h):
-        if self.x + w > 24:
-            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
-        pos = {"h": h, "w": w, "x": self.x, "y": self.y}
-        self.x += w
-        self.row_h = max(self.row_h, h)
-        return pos
-
-    def row(self, title):
-        if self.x:
-            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
-        panel = {"type": "row", "title": title, "collapsed": False, "panels": [],
-                 "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "id": self.next_id}
-        self.next_id += 1
-        self.y += 1
-        return panel
-
-
-def target(expr, legend="", ref="A", instant=False, table=False):
-    t = {"datasource": DS, "expr": expr, "refId": ref, "legendFormat": legend or "__auto", "range": not instant,
-         "instant": instant}
+def q(expr, legend="", instant=False, table=False):
+    """One PromQL target. Range query unless `instant`; `table` returns one row per series."""
+    t = prometheus.Dataquery().datasource(DS).expr(expr).legend_format(legend or "__auto")
+    t = t.instant() if instant else t.range()
     if table:
-        t["format"] = "table"
+        t = t.format(prometheus_m.PromQueryFormat.TABLE)
     return t
 
 
-def panel(layout, kind, title, targets, w=12, h=8, unit=None, desc="", minv=None, maxv=None, extra=None,
-          thresholds=None, options=None):
-    refs = "ABCDEFGHIJ"
-    tgts = []
-    for i, t in enumerate(targets):
-        if isinstance(t, str):
-            t = target(t)
-        t = dict(t, refId=refs[i])
-        tgts.append(t)
-    defaults = {}
+# --- panels: one helper per panel type, sharing `_common` ---------------------------------------
+
+def _reduce_last():
+    return common_b.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+
+
+def _common(p, title, targets, desc="", unit=None, minv=None, maxv=None, thresholds=None):
+    """Title, description, data source, targets (refIds A, B, ...) and the standard field config.
+    `thresholds`: [(value, color), ...] above a green base."""
+    p = p.title(title).description(desc).datasource(DS)
+    for ref, t in zip(REF_IDS, targets, strict=False):
+        p = p.with_target(t.ref_id(ref))
+    if len(targets) > len(REF_IDS):
+        raise ValueError(f"panel {title!r}: more than {len(REF_IDS)} queries")
     if unit:
-        defaults["unit"] = unit
+        p = p.unit(unit)
     if minv is not None:
-        defaults["min"] = minv
+        p = p.min(minv)
     if maxv is not None:
-        defaults["max"] = maxv
+        p = p.max(maxv)
     if thresholds:
-        defaults["thresholds"] = {"mode": "absolute", "steps": [{"color": "green", "value": None}] + [
-            {"color": c, "value": v} for v, c in thresholds]}
-    p = {"type": kind, "title": title, "description": desc, "datasource": DS, "targets": tgts,
-         "gridPos": layout.place(w, h), "id": layout.next_id,
-         "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options or {}}
-    layout.next_id += 1
-    if extra:
-        p.update(extra)
+        steps = [model.Threshold(color="green", value=None)] + [model.Threshold(color=c, value=v) for v, c in thresholds]
+        p = p.thresholds(dash.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE).steps(steps))
     return p
 
 
-def var_datasource():
-    return {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-            "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}
+def timeseries_panel(title, targets, threshold_lines=False, **kw):
+    p = _common(timeseries.Panel(), title, targets, **kw)
+    if threshold_lines:
+        p = p.thresholds_style(common_b.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE))
+    return p
 
 
-def var_query(name, label, query, multi=True, include_all=True, all_value=".*"):
-    v = {"name": name, "label": label, "type": "query", "datasource": DS,
-         "query": {"query": query, "refId": f"{name}-var"}, "definition": query,
-         "refresh": 2, "sort": 3 if name == "gpu" else 1, "multi": multi, "includeAll": include_all,
-         "current": {}, "hide": 0, "regex": "", "options": []}
-    if include_all:
-        v["allValue"] = all_value
-    return v
+def stat_panel(title, targets, **kw):
+    return (_common(stat.Panel(), title, targets, **kw)
+            .reduce_options(_reduce_last())
+            .color_mode(common.BigValueColorMode.VALUE)
+            .graph_mode(common.BigValueGraphMode.AREA)
+            .text_mode(common.BigValueTextMode.AUTO))
 
 
-def dashboard(uid, title, desc, variables, panels, tags):
-    return {
-        "__inputs": [],
-        "uid": uid,
-        "title": title,
-        "description": desc,
-        "tags": ["gpu", "nvidia", "gpu-exporter"] + tags,
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "refresh": "30s",
-        "time": {"from": "now-6h", "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "fiscalYearStartMonth": 0,
-        "liveNow": False,
-        "weekStart": "",
-        "annotations": {"list": [{
-            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-            "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}]},
-        "links": [{"title": "GPU dashboards", "type": "dashboards", "tags": ["gpu-exporter"], "asDropdown": True,
-                   "includeVars": True, "keepTime": True}],
-        "templating": {"list": variables},
-        "panels": panels,
-    }
+def bargauge_panel(title, targets, display=common.BarGaugeDisplayMode.GRADIENT, **kw):
+    return (_common(bargauge.Panel(), title, targets, **kw)
+            .display_mode(display)
+            .orientation(common.VizOrientation.HORIZONTAL)
+            .reduce_options(_reduce_last()))
+
+
+def piechart_panel(title, targets, **kw):
+    legend = (piechart.PieChartLegendOptions().display_mode(common.LegendDisplayMode.TABLE)
+              .placement(common.LegendPlacement.RIGHT).values([piechart_m.PieChartLegendValues.VALUE])
+              .show_legend(True))
+    return (_common(piechart.Panel(), title, targets, **kw)
+            .pie_type(piechart_m.PieChartType.DONUT)
+            .reduce_options(_reduce_last())
+            .legend(legend))
+
+
+def heatmap_panel(title, targets, bucket="10", scheme="Oranges", ymin=0, ymax=100, **kw):
+    """Grafana computes the buckets from the series (`calculate`): `bucket` is the y bucket size."""
+    return (_common(heatmap.Panel(), title, targets, **kw)
+            .calculate(True)
+            .calculation(common_b.HeatmapCalculationOptions().y_buckets(
+                common_b.HeatmapCalculationBucketConfig().mode(common.HeatmapCalculationMode.SIZE).value(bucket)))
+            .color(heatmap.HeatmapColorOptions().mode(heatmap_m.HeatmapColorMode.SCHEME).scheme(scheme).steps(64))
+            .y_axis(heatmap.YAxisConfig().unit(kw.get("unit") or "short").min(ymin).max(ymax))
+            .cell_gap(1)
+            .mode(common.TooltipDisplayMode.SINGLE)
+            .show_y_histogram())
+
+
+def table_panel(title, targets, hide=(), rename=None, merge=False, **kw):
+    """A table of instant queries. `Time` is always hidden; `hide` names more columns to hide;
+    `merge` joins several queries' rows on their labels; `rename` maps column names."""
+    p = _common(table.Panel(), title, targets, **kw)
+    if merge:
+        p = p.with_transformation(model.DataTransformerConfig(id_val="merge", options={}))
+    organize = {"excludeByName": {name: True for name in ("Time", *hide)}}
+    if rename:
+        organize["renameByName"] = dict(rename)
+    return p.with_transformation(model.DataTransformerConfig(id_val="organize", options=organize))
+
+
+# --- dashboards ----------------------------------------------------------------------------------
+
+class Board:
+    """A dashboard being built: rows and panels are placed left to right on the 24-column grid,
+    wrapping to a new line when a panel does not fit; ids are assigned in order."""
+
+    def __init__(self, uid, title, desc, tags):
+        self.uid, self.title, self.desc, self.tags = uid, title, desc, tags
+        self.items = []  # (builder, is_row)
+        self.variables = [dash.DatasourceVariable("datasource").label("Data source").type("prometheus")
+                          .regex("")]
+        self.x = self.y = self.line_h = 0
+        self.next_id = 1
+
+    def _newline(self):
+        if self.x:
+            self.x, self.y, self.line_h = 0, self.y + self.line_h, 0
+
+    def row(self, title):
+        self._newline()
+        r = dash.Row(title).collapsed(False).id(self.next_id).grid_pos(model.GridPos(h=1, w=24, x=0, y=self.y))
+        self.items.append((r, True))
+        self.next_id += 1
+        self.y += 1
+
+    def add(self, w, h, panel):
+        if self.x + w > 24:
+            self._newline()
+        self.items.append((panel.id(self.next_id).grid_pos(model.GridPos(h=h, w=w, x=self.x, y=self.y)), False))
+        self.next_id += 1
+        self.x += w
+        self.line_h = max(self.line_h, h)
+
+    def variable(self, name, label, query, multi=True, include_all=True, sort=model.VariableSort.ALPHABETICAL_ASC):
+        v = (dash.QueryVariable(name).label(label).datasource(DS)
+             .query({"query": query, "refId": f"{name}-var"})
+             .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(sort)
+             .multi(multi).include_all(include_all).regex(""))
+        if include_all:
+            v = v.all_value(".*")
+        self.variables.append(v)
+
+    def build(self):
+        annotations = (dash.AnnotationQuery().name("Annotations & Alerts").built_in(1).type("dashboard")
+                       .datasource(model.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+                       .enable(True).hide(True).icon_color("rgba(0, 211, 255, 1)"))
+        links = (dash.DashboardLink("GPU dashboards").type(model.DashboardLinkType.DASHBOARDS)
+                 .tags(["gpu-exporter"]).as_dropdown(True).include_vars(True).keep_time(True))
+        b = (dash.Dashboard(self.title).uid(self.uid).description(self.desc)
+             .tags(["gpu", "nvidia", "gpu-exporter"] + self.tags)
+             .editable().tooltip(model.DashboardCursorSync.CROSSHAIR).version(1).refresh("30s")
+             .time("now-6h", "now").timezone("browser").fiscal_year_start_month(0).live_now(False)
+             .annotation(annotations).link(links).variables(self.variables))
+        for item, is_row in self.items:
+            b = b.with_row(item) if is_row else b.with_panel(item)
+        return b.build()
 
 
 HOST = 'hostname=~"$hostname"'
 
 
 def cluster():
-    L = Layout()
     H = HOST
-    util = (f'DCGM_FI_DEV_GPU_UTIL{{{H}}} or 100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{H}, GPU_I_ID!=""}}')
-    stat = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "colorMode": "value",
-            "graphMode": "area", "textMode": "auto"}
-    panels = [
-        L.row("Fleet"),
-        panel(L, "stat", "GPUs", [f'count(count by (hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}}}))'],
-              w=4, h=4, desc="GPUs seen by the exporters (lost GPUs included).", options=stat),
-        panel(L, "stat", "Nodes", [f'count(count by (hostname) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}}}))'],
-              w=4, h=4, options=stat),
-        panel(L, "stat", "Average utilization", [f'avg({util})'], w=4, h=4, unit="percent", minv=0, maxv=100,
-              desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL. MIG instances: graphics engine activity.", options=stat),
-        panel(L, "stat", "Power draw", [f'sum(max by (hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{H}}}))'],
-              w=4, h=4, unit="watt", options=stat,
-              desc="Each GPU counted once (MIG instance series repeat their GPU's power)."),
-        panel(L, "stat", "Framebuffer used",
-              [f'sum(DCGM_FI_DEV_FB_USED{{{H}}}) / sum(DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}})'],
-              w=4, h=4, unit="percentunit", minv=0, maxv=1, options=stat, thresholds=[(0.8, "orange"), (0.95, "red")]),
-        panel(L, "stat", "Idle allocated GPUs",
-              [f'count((avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{H}, pod!=""}}[30m]) < 10) or '
-               f'(avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{H}, pod!="", GPU_I_ID!=""}}[30m]) < 0.1)) or vector(0)'],
-              w=4, h=4, options=stat, thresholds=[(1, "orange")],
-              desc="GPUs and MIG instances held by a pod whose utilization averaged under 10 % over 30 minutes "
-                   "(the GPUUnderutilized alert fires after an hour of this)."),
-        panel(L, "piechart", "GPUs by health state", [
-            target(f'count(max by (hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}, health_watch="ALL"}}) == 0)', "pass"),
-            target(f'count(max by (hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}, health_watch="ALL"}}) == 10)', "warn"),
-            target(f'count(max by (hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}, health_watch="ALL"}}) == 20)', "fail"),
-        ], w=6, h=8, desc="Worst DCGM-style health watch per GPU: 0 pass, 10 warn, 20 fail.",
-            options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                     "pieType": "donut", "legend": {"displayMode": "table", "placement": "right", "values": ["value"]}}),
-        panel(L, "table", "Failing and warning health checks", [
-            target(f'max by (hostname, gpu, UUID, health_watch, health_error_code) '
-                   f'(DCGM_EXP_GPU_HEALTH_STATUS{{{H}, health_watch!="ALL"}}) > 0', instant=True, table=True)],
-            w=10, h=8, desc="Every non-passing watch: 10 = warn, 20 = fail.",
-            extra={"transformations": [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]}),
-        panel(L, "table", "GPUs by exporter state", [
-            target('sum by (state) (gpu_exporter_gpus)', instant=True, table=True)],
-            w=8, h=8, desc="From the exporters' self-metrics: healthy, unhealthy, lost (fell off the bus), "
-                           "unreadable (NVML errors).",
-            extra={"transformations": [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]}),
-        L.row("Utilization"),
-        panel(L, "heatmap", "GPU utilization across the cluster", [target(util, "{{hostname}} {{gpu}} {{GPU_I_ID}}")],
-              w=12, h=9, unit="percent",
-              desc="How many GPUs (and MIG instances) ran at each utilization level over time.",
-              options={"calculate": True, "calculation": {"yBuckets": {"mode": "size", "value": "10"}},
-                       "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
-                       "yAxis": {"unit": "percent", "min": 0, "max": 100}, "cellGap": 1,
-                       "tooltip": {"show": True, "yHistogram": True}}),
-        panel(L, "timeseries", "Average utilization per node", [
-            target(f'avg by (hostname) ({util})', "{{hostname}}")], w=12, h=9, unit="percent", minv=0, maxv=100),
-        panel(L, "table", "Idle GPUs held by pods", [
-            target(f'avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{H}, pod!=""}}[30m]) < 10', instant=True, table=True),
-            target(f'100 * avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{H}, pod!="", GPU_I_ID!=""}}[30m]) < 10',
-                   instant=True, table=True)],
-            w=24, h=7, unit="percent", desc="Allocated GPUs and MIG instances averaging under 10 % over 30 minutes.",
-            extra={"transformations": [{"id": "merge", "options": {}}, {"id": "organize", "options": {
-                "excludeByName": {"Time": True, "__name__": True, "instance": True, "job": True, "pci_bus_id": True,
-                                  "device": True, "DCGM_FI_DRIVER_VERSION": True}}}]}),
-        L.row("Power, temperature and memory"),
-        panel(L, "timeseries", "Power draw per node", [
-            target(f'sum by (hostname) (max by (hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{H}}}))', "{{hostname}}")],
-            w=12, h=8, unit="watt"),
-        panel(L, "timeseries", "Total power draw", [
-            target(f'sum(max by (hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{H}}}))', "total")], w=12, h=8, unit="watt"),
-        panel(L, "timeseries", "Hottest GPU per node", [
-            target(f'max by (hostname) (DCGM_FI_DEV_GPU_TEMP{{{H}}})', "{{hostname}}")],
-            w=12, h=8, unit="celsius", thresholds=[(80, "orange"), (85, "red")],
-            extra={"fieldConfig": {"defaults": {"unit": "celsius", "custom": {"thresholdsStyle": {"mode": "line"}},
-                                                "thresholds": {"mode": "absolute", "steps": [
-                                                    {"color": "green", "value": None}, {"color": "orange", "value": 80},
-                                                    {"color": "red", "value": 85}]}}, "overrides": []}}),
-        panel(L, "bargauge", "Hottest GPUs", [
-            target(f'topk(10, max by (hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{{{H}}}))', "{{hostname}} GPU {{gpu}}",
-                   instant=True)], w=12, h=8, unit="celsius", minv=20, maxv=100,
-            thresholds=[(80, "orange"), (85, "red")],
-            options={"displayMode": "gradient", "orientation": "horizontal",
-                     "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}),
-        panel(L, "timeseries", "Framebuffer used per node", [
-            target(f'sum by (hostname) (DCGM_FI_DEV_FB_USED{{{H}}}) / '
-                   f'sum by (hostname) (DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}})', "{{hostname}}")],
-            w=12, h=8, unit="percentunit", minv=0, maxv=1),
-        panel(L, "bargauge", "Fullest GPUs and MIG instances", [
-            target(f'topk(10, DCGM_FI_DEV_FB_USED{{{H}}} / (DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}}))',
-                   "{{hostname}} GPU {{gpu}} {{GPU_I_PROFILE}}", instant=True)],
-            w=12, h=8, unit="percentunit", minv=0, maxv=1, thresholds=[(0.8, "orange"), (0.95, "red")],
-            options={"displayMode": "gradient", "orientation": "horizontal",
-                     "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}),
-    ]
-    variables = [var_datasource(),
-                 var_query("hostname", "Node", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, hostname)")]
-    return dashboard("gpu-exporter-cluster", "GPU cluster overview",
-                     "Fleet-wide GPU utilization, health, power, temperature and memory (gpu-exporter).",
-                     variables, panels, ["cluster"])
+    util = f'DCGM_FI_DEV_GPU_UTIL{{{H}}} or 100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{H}, GPU_I_ID!=""}}'
+    fb_ratio = f'DCGM_FI_DEV_FB_USED{{{H}}} / (DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}})'
+    health_all = f'max by (hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}, health_watch="ALL"}})'
+    b = Board("gpu-exporter-cluster", "GPU cluster overview",
+              "Fleet-wide GPU utilization, health, power, temperature and memory (gpu-exporter).", ["cluster"])
+    b.variable("hostname", "Node", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, hostname)")
+
+    b.row("Fleet")
+    b.add(4, 4, stat_panel("GPUs", [q(f'count(count by (hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}}}))')],
+                           desc="GPUs seen by the exporters (lost GPUs included)."))
+    b.add(4, 4, stat_panel("Nodes", [q(f'count(count by (hostname) (DCGM_EXP_GPU_HEALTH_STATUS{{{H}}}))')]))
+    b.add(4, 4, stat_panel("Average utilization", [q(f'avg({util})')], unit="percent", minv=0, maxv=100,
+                           desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL. MIG instances: graphics engine activity."))
+    b.add(4, 4, stat_panel("Power draw", [q(f'sum(max by (hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{H}}}))')],
+                           unit="watt",
+                           desc="Each GPU counted once (MIG instance series repeat their GPU's power)."))
+    b.add(4, 4, stat_panel("Framebuffer used", [
+        q(f'sum(DCGM_FI_DEV_FB_USED{{{H}}}) / sum(DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}})')],
+        unit="percentunit", minv=0, maxv=1, thresholds=[(0.8, "orange"), (0.95, "red")]))
+    b.add(4, 4, stat_panel("Idle allocated GPUs", [
+        q(f'count((avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{H}, pod!=""}}[30m]) < 10) or '
+          f'(avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{H}, pod!="", GPU_I_ID!=""}}[30m]) < 0.1)) or vector(0)')],
+        thresholds=[(1, "orange")],
+        desc="GPUs and MIG instances held by a pod whose utilization averaged under 10 % over 30 minutes "
+             "(the GPUUnderutilized alert fires after an hour of this)."))
+    b.add(6, 8, piechart_panel("GPUs by health state", [
+        q(f'count({health_all} == 0)', "pass"),
+        q(f'count({health_all} == 10)', "warn"),
+        q(f'count({health_all} == 20)', "fail")],
+        desc="Worst DCGM-style health watch per GPU: 0 pass, 10 warn, 20 fail."))
+    b.add(10, 8, table_panel("Failing and warning health checks", [
+        q(f'max by (hostname, gpu, UUID, health_watch, health_error_code) '
+          f'(DCGM_EXP_GPU_HEALTH_STATUS{{{H}, health_watch!="ALL"}}) > 0', instant=True, table=True)],
+        desc="Every non-passing watch: 10 = warn, 20 = fail."))
+    b.add(8, 8, table_panel("GPUs by exporter state", [
+        q('sum by (state) (gpu_exporter_gpus)', instant=True, table=True)],
+        desc="From the exporters' self-metrics: healthy, unhealthy, lost (fell off the bus), "
+             "unreadable (NVML errors)."))
+
+    b.row("Utilization")
+    b.add(12, 9, heatmap_panel("GPU utilization across the cluster", [q(util, "{{hostname}} {{gpu}} {{GPU_I_ID}}")],
+                               unit="percent",
+                               desc="How many GPUs (and MIG instances) ran at each utilization level over time."))
+    b.add(12, 9, timeseries_panel("Average utilization per node", [q(f'avg by (hostname) ({util})', "{{hostname}}")],
+                                  unit="percent", minv=0, maxv=100))
+    b.add(24, 7, table_panel("Idle GPUs held by pods", [
+        q(f'avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{H}, pod!=""}}[30m]) < 10', instant=True, table=True),
+        q(f'100 * avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{H}, pod!="", GPU_I_ID!=""}}[30m]) < 10',
+          instant=True, table=True)],
+        merge=True, hide=("__name__", "instance", "job", "pci_bus_id", "device", "DCGM_FI_DRIVER_VERSION"),
+        unit="percent", desc="Allocated GPUs and MIG instances averaging under 10 % over 30 minutes."))
+
+    b.row("Power, temperature and memory")
+    b.add(12, 8, timeseries_panel("Power draw per node", [
+        q(f'sum by (hostname) (max by (hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{H}}}))', "{{hostname}}")],
+        unit="watt"))
+    b.add(12, 8, timeseries_panel("Total power draw", [
+        q(f'sum(max by (hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{H}}}))', "total")], unit="watt"))
+    b.add(12, 8, timeseries_panel("Hottest GPU per node", [
+        q(f'max by (hostname) (DCGM_FI_DEV_GPU_TEMP{{{H}}})', "{{hostname}}")],
+        unit="celsius", thresholds=[(80, "orange"), (85, "red")], threshold_lines=True))
+    b.add(12, 8, bargauge_panel("Hottest GPUs", [
+        q(f'topk(10, max by (hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{{{H}}}))', "{{hostname}} GPU {{gpu}}", instant=True)],
+        unit="celsius", minv=20, maxv=100, thresholds=[(80, "orange"), (85, "red")]))
+    b.add(12, 8, timeseries_panel("Framebuffer used per node", [
+        q(f'sum by (hostname) (DCGM_FI_DEV_FB_USED{{{H}}}) / '
+          f'sum by (hostname) (DCGM_FI_DEV_FB_USED{{{H}}} + DCGM_FI_DEV_FB_FREE{{{H}}})', "{{hostname}}")],
+        unit="percentunit", minv=0, maxv=1))
+    b.add(12, 8, bargauge_panel("Fullest GPUs and MIG instances", [
+        q(f'topk(10, {fb_ratio})', "{{hostname}} GPU {{gpu}} {{GPU_I_PROFILE}}", instant=True)],
+        unit="percentunit", minv=0, maxv=1, thresholds=[(0.8, "orange"), (0.95, "red")]))
+    return b.build()
 
 
 def node():
-    L = Layout()
     F = 'hostname=~"$hostname", gpu=~"$gpu"'
-    ts = "timeseries"
-    panels = [
-        L.row("Utilization and memory"),
-        panel(L, ts, "GPU utilization", [target(f'DCGM_FI_DEV_GPU_UTIL{{{F}}}', "GPU {{gpu}}")], w=8, unit="percent",
-              minv=0, maxv=100, desc="Not available on MIG-enabled GPUs: see graphics engine activity."),
-        panel(L, ts, "Graphics engine active", [
-            target(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{F}}}', "GPU {{gpu}} {{GPU_I_PROFILE}} {{GPU_I_ID}}")],
-            w=8, unit="percentunit", minv=0, maxv=1, desc="Per GPU or MIG instance."),
-        panel(L, ts, "Tensor and DRAM activity", [
-            target(f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{F}}}', "tensor GPU {{gpu}} {{GPU_I_ID}}"),
-            target(f'DCGM_FI_PROF_DRAM_ACTIVE{{{F}}}', "dram GPU {{gpu}} {{GPU_I_ID}}")],
-            w=8, unit="percentunit", minv=0, maxv=1),
-        panel(L, ts, "Framebuffer used", [
-            target(f'DCGM_FI_DEV_FB_USED{{{F}}}', "GPU {{gpu}} {{GPU_I_PROFILE}} {{GPU_I_ID}}")], w=8, unit="mbytes",
-            desc="MiB, per GPU or MIG instance."),
-        panel(L, ts, "Framebuffer used %", [
-            target(f'DCGM_FI_DEV_FB_USED{{{F}}} / (DCGM_FI_DEV_FB_USED{{{F}}} + DCGM_FI_DEV_FB_FREE{{{F}}})',
-                   "GPU {{gpu}} {{GPU_I_PROFILE}} {{GPU_I_ID}}")],
-            w=8, unit="percentunit", minv=0, maxv=1, thresholds=[(0.95, "red")]),
-        panel(L, ts, "Memory copy, encoder and decoder utilization", [
-            target(f'max by (gpu) (DCGM_FI_DEV_MEM_COPY_UTIL{{{F}}})', "copy GPU {{gpu}}"),
-            target(f'max by (gpu) (DCGM_FI_DEV_ENC_UTIL{{{F}}})', "enc GPU {{gpu}}"),
-            target(f'max by (gpu) (DCGM_FI_DEV_DEC_UTIL{{{F}}})', "dec GPU {{gpu}}")],
-            w=8, unit="percent", minv=0, maxv=100),
-        L.row("Clocks, power and temperature"),
-        panel(L, ts, "SM clock", [target(f'max by (gpu) (DCGM_FI_DEV_SM_CLOCK{{{F}}}) * 1000000', "GPU {{gpu}}")],
-              w=8, unit="hertz"),
-        panel(L, ts, "Memory clock", [target(f'max by (gpu) (DCGM_FI_DEV_MEM_CLOCK{{{F}}}) * 1000000', "GPU {{gpu}}")],
-              w=8, unit="hertz"),
-        panel(L, ts, "Power draw", [target(f'max by (gpu) (DCGM_FI_DEV_POWER_USAGE{{{F}}})', "GPU {{gpu}}")],
-              w=8, unit="watt"),
-        panel(L, "stat", "Energy used in the time range", [
-            target(f'sum(max by (gpu) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{F}}}[$__range]))) / 3600000000',
-                   "energy", instant=True)], w=8, unit="kwatth",
-            desc="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION is in mJ; 1 kWh = 3.6e9 mJ.",
-            options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}),
-        panel(L, ts, "Temperature", [
-            target(f'max by (gpu) (DCGM_FI_DEV_GPU_TEMP{{{F}}})', "GPU {{gpu}}"),
-            target(f'max by (gpu) (DCGM_FI_DEV_MEMORY_TEMP{{{F}}})', "memory GPU {{gpu}}")],
-            w=8, unit="celsius", thresholds=[(85, "red")]),
-        panel(L, ts, "Throttling (share of time)", [
-            target(f'max by (gpu) (rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{F}}}[$__rate_interval])) / 1e9', "thermal GPU {{gpu}}"),
-            target(f'max by (gpu) (rate(DCGM_FI_DEV_POWER_VIOLATION{{{F}}}[$__rate_interval])) / 1e9', "power GPU {{gpu}}")],
-            w=8, unit="percentunit", minv=0, maxv=1,
-            desc="Fraction of time clocks were held down for thermal or power reasons (violation counters, ns)."),
-        panel(L, ts, "Clock events in the window", [
-            target(f'max by (gpu, clock_event) (DCGM_EXP_CLOCK_EVENTS_COUNT{{{F}}})', "GPU {{gpu}} {{clock_event}}")],
-            w=24, h=7, desc="Samples with each clock-event (throttle) reason within the exporter's window."),
-        L.row("Interconnect"),
-        panel(L, ts, "PCIe bandwidth", [
-            target(f'max by (gpu) (DCGM_FI_PROF_PCIE_TX_BYTES{{{F}}})', "TX GPU {{gpu}}"),
-            target(f'-max by (gpu) (DCGM_FI_PROF_PCIE_RX_BYTES{{{F}}})', "RX GPU {{gpu}}")],
-            w=8, unit="Bps", desc="TX up, RX down."),
-        panel(L, ts, "PCIe replays", [
-            target(f'max by (gpu) (increase(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{F}}}[$__rate_interval]))', "GPU {{gpu}}")],
-            w=8, desc="PCIe packet retries; a steady rise means a bad link (GPUPCIeReplaysRising)."),
-        panel(L, ts, "NVLink bandwidth", [
-            target(f'max by (gpu) (DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{F}}})', "GPU {{gpu}}")],
-            w=8, unit="MBs", desc="TX+RX over all links, MB/s. Absent on GPUs without NVLink."),
-        panel(L, ts, "NVLink errors", [
-            target(f'max by (gpu) (increase(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{F}}}[$__rate_interval]))', "CRC flit GPU {{gpu}}"),
-            target(f'max by (gpu) (increase(DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL{{{F}}}[$__rate_interval]))', "CRC data GPU {{gpu}}"),
-            target(f'max by (gpu) (increase(DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{{{F}}}[$__rate_interval]))', "replay GPU {{gpu}}"),
-            target(f'max by (gpu) (increase(DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{{{F}}}[$__rate_interval]))', "recovery GPU {{gpu}}")],
-            w=24, h=7),
-        L.row("Errors"),
-        panel(L, "table", "ECC errors", [
-            target(f'max by (gpu) (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{F}}})', "SBE volatile", instant=True, table=True),
-            target(f'max by (gpu) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{F}}})', "DBE volatile", instant=True, table=True),
-            target(f'max by (gpu) (DCGM_FI_DEV_ECC_SBE_AGG_TOTAL{{{F}}})', "SBE aggregate", instant=True, table=True),
-            target(f'max by (gpu) (DCGM_FI_DEV_ECC_DBE_AGG_TOTAL{{{F}}})', "DBE aggregate", instant=True, table=True)],
-            w=12, h=8, desc="Volatile counts reset when the driver reloads; aggregate counts persist.",
-            extra={"transformations": [{"id": "merge", "options": {}},
-                                       {"id": "organize", "options": {"excludeByName": {"Time": True},
-                                                                      "renameByName": {"Value #A": "SBE volatile",
-                                                                                       "Value #B": "DBE volatile",
-                                                                                       "Value #C": "SBE aggregate",
-                                                                                       "Value #D": "DBE aggregate"}}}]}),
-        panel(L, "table", "Retired pages and remapped rows", [
-            target(f'max by (gpu) (DCGM_FI_DEV_RETIRED_SBE{{{F}}})', instant=True, table=True),
-            target(f'max by (gpu) (DCGM_FI_DEV_RETIRED_DBE{{{F}}})', instant=True, table=True),
-            target(f'max by (gpu) (DCGM_FI_DEV_RETIRED_PENDING{{{F}}})', instant=True, table=True),
-            target(f'max by (gpu) (DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{{{F}}})', instant=True, table=True),
-            target(f'max by (gpu) (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{{{F}}})', instant=True, table=True),
-            target(f'max by (gpu) (DCGM_FI_DEV_ROW_REMAP_FAILURE{{{F}}})', instant=True, table=True)],
-            w=12, h=8, desc="Page retirement (before Ampere) and row remapping (Ampere and newer).",
-            extra={"transformations": [{"id": "merge", "options": {}},
-                                       {"id": "organize", "options": {"excludeByName": {"Time": True},
-                                                                      "renameByName": {"Value #A": "retired SBE",
-                                                                                       "Value #B": "retired DBE",
-                                                                                       "Value #C": "retire pending",
-                                                                                       "Value #D": "remapped (corr.)",
-                                                                                       "Value #E": "remapped (uncorr.)",
-                                                                                       "Value #F": "remap failed"}}}]}),
-        panel(L, ts, "Last XID", [
-            target(f'max by (gpu, err_code, err_msg) (DCGM_FI_DEV_XID_ERRORS{{{F}}})', "GPU {{gpu}}: {{err_msg}}")],
-            w=12, h=8, desc="The last XID within the exporter's window (0 = none)."),
-        panel(L, "table", "XIDs in the window", [
-            target(f'max by (gpu, xid) (DCGM_EXP_XID_ERRORS_COUNT{{{F}}})', instant=True, table=True)],
-            w=12, h=8, desc="Count of each XID within window_size_in_ms; a row without xid means none.",
-            extra={"transformations": [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]}),
-        panel(L, "table", "Health checks", [
-            target(f'max by (gpu, health_watch, health_error_code) (DCGM_EXP_GPU_HEALTH_STATUS{{{F}, health_watch!="ALL"}})',
-                   instant=True, table=True)],
-            w=24, h=8, desc="0 pass, 10 warn, 20 fail.",
-            extra={"transformations": [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]}),
-    ]
-    variables = [var_datasource(),
-                 var_query("hostname", "Node", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, hostname)",
-                           multi=False, include_all=False),
-                 var_query("gpu", "GPU", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{hostname=~"$hostname"}, gpu)')]
-    return dashboard("gpu-exporter-node", "GPU node detail",
-                     "One node's GPUs: utilization, memory, clocks, power, temperature and throttling, PCIe and "
-                     "NVLink, ECC, retired/remapped memory, XIDs and health (gpu-exporter).",
-                     variables, panels, ["node"])
+    by_gpu = "GPU {{gpu}} {{GPU_I_PROFILE}} {{GPU_I_ID}}"
+    b = Board("gpu-exporter-node", "GPU node detail",
+              "One node's GPUs: utilization, memory, clocks, power, temperature and throttling, PCIe and "
+              "NVLink, ECC, retired/remapped memory, XIDs and health (gpu-exporter).", ["node"])
+    b.variable("hostname", "Node", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, hostname)", multi=False, include_all=False)
+    b.variable("gpu", "GPU", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{hostname=~"$hostname"}, gpu)',
+               sort=model.VariableSort.NUMERICAL_ASC)
+
+    b.row("Utilization and memory")
+    b.add(8, 8, timeseries_panel("GPU utilization", [q(f'DCGM_FI_DEV_GPU_UTIL{{{F}}}', "GPU {{gpu}}")],
+                                 unit="percent", minv=0, maxv=100,
+                                 desc="Not available on MIG-enabled GPUs: see graphics engine activity."))
+    b.add(8, 8, timeseries_panel("Graphics engine active", [q(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{F}}}', by_gpu)],
+                                 unit="percentunit", minv=0, maxv=1, desc="Per GPU or MIG instance."))
+    b.add(8, 8, timeseries_panel("Tensor and DRAM activity", [
+        q(f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{F}}}', "tensor GPU {{gpu}} {{GPU_I_ID}}"),
+        q(f'DCGM_FI_PROF_DRAM_ACTIVE{{{F}}}', "dram GPU {{gpu}} {{GPU_I_ID}}")],
+        unit="percentunit", minv=0, maxv=1))
+    b.add(8, 8, timeseries_panel("Framebuffer used", [q(f'DCGM_FI_DEV_FB_USED{{{F}}}', by_gpu)], unit="mbytes",
+                                 desc="MiB, per GPU or MIG instance."))
+    b.add(8, 8, timeseries_panel("Framebuffer used %", [
+        q(f'DCGM_FI_DEV_FB_USED{{{F}}} / (DCGM_FI_DEV_FB_USED{{{F}}} + DCGM_FI_DEV_FB_FREE{{{F}}})', by_gpu)],
+        unit="percentunit", minv=0, maxv=1, thresholds=[(0.95, "red")]))
+    b.add(8, 8, timeseries_panel("Memory copy, encoder and decoder utilization", [
+        q(f'max by (gpu) (DCGM_FI_DEV_MEM_COPY_UTIL{{{F}}})', "copy GPU {{gpu}}"),
+        q(f'max by (gpu) (DCGM_FI_DEV_ENC_UTIL{{{F}}})', "enc GPU {{gpu}}"),
+        q(f'max by (gpu) (DCGM_FI_DEV_DEC_UTIL{{{F}}})', "dec GPU {{gpu}}")],
+        unit="percent", minv=0, maxv=100))
+
+    b.row("Clocks, power and temperature")
+    b.add(8, 8, timeseries_panel("SM clock", [
+        q(f'max by (gpu) (DCGM_FI_DEV_SM_CLOCK{{{F}}}) * 1000000', "GPU {{gpu}}")], unit="hertz"))
+    b.add(8, 8, timeseries_panel("Memory clock", [
+        q(f'max by (gpu) (DCGM_FI_DEV_MEM_CLOCK{{{F}}}) * 1000000', "GPU {{gpu}}")], unit="hertz"))
+    b.add(8, 8, timeseries_panel("Power draw", [
+        q(f'max by (gpu) (DCGM_FI_DEV_POWER_USAGE{{{F}}})', "GPU {{gpu}}")], unit="watt"))
+    b.add(8, 8, stat_panel("Energy used in the time range", [
+        q(f'sum(max by (gpu) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{F}}}[$__range]))) / 3600000000',
+          "energy", instant=True)],
+        unit="kwatth", desc="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION is in mJ; 1 kWh = 3.6e9 mJ."))
+    b.add(8, 8, timeseries_panel("Temperature", [
+        q(f'max by (gpu) (DCGM_FI_DEV_GPU_TEMP{{{F}}})', "GPU {{gpu}}"),
+        q(f'max by (gpu) (DCGM_FI_DEV_MEMORY_TEMP{{{F}}})', "memory GPU {{gpu}}")],
+        unit="celsius", thresholds=[(85, "red")]))
+    b.add(8, 8, timeseries_panel("Throttling (share of time)", [
+        q(f'max by (gpu) (rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{F}}}[$__rate_interval])) / 1e9', "thermal GPU {{gpu}}"),
+        q(f'max by (gpu) (rate(DCGM_FI_DEV_POWER_VIOLATION{{{F}}}[$__rate_interval])) / 1e9', "power GPU {{gpu}}")],
+        unit="percentunit", minv=0, maxv=1,
+        desc="Fraction of time clocks were held down for thermal or power reasons (violation counters, ns)."))
+    b.add(24, 7, timeseries_panel("Clock events in the window", [
+        q(f'max by (gpu, clock_event) (DCGM_EXP_CLOCK_EVENTS_COUNT{{{F}}})', "GPU {{gpu}} {{clock_event}}")],
+        desc="Samples with each clock-event (throttle) reason within the exporter's window."))
+
+    b.row("Interconnect")
+    b.add(8, 8, timeseries_panel("PCIe bandwidth", [
+        q(f'max by (gpu) (DCGM_FI_PROF_PCIE_TX_BYTES{{{F}}})', "TX GPU {{gpu}}"),
+        q(f'-max by (gpu) (DCGM_FI_PROF_PCIE_RX_BYTES{{{F}}})', "RX GPU {{gpu}}")],
+        unit="Bps", desc="TX up, RX down."))
+    b.add(8, 8, timeseries_panel("PCIe replays", [
+        q(f'max by (gpu) (increase(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{F}}}[$__rate_interval]))', "GPU {{gpu}}")],
+        desc="PCIe packet retries; a steady rise means a bad link (GPUPCIeReplaysRising)."))
+    b.add(8, 8, timeseries_panel("NVLink bandwidth", [
+        q(f'max by (gpu) (DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{F}}})', "GPU {{gpu}}")],
+        unit="MBs", desc="TX+RX over all links, MB/s. Absent on GPUs without NVLink."))
+    b.add(24, 7, timeseries_panel("NVLink errors", [
+        q(f'max by (gpu) (increase(DCGM_FI_DEV_NVLINK_{counter}_COUNT_TOTAL{{{F}}}[$__rate_interval]))',
+          f"{name} GPU {{{{gpu}}}}")
+        for counter, name in [("CRC_FLIT_ERROR", "CRC flit"), ("CRC_DATA_ERROR", "CRC data"),
+                              ("REPLAY_ERROR", "replay"), ("RECOVERY_ERROR", "recovery")]]))
+
+    b.row("Errors")
+    ecc = [("SBE_VOL", "SBE volatile"), ("DBE_VOL", "DBE volatile"), ("SBE_AGG", "SBE aggregate"),
+           ("DBE_AGG", "DBE aggregate")]
+    b.add(12, 8, table_panel("ECC errors", [
+        q(f'max by (gpu) (DCGM_FI_DEV_ECC_{field}_TOTAL{{{F}}})', name, instant=True, table=True) for field, name in ecc],
+        merge=True, rename={f"Value #{ref}": name for ref, (_, name) in zip(REF_IDS, ecc)},
+        desc="Volatile counts reset when the driver reloads; aggregate counts persist."))
+    remap = [("RETIRED_SBE", "retired SBE"), ("RETIRED_DBE", "retired DBE"), ("RETIRED_PENDING", "retire pending"),
+             ("CORRECTABLE_REMAPPED_ROWS", "remapped (corr.)"), ("UNCORRECTABLE_REMAPPED_ROWS", "remapped (uncorr.)"),
+             ("ROW_REMAP_FAILURE", "remap failed")]
+    b.add(12, 8, table_panel("Retired pages and remapped rows", [
+        q(f'max by (gpu) (DCGM_FI_DEV_{field}{{{F}}})', instant=True, table=True) for field, _ in remap],
+        merge=True, rename={f"Value #{ref}": name for ref, (_, name) in zip(REF_IDS, remap)},
+        desc="Page retirement (before Ampere) and row remapping (Ampere and newer)."))
+    b.add(12, 8, timeseries_panel("Last XID", [
+        q(f'max by (gpu, err_code, err_msg) (DCGM_FI_DEV_XID_ERRORS{{{F}}})', "GPU {{gpu}}: {{err_msg}}")],
+        desc="The last XID within the exporter's window (0 = none)."))
+    b.add(12, 8, table_panel("XIDs in the window", [
+        q(f'max by (gpu, xid) (DCGM_EXP_XID_ERRORS_COUNT{{{F}}})', instant=True, table=True)],
+        desc="Count of each XID within window_size_in_ms; a row without xid means none."))
+    b.add(24, 8, table_panel("Health checks", [
+        q(f'max by (gpu, health_watch, health_error_code) (DCGM_EXP_GPU_HEALTH_STATUS{{{F}, health_watch!="ALL"}})',
+          instant=True, table=True)],
+        desc="0 pass, 10 warn, 20 fail."))
+    return b.build()
 
 
 def workloads():
-    L = Layout()
     W = 'hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod", pod!=""'
     util = f'DCGM_FI_DEV_GPU_UTIL{{{W}}} or 100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{W}, GPU_I_ID!=""}}'
-    ts = "timeseries"
-    panels = [
-        L.row("Per namespace"),
-        panel(L, ts, "GPU memory per namespace", [
-            target(f'sum by (namespace) (DCGM_FI_DEV_FB_USED{{{W}}})', "{{namespace}}")], w=8, unit="mbytes"),
-        panel(L, ts, "GPU utilization per namespace", [target(f'avg by (namespace) ({util})', "{{namespace}}")],
-              w=8, unit="percent", minv=0, maxv=100),
-        panel(L, "bargauge", "GPUs and MIG slices held per namespace", [
-            target(f'count by (namespace) (count by (namespace, hostname, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{{{W}}}))',
-                   "{{namespace}}", instant=True)], w=8,
-            options={"displayMode": "basic", "orientation": "horizontal",
-                     "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}),
-        L.row("Per pod and container"),
-        panel(L, ts, "GPU memory per pod", [
-            target(f'sum by (namespace, pod, container) (DCGM_FI_DEV_FB_USED{{{W}}})',
-                   "{{namespace}}/{{pod}}/{{container}}")], w=12, unit="mbytes"),
-        panel(L, ts, "GPU utilization per pod", [
-            target(f'avg by (namespace, pod, container) ({util})', "{{namespace}}/{{pod}}/{{container}}")],
-            w=12, unit="percent", minv=0, maxv=100,
-            desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL; MIG slices: graphics engine activity."),
-        panel(L, "table", "MIG slices per pod", [
-            target(f'count by (namespace, pod, container, hostname, gpu, GPU_I_PROFILE, GPU_I_ID) '
-                   f'(DCGM_FI_DEV_FB_USED{{{W}, GPU_I_ID!=""}})', instant=True, table=True)],
-            w=12, desc="Which MIG instance each pod holds.",
-            extra={"transformations": [{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}]}),
-        panel(L, "table", "Pods sharing GPUs", [
-            target('gpu_exporter_gpu_pod_info{namespace=~"$namespace", pod=~"$pod"}', instant=True, table=True)],
-            w=12, desc="Time-sliced / MPS GPUs held by several pods: their series carry no pod labels; "
-                       "gpu_exporter_gpu_pod_info lists the holders.",
-            extra={"transformations": [{"id": "organize", "options": {"excludeByName": {
-                "Time": True, "Value": True, "__name__": True, "job": True}}}]}),
-        panel(L, ts, "Utilization of shared GPUs, per holder", [
-            target('max by (namespace, pod, container, UUID) (gpu_exporter_gpu_pod_info{namespace=~"$namespace", pod=~"$pod"} '
-                   '* on (UUID) group_left () max by (UUID) (DCGM_FI_DEV_GPU_UTIL))',
-                   "{{namespace}}/{{pod}} on {{UUID}}")], w=24, unit="percent", minv=0, maxv=100,
-            desc="The whole GPU's utilization, shown for each pod sharing it (NVML cannot split it per pod)."),
-    ]
-    variables = [var_datasource(),
-                 var_query("hostname", "Node", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, hostname)"),
-                 var_query("namespace", "Namespace", 'label_values(DCGM_FI_DEV_FB_USED{hostname=~"$hostname"}, namespace)'),
-                 var_query("pod", "Pod", 'label_values(DCGM_FI_DEV_FB_USED{hostname=~"$hostname", namespace=~"$namespace"}, pod)')]
-    return dashboard("gpu-exporter-workloads", "GPU workloads",
-                     "GPU memory and utilization per namespace, pod and container; MIG slices and shared GPUs "
-                     "(gpu-exporter with -k).", variables, panels, ["workloads", "kubernetes"])
+    holder = "{{namespace}}/{{pod}}/{{container}}"
+    b = Board("gpu-exporter-workloads", "GPU workloads",
+              "GPU memory and utilization per namespace, pod and container; MIG slices and shared GPUs "
+              "(gpu-exporter with -k).", ["workloads", "kubernetes"])
+    b.variable("hostname", "Node", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, hostname)")
+    b.variable("namespace", "Namespace", 'label_values(DCGM_FI_DEV_FB_USED{hostname=~"$hostname"}, namespace)')
+    b.variable("pod", "Pod", 'label_values(DCGM_FI_DEV_FB_USED{hostname=~"$hostname", namespace=~"$namespace"}, pod)')
+
+    b.row("Per namespace")
+    b.add(8, 8, timeseries_panel("GPU memory per namespace", [
+        q(f'sum by (namespace) (DCGM_FI_DEV_FB_USED{{{W}}})', "{{namespace}}")], unit="mbytes"))
+    b.add(8, 8, timeseries_panel("GPU utilization per namespace", [q(f'avg by (namespace) ({util})', "{{namespace}}")],
+                                 unit="percent", minv=0, maxv=100))
+    b.add(8, 8, bargauge_panel("GPUs and MIG slices held per namespace", [
+        q(f'count by (namespace) (count by (namespace, hostname, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{{{W}}}))',
+          "{{namespace}}", instant=True)], display=common.BarGaugeDisplayMode.BASIC))
+
+    b.row("Per pod and container")
+    b.add(12, 8, timeseries_panel("GPU memory per pod", [
+        q(f'sum by (namespace, pod, container) (DCGM_FI_DEV_FB_USED{{{W}}})', holder)], unit="mbytes"))
+    b.add(12, 8, timeseries_panel("GPU utilization per pod", [
+        q(f'avg by (namespace, pod, container) ({util})', holder)],
+        unit="percent", minv=0, maxv=100,
+        desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL; MIG slices: graphics engine activity."))
+    b.add(12, 8, table_panel("MIG slices per pod", [
+        q(f'count by (namespace, pod, container, hostname, gpu, GPU_I_PROFILE, GPU_I_ID) '
+          f'(DCGM_FI_DEV_FB_USED{{{W}, GPU_I_ID!=""}})', instant=True, table=True)],
+        hide=("Value",), desc="Which MIG instance each pod holds."))
+    b.add(12, 8, table_panel("Pods sharing GPUs", [
+        q('gpu_exporter_gpu_pod_info{namespace=~"$namespace", pod=~"$pod"}', instant=True, table=True)],
+        hide=("Value", "__name__", "job"),
+        desc="Time-sliced / MPS GPUs held by several pods: their series carry no pod labels; "
+             "gpu_exporter_gpu_pod_info lists the holders."))
+    b.add(24, 8, timeseries_panel("Utilization of shared GPUs, per holder", [
+        q('max by (namespace, pod, container, UUID) (gpu_exporter_gpu_pod_info{namespace=~"$namespace", pod=~"$pod"} '
+          '* on (UUID) group_left () max by (UUID) (DCGM_FI_DEV_GPU_UTIL))', "{{namespace}}/{{pod}} on {{UUID}}")],
+        unit="percent", minv=0, maxv=100,
+        desc="The whole GPU's utilization, shown for each pod sharing it (NVML cannot split it per pod)."))
+    return b.build()
+
+
+DASHBOARDS = {"gpu-cluster.json": cluster, "gpu-node.json": node, "gpu-workloads.json": workloads}
 
 
 def render(d):
-    return json.dumps(d, indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(d, cls=JSONEncoder, indent=2, ensure_ascii=False) + "\n"
 
 
 def main():
     check = "--check" in sys.argv[1:]
     stale = []
-    for name, build in [("gpu-cluster.json", cluster), ("gpu-node.json", node), ("gpu-workloads.json", workloads)]:
+    for name, build in DASHBOARDS.items():
         path = OUT / name
         text = render(build())
         if check:

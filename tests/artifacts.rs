@@ -19,9 +19,10 @@ use serde_yaml::Value as Yaml;
 use gpu_exporter::catalog;
 use gpu_exporter::self_metrics::{SampleStats, SelfMetrics};
 
-/// Grafana 11.0's dashboard schema version; older ones are migrated on import, which rewrites
-/// panels users then see as "changed".
-const MIN_SCHEMA_VERSION: u64 = 39;
+/// The dashboard schema version of Grafana 11.6, the one the pinned grafana-foundation-sdk build
+/// (scripts/gen-dashboards.py) writes; older ones are migrated on import, which rewrites panels
+/// users then see as "changed".
+const MIN_SCHEMA_VERSION: u64 = 41;
 
 /// Self-metrics of the pod-resources client that rules and dashboards may query. They are only
 /// emitted with `-k` (the `SelfMetrics::default()` of `known_metrics` has them off), so they are
