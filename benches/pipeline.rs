@@ -57,6 +57,7 @@ fn options() -> BuildOptions {
         virtual_gpus: false,
         xid_window_ms: 300_000,
         clock_window_ms: 300_000,
+        old_namespace: false,
     }
 }
 

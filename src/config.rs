@@ -139,6 +139,23 @@ pub struct Args {
     )]
     pub devices: String,
 
+    /// NVSwitches and their links to export: `f`, `g[:ids]` (switch ids), `i[:ids]` (link
+    /// indices), as dcgm-exporter. gpu-exporter has no NVSwitch entities (they need NVIDIA's NSCQ
+    /// library), so anything but `f` is reported at startup as having no effect; GPU NVLink
+    /// series follow `--devices`, as in dcgm-exporter.
+    #[arg(
+        short = 's',
+        long,
+        env = "DCGM_EXPORTER_OTHER_DEVICES_STR",
+        default_value = "f"
+    )]
+    pub switch_devices: String,
+
+    /// dcgm-exporter 1.x label names, for old dashboards: `uuid` instead of `UUID`, and
+    /// `pod_name`, `pod_namespace`, `container_name` instead of `pod`, `namespace`, `container`.
+    #[arg(short = 'o', long, env = "DCGM_EXPORTER_USE_OLD_NAMESPACE")]
+    pub use_old_namespace: bool,
+
     /// exporter-toolkit web configuration file (TLS, mTLS, basic auth, headers); re-read when it
     /// or the certificates it names change. See docs/security.md.
     #[arg(long, env = "DCGM_EXPORTER_WEB_CONFIG_FILE")]
@@ -256,6 +273,14 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// The switch selection does not parse.
+    #[error("--switch-devices {value:?}: {reason}")]
+    SwitchDevices {
+        /// What was given.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The pod-resources TTL is shorter than the refresh period.
     #[error("--pod-resources-ttl {ttl}: must be at least --pod-resources-refresh ({refresh} ms)")]
     PodResourcesTtl {
@@ -326,6 +351,10 @@ impl Config {
         };
         let listen = parse_address(&args.address)?;
         let selection = parse_devices(&args.devices)?;
+        let switches = parse_devices(&args.switch_devices).map_err(|e| match e {
+            ConfigError::Devices { value, reason } => ConfigError::SwitchDevices { value, reason },
+            other => other,
+        })?;
         let scenario = match &args.sim_scenario {
             Some(p) => Some((
                 scenario::load(p).map_err(ConfigError::Scenario)?,
@@ -343,6 +372,12 @@ impl Config {
         }
         if args.enable_dcgm_log || args.dcgm_log_level.is_some() {
             notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: there is no DCGM library to log".to_owned());
+        }
+        if switches != DeviceSelection::Flex {
+            notices.push(format!(
+                "--switch-devices {:?} has no effect: gpu-exporter exports no NVSwitch entities (they need NVIDIA's NSCQ library); GPU NVLink series follow --devices",
+                args.switch_devices
+            ));
         }
         if args.disable_startup_validate {
             notices.push(
@@ -471,6 +506,12 @@ fn parse_id_list(list: &str) -> Result<Vec<u32>, String> {
     Ok(ids)
 }
 
+/// Whether the text log may use ANSI colours: only when stderr is a terminal, and never when
+/// `NO_COLOR` is set to a non-empty value (<https://no-color.org>).
+pub fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
+}
+
 fn system_hostname() -> String {
     ["/proc/sys/kernel/hostname", "/etc/hostname"]
         .iter()
@@ -488,6 +529,16 @@ mod tests {
         let mut v = vec!["gpu-exporter"];
         v.extend_from_slice(extra);
         Args::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn log_colour_needs_a_terminal_and_no_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colour(true, None));
+        assert!(log_colour(true, Some(OsStr::new(""))));
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_colour(false, None));
+        assert!(!log_colour(false, Some(OsStr::new(""))));
     }
 
     #[test]
@@ -551,6 +602,27 @@ mod tests {
         assert_eq!(a.kubernetes_gpu_id_type, GpuIdType::Uid);
         assert_eq!(a.backend, Backend::Nvml);
         assert_eq!(a.hostname_label, "hostname");
+        assert_eq!(a.switch_devices, "f");
+        assert!(!a.use_old_namespace);
+    }
+
+    #[test]
+    fn old_namespace_and_switch_devices_flags() {
+        assert!(args(&["-o"]).use_old_namespace);
+        assert!(args(&["--use-old-namespace"]).use_old_namespace);
+        let c = Config::resolve(args(&["-s", "g:0,1"])).unwrap();
+        assert_eq!(c.notices.len(), 1);
+        assert!(c.notices[0].contains("NSCQ"), "{}", c.notices[0]);
+        assert!(Config::resolve(args(&["-s", "f"]))
+            .unwrap()
+            .notices
+            .is_empty());
+        let e = Config::resolve(args(&["-s", "x:1"])).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("--switch-devices \"x:1\": unknown device type"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -58,8 +58,15 @@ fn init_logging(format: LogFormat, debug: bool) {
     let default = if debug { "debug" } else { "info" };
     let filter =
         EnvFilter::try_from_env("GPU_EXPORTER_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    // Colour only for a person at a terminal: under Kubernetes stderr is a pipe, and `kubectl
+    // logs` would show the escape codes raw.
+    let colour = gpu_exporter::config::log_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
@@ -73,13 +80,7 @@ async fn run(args: Args) -> Result<()> {
         tracing::warn!("{notice}");
     }
     for s in &config.skipped {
-        tracing::warn!(
-            "{}:{}: skipping {} (DCGM field {}): gpu-exporter does not collect it",
-            config.catalog_origin,
-            s.line,
-            s.name,
-            s.id
-        );
+        tracing::warn!("{}:{}: {s}", config.catalog_origin, s.line);
     }
     let nvml = match config.args.backend {
         Backend::Sim => None,
@@ -252,6 +253,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             virtual_gpus: config.args.kubernetes_virtual_gpus,
             xid_window_ms: config.args.xid_count_window_size,
             clock_window_ms: config.args.clock_events_count_window_size,
+            old_namespace: config.args.use_old_namespace,
         },
     };
     let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));

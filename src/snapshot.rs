@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::catalog::field::MigScope;
 use crate::catalog::{Catalog, Field, MetricSpec, MetricType};
-use crate::gpu::{Device, DeviceSample, FieldError, MigInstance, Reading, Value};
+use crate::gpu::{Device, DeviceSample, FieldError, LinkSample, MigInstance, Reading, Value};
 use crate::health::{self, Recent};
 use crate::pods::{Attribution, EntityKey, Holder};
 use crate::render::{push_label, Family, Series};
@@ -32,6 +32,16 @@ impl DeviceSelection {
         match self {
             DeviceSelection::Flex => !device.mig_enabled || device.instances.is_empty(),
             DeviceSelection::Gpus(None) => true,
+            DeviceSelection::Gpus(Some(ids)) => ids.contains(&device.identity.index),
+            DeviceSelection::Instances(_) => false,
+        }
+    }
+
+    /// Whether the NVLinks of `device` are exported, as dcgm-exporter decides it: with `f`, or
+    /// when `g` selects the GPU; never with `i`.
+    fn links_selected(&self, device: &Device) -> bool {
+        match self {
+            DeviceSelection::Flex | DeviceSelection::Gpus(None) => true,
             DeviceSelection::Gpus(Some(ids)) => ids.contains(&device.identity.index),
             DeviceSelection::Instances(_) => false,
         }
@@ -65,6 +75,38 @@ pub struct BuildOptions {
     pub xid_window_ms: u64,
     /// The clock-event window, for `window_size_in_ms`.
     pub clock_window_ms: u64,
+    /// dcgm-exporter's `-o/--use-old-namespace` (its 1.x label names): `uuid` instead of `UUID`,
+    /// `pod_name`, `pod_namespace`, `container_name` instead of `pod`, `namespace`, `container`.
+    pub old_namespace: bool,
+}
+
+/// The label names that `-o/--use-old-namespace` changes.
+#[derive(Debug, Clone, Copy)]
+struct Names {
+    uuid: &'static str,
+    pod: &'static str,
+    namespace: &'static str,
+    container: &'static str,
+}
+
+impl Names {
+    fn of(opts: &BuildOptions) -> Self {
+        if opts.old_namespace {
+            Names {
+                uuid: "uuid",
+                pod: "pod_name",
+                namespace: "pod_namespace",
+                container: "container_name",
+            }
+        } else {
+            Names {
+                uuid: "UUID",
+                pod: "pod",
+                namespace: "namespace",
+                container: "container",
+            }
+        }
+    }
 }
 
 /// What the sampler learnt about one device this tick.
@@ -122,7 +164,8 @@ struct Variant {
 }
 
 impl Variant {
-    fn new(prefix: &str, attrs: Vec<(&'static str, String)>) -> Self {
+    fn new(prefix: &str, mut attrs: Vec<(&'static str, String)>) -> Self {
+        attrs.sort_by_key(|(k, _)| *k);
         let mut full = String::with_capacity(prefix.len() + 96);
         full.push_str(prefix);
         for (k, v) in &attrs {
@@ -138,6 +181,8 @@ impl Variant {
 struct Entity<'a> {
     outcome: &'a DeviceOutcome,
     instance: Option<&'a MigInstance>,
+    /// For a link entity: its link (then `instance` is `None`).
+    link: Option<&'a LinkSample>,
     /// Escaped label prefix: identity, hostname and label-type fields.
     prefix: String,
     /// Attribute sets, one per exported copy of each series.
@@ -152,6 +197,9 @@ impl Entity<'_> {
         let find = |rs: &'_ [(Field, Reading)]| -> Option<usize> {
             rs.iter().position(|(f, _)| *f == field)
         };
+        if let Some(link) = self.link {
+            return find(&link.readings).map(|i| &link.readings[i].1);
+        }
         match (self.instance, field.mig_scope()) {
             (None, _) | (Some(_), MigScope::Parent) => {
                 find(&sample.readings).map(|i| &sample.readings[i].1)
@@ -160,7 +208,7 @@ impl Entity<'_> {
                 let is = sample.instances.iter().find(|s| s.gi_id == inst.gi_id)?;
                 find(&is.readings).map(|i| &is.readings[i].1)
             }
-            (Some(_), MigScope::Unsupported | MigScope::Gpu) => None,
+            (Some(_), MigScope::Unsupported | MigScope::Gpu | MigScope::Link) => None,
         }
     }
 }
@@ -185,6 +233,20 @@ pub fn build(
         }
     }
 
+    let mut links = Vec::new();
+    if catalog.metrics.iter().any(|m| m.field.is_link()) {
+        for outcome in outcomes {
+            if !opts.selection.links_selected(&outcome.device) {
+                continue;
+            }
+            if let Ok(sample) = &outcome.sample {
+                for l in &sample.links {
+                    links.push(link_entity(catalog, outcome, l, attribution, opts));
+                }
+            }
+        }
+    }
+
     let mut snap = Snapshot::default();
     for spec in &catalog.metrics {
         let mut fam = Family {
@@ -195,6 +257,11 @@ pub fn build(
         };
         match spec.field {
             Field::ExpGpuHealthStatus => health_series(outcomes, catalog, opts, &mut fam),
+            f if f.is_link() => {
+                for e in &links {
+                    entity_series(spec, e, opts, &mut fam, &mut snap.field_errors);
+                }
+            }
             _ => {
                 for e in &entities {
                     entity_series(spec, e, opts, &mut fam, &mut snap.field_errors);
@@ -204,7 +271,7 @@ pub fn build(
         snap.series += fam.series.len();
         snap.families.push(fam);
     }
-    if let Some(fam) = pod_info(&entities) {
+    if let Some(fam) = pod_info(&entities, Names::of(opts)) {
         snap.series += fam.series.len();
         snap.families.push(fam);
     }
@@ -223,11 +290,78 @@ fn entity<'a>(
         gi_id: instance.map(|i| i.gi_id),
     };
     let holders = attribution.holders_of(key);
+    let mut prefix = identity_labels(outcome, instance, opts);
+    push_label_fields(&mut prefix, catalog, outcome, |_| true);
+    let variants = variants(holders, opts)
+        .into_iter()
+        .map(|attrs| Variant::new(&prefix, attrs))
+        .collect();
+    Entity {
+        outcome,
+        instance,
+        link: None,
+        prefix,
+        variants,
+        holders,
+    }
+}
+
+/// A GPU's NVLink as dcgm-exporter renders link entities: `nvlink` (the link index + 1, as
+/// dcgm-exporter numbers a GPU's links from 1), then the parent GPU as `gpu`, `gpu_uuid`,
+/// `pci_bus_id`, `device`, `model_name` (these names, and a lowercase `hostname`, whatever the
+/// GPU series use), then the system-wide label-type fields (driver version), then the pod
+/// labels of the pods holding the whole GPU.
+fn link_entity<'a>(
+    catalog: &Catalog,
+    outcome: &'a DeviceOutcome,
+    link: &'a LinkSample,
+    attribution: &'a Attribution,
+    opts: &BuildOptions,
+) -> Entity<'a> {
+    let id = &outcome.device.identity;
+    let mut prefix = String::with_capacity(256);
+    push_label(
+        &mut prefix,
+        "nvlink",
+        &(u64::from(link.link) + 1).to_string(),
+    );
+    push_label(&mut prefix, "gpu", &id.index.to_string());
+    push_label(&mut prefix, "gpu_uuid", &id.uuid);
+    push_label(&mut prefix, "pci_bus_id", &id.pci_bus_id);
+    push_label(&mut prefix, "device", &format!("nvidia{}", id.index));
+    push_label(&mut prefix, "model_name", &id.model);
+    if !opts.hostname.is_empty() {
+        push_label(&mut prefix, "hostname", &opts.hostname);
+    }
+    push_label_fields(&mut prefix, catalog, outcome, Field::is_system);
+    let holders = attribution.holders_of(EntityKey {
+        gpu: id.index,
+        gi_id: None,
+    });
+    let variants = variants(holders, opts)
+        .into_iter()
+        .map(|attrs| Variant::new(&prefix, attrs))
+        .collect();
+    Entity {
+        outcome,
+        instance: None,
+        link: Some(link),
+        prefix,
+        variants,
+        // Shared GPUs are joined through the GPU's own pod-info series.
+        holders: &[],
+    }
+}
+
+/// The pod attribute sets of an entity held by `holders`: one (possibly empty) set, or one per
+/// holder with `--kubernetes-virtual-gpus`.
+fn variants(holders: &[Holder], opts: &BuildOptions) -> Vec<Vec<(&'static str, String)>> {
+    let names = Names::of(opts);
     let pod_attrs = |h: &Holder, with_vgpu: bool| {
         let mut v = vec![
-            ("container", h.pod.container.clone()),
-            ("namespace", h.pod.namespace.clone()),
-            ("pod", h.pod.pod.clone()),
+            (names.container, h.pod.container.clone()),
+            (names.namespace, h.pod.namespace.clone()),
+            (names.pod, h.pod.pod.clone()),
         ];
         if with_vgpu {
             if let Some(r) = &h.vgpu {
@@ -240,31 +374,23 @@ fn entity<'a>(
     let sole = holders
         .first()
         .filter(|first| holders.iter().all(|h| h.pod == first.pod));
-    let variants = match (holders, opts.virtual_gpus) {
+    match (holders, opts.virtual_gpus) {
         ([], _) => vec![vec![]],
         (_, false) => match sole {
             Some(one) => vec![pod_attrs(one, false)],
             None => vec![vec![]],
         },
         (many, true) => many.iter().map(|h| pod_attrs(h, true)).collect(),
-    };
-    let mut prefix = identity_labels(outcome, instance, opts);
-    push_label_fields(&mut prefix, catalog, outcome);
-    let variants = variants
-        .into_iter()
-        .map(|attrs| Variant::new(&prefix, attrs))
-        .collect();
-    Entity {
-        outcome,
-        instance,
-        prefix,
-        variants,
-        holders,
     }
 }
 
-fn push_label_fields(prefix: &mut String, catalog: &Catalog, outcome: &DeviceOutcome) {
-    for spec in &catalog.labels {
+fn push_label_fields(
+    prefix: &mut String,
+    catalog: &Catalog,
+    outcome: &DeviceOutcome,
+    which: impl Fn(Field) -> bool,
+) {
+    for spec in catalog.labels.iter().filter(|s| which(s.field)) {
         if let Some((_, v)) = outcome.labels.iter().find(|(f, _)| *f == spec.field) {
             push_label(prefix, &spec.name, &v.to_string());
         }
@@ -279,7 +405,7 @@ fn identity_labels(
     let id = &outcome.device.identity;
     let mut s = String::with_capacity(256);
     push_label(&mut s, "gpu", &id.index.to_string());
-    push_label(&mut s, "UUID", &id.uuid);
+    push_label(&mut s, Names::of(opts).uuid, &id.uuid);
     push_label(&mut s, "pci_bus_id", &id.pci_bus_id);
     // dcgm-exporter writes `nvidia<DCGM GPU index>`, not the minor number of /dev/nvidiaN.
     push_label(&mut s, "device", &format!("nvidia{}", id.index));
@@ -384,7 +510,7 @@ fn health_series(
 ) {
     for o in outcomes {
         let mut prefix = identity_labels(o, None, opts);
-        push_label_fields(&mut prefix, catalog, o);
+        push_label_fields(&mut prefix, catalog, o, |_| true);
         for c in o.health(opts.xid_window_ms) {
             let mut s = prefix.clone();
             push_label(&mut s, "health_error_code", c.code);
@@ -397,7 +523,7 @@ fn health_series(
     }
 }
 
-fn pod_info(entities: &[Entity<'_>]) -> Option<Family> {
+fn pod_info(entities: &[Entity<'_>], names: Names) -> Option<Family> {
     let mut fam = Family {
         name: POD_INFO.to_owned(),
         help: "Pods holding each GPU or MIG instance (one series per holder; join on UUID and GPU_I_ID)."
@@ -410,13 +536,13 @@ fn pod_info(entities: &[Entity<'_>]) -> Option<Family> {
         for h in e.holders {
             let mut s = String::new();
             push_label(&mut s, "gpu", &id.index.to_string());
-            push_label(&mut s, "UUID", &id.uuid);
+            push_label(&mut s, names.uuid, &id.uuid);
             if let Some(i) = e.instance {
                 push_label(&mut s, "GPU_I_ID", &i.gi_id.to_string());
             }
-            push_label(&mut s, "pod", &h.pod.pod);
-            push_label(&mut s, "namespace", &h.pod.namespace);
-            push_label(&mut s, "container", &h.pod.container);
+            push_label(&mut s, names.pod, &h.pod.pod);
+            push_label(&mut s, names.namespace, &h.pod.namespace);
+            push_label(&mut s, names.container, &h.pod.container);
             push_label(&mut s, "vgpu", h.vgpu.as_deref().unwrap_or(""));
             fam.series.push(Series {
                 labels: s.into(),
@@ -474,6 +600,7 @@ mod tests {
                     (Field::GpuUtil, Err(FieldError::NoPermission)),
                 ],
                 instances,
+                links: Vec::new(),
             }),
             recent: Recent::default(),
             labels: vec![(Field::DriverVersion, Value::Text("570.1".into()))],
@@ -489,6 +616,7 @@ mod tests {
             virtual_gpus: false,
             xid_window_ms: 300_000,
             clock_window_ms: 300_000,
+            old_namespace: false,
         }
     }
 
@@ -692,6 +820,136 @@ mod tests {
         assert_eq!(temp.len(), 3);
         assert!(temp[0].contains(r#"pod="a",vgpu="0"} 50"#), "{}", temp[0]);
         assert!(temp[1].contains(r#"pod="b",vgpu="1"} 50"#));
+    }
+
+    #[test]
+    fn old_namespace_renames_uuid_and_pod_labels_only() {
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(
+            EntityKey {
+                gpu: 1,
+                gi_id: None,
+            },
+            vec![holder("solo", None)],
+        );
+        holders.insert(
+            EntityKey {
+                gpu: 0,
+                gi_id: None,
+            },
+            vec![holder("a", Some("0")), holder("b", Some("1"))],
+        );
+        let att = Attribution { holders };
+        let outcomes = [
+            outcome(device(0, "H100", &[]), 50, 1),
+            outcome(device(1, "H100", &[]), 51, 2),
+        ];
+        let mut o = opts();
+        o.old_namespace = true;
+        let s = build(&cat(), &outcomes, &att, &o);
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(
+            temp[1],
+            r#"DCGM_FI_DEV_GPU_TEMP{gpu="1",uuid="GPU-1",pci_bus_id="00000000:01:00.0",device="nvidia1",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="solo",pod_namespace="ns"} 51"#
+        );
+        assert!(!temp[0].contains("UUID=") && temp[0].contains(r#"uuid="GPU-0""#));
+        let info = lines(&s, POD_INFO);
+        assert!(
+            info[0].contains(
+                r#"uuid="GPU-0",pod_name="a",pod_namespace="ns",container_name="c",vgpu="0""#
+            ),
+            "{}",
+            info[0]
+        );
+        o.virtual_gpus = true;
+        let temp = lines(&build(&cat(), &outcomes, &att, &o), "DCGM_FI_DEV_GPU_TEMP");
+        assert!(
+            temp[0].ends_with(r#"container_name="c",pod_name="a",pod_namespace="ns",vgpu="0"} 50"#),
+            "{}",
+            temp[0]
+        );
+    }
+
+    fn with_links(mut o: DeviceOutcome, links: &[(u32, i64)]) -> DeviceOutcome {
+        if let Ok(s) = &mut o.sample {
+            s.links = links
+                .iter()
+                .map(|&(link, v)| LinkSample {
+                    link,
+                    readings: vec![(Field::NvlinkReplayErrorPerLinkTotal, Ok(Value::Int(v)))],
+                })
+                .collect();
+        }
+        o
+    }
+
+    #[test]
+    fn links_render_as_dcgm_exporter_link_entities() {
+        let cat = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL, counter, r\nDCGM_FI_DRIVER_VERSION, label, d\nDCGM_FI_DEV_SERIAL, label, s\n",
+            "t.csv",
+        )
+        .unwrap()
+        .0;
+        let mut a = outcome(device(0, "H100 SXM", &[]), 50, 1);
+        a.labels.push((Field::Serial, Value::Text("123".into())));
+        let outcomes = [
+            with_links(a, &[(0, 0), (3, 7)]),
+            with_links(outcome(device(1, "H100 SXM", &[]), 51, 2), &[(0, 1)]),
+        ];
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(
+            EntityKey {
+                gpu: 1,
+                gi_id: None,
+            },
+            vec![holder("solo", None)],
+        );
+        let att = Attribution { holders };
+        let mut o = opts();
+        // The GPU series' options do not change the link labels' names.
+        o.hostname_label = "Hostname".into();
+        o.replace_blanks_in_model_name = true;
+        let s = build(&cat, &outcomes, &att, &o);
+        let links = lines(&s, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL");
+        assert_eq!(
+            links,
+            vec![
+                r#"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL{nvlink="1",gpu="0",gpu_uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",model_name="H100 SXM",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1"} 0"#,
+                r#"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL{nvlink="4",gpu="0",gpu_uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",model_name="H100 SXM",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1"} 7"#,
+                r#"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL{nvlink="1",gpu="1",gpu_uuid="GPU-1",pci_bus_id="00000000:01:00.0",device="nvidia1",model_name="H100 SXM",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",namespace="ns",pod="solo"} 1"#,
+            ]
+        );
+        // GPU series keep theirs, and no link field leaks onto them.
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert!(temp[0].contains(r#"modelName="H100-SXM",Hostname="n1",DCGM_FI_DEV_SERIAL="123""#));
+        // 2 GPU temperatures, 3 links, 1 pod-info series.
+        assert_eq!(s.series, 2 + 3 + 1);
+        // -o renames the pod labels on links too (gpu_uuid stays).
+        o.old_namespace = true;
+        let links = lines(
+            &build(&cat, &outcomes, &att, &o),
+            "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL",
+        );
+        assert!(
+            links[2].ends_with(r#"gpu_uuid="GPU-1",pci_bus_id="00000000:01:00.0",device="nvidia1",model_name="H100 SXM",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="solo",pod_namespace="ns"} 1"#),
+            "{}",
+            links[2]
+        );
+        // Links follow -d: g:ids picks their GPUs, i: none.
+        o.selection = DeviceSelection::Gpus(Some(vec![1]));
+        let links = lines(
+            &build(&cat, &outcomes, &att, &o),
+            "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL",
+        );
+        assert_eq!(links.len(), 1);
+        assert!(links[0].contains(r#"gpu="1""#));
+        o.selection = DeviceSelection::Instances(None);
+        assert!(lines(
+            &build(&cat, &outcomes, &att, &o),
+            "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"
+        )
+        .is_empty());
     }
 
     #[test]

@@ -15,8 +15,18 @@ async fn render_case(
     opts: BuildOptions,
     pods: Attribution,
 ) -> String {
+    render_with(common::shipped_catalog(), profile, scenario, opts, pods).await
+}
+
+async fn render_with(
+    catalog: gpu_exporter::catalog::Catalog,
+    profile: &str,
+    scenario: Option<&str>,
+    opts: BuildOptions,
+    pods: Attribution,
+) -> String {
     let source = common::sim(profile, scenario.map(common::scenario_file));
-    let h = common::harness(source, common::shipped_catalog(), opts);
+    let h = common::harness(source, catalog, opts);
     h.pods_tx.send_replace(std::sync::Arc::new(pods));
     let mut sampler = h.sampler;
     let mut last = None;
@@ -160,4 +170,56 @@ async fn legacy_hostname_label_and_gpu_selection() {
     };
     let body = render_case("4xA100-80GB-MIG", None, opts, Attribution::default()).await;
     check("4xA100-80GB-MIG-g0-Hostname", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn old_namespace_labels() {
+    // `-o/--use-old-namespace`: uuid, pod_name, pod_namespace, container_name.
+    let mut holders = BTreeMap::new();
+    holders.insert(
+        EntityKey {
+            gpu: 0,
+            gi_id: None,
+        },
+        vec![holder("ml", "trainer-0", "main", None)],
+    );
+    let opts = BuildOptions {
+        old_namespace: true,
+        ..common::build_options()
+    };
+    let body = render_case("1xA100-40GB", None, opts, Attribution { holders }).await;
+    assert!(!body.contains("UUID="), "UUID label under -o");
+    check("1xA100-40GB-old-namespace", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn newest_upstream_names_and_units() {
+    // dcgm-exporter 4.10's default set: DCGM 4.7/4.8 names, Hz, J, 0-1, bytes, B/s.
+    let body = render_with(
+        common::catalog_file("metrics-config/dcgm-exporter-4.10-default-counters.csv"),
+        "8xH100-SXM",
+        None,
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    assert!(body.contains("DCGM_FI_SYSTEM_DRIVER_VERSION=\"570.172.08\""));
+    assert!(!body.contains("DCGM_FI_DRIVER_VERSION="));
+    check("8xH100-SXM-dcgm-exporter-4.10", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_link_nvlink_series() {
+    // dcgm-exporter's link entities: every active NVLink of the 8 H100s (18 each), with the
+    // per-link error counters (all on GPU 4's one bad link, after an NVLink error storm) and
+    // throughput.
+    let body = render_with(
+        common::catalog_file("tests/fixtures/csv/nvlink-per-link.csv"),
+        "8xH100-SXM",
+        Some("nvlink-errors.toml"),
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    check("8xH100-SXM-nvlink", &body);
 }

@@ -108,6 +108,15 @@ pub struct InstanceSample {
     pub readings: Vec<(Field, Reading)>,
 }
 
+/// Readings for one active NVLink of a physical GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkSample {
+    /// NVML link index, 0-based (dcgm-exporter's `nvlink` label is this + 1).
+    pub link: u32,
+    /// Link-scoped readings ([`crate::catalog::field::MigScope::Link`] fields).
+    pub readings: Vec<(Field, Reading)>,
+}
+
 /// What one tick read from one device.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DeviceSample {
@@ -115,6 +124,9 @@ pub struct DeviceSample {
     pub readings: Vec<(Field, Reading)>,
     /// Per-instance readings, for MIG-enabled GPUs.
     pub instances: Vec<InstanceSample>,
+    /// Per-link readings of the GPU's active NVLinks, in link order; empty unless a link field
+    /// is asked for.
+    pub links: Vec<LinkSample>,
 }
 
 impl DeviceSample {

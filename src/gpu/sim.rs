@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::scenario::{Action, Pattern, Scenario};
 use super::{
-    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, MigInstance, Reading,
-    SourceError, Value, XidEvent,
+    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, LinkSample,
+    MigInstance, Reading, SourceError, Value, XidEvent,
 };
 use crate::catalog::field::MigScope;
 use crate::catalog::Field;
@@ -405,6 +405,8 @@ impl SimulatedSource {
         };
         let has_nvlink = m.nvlinks > 0;
         let nvlink_mbps = (util * 3000.0 * (0.8 + 0.4 * n(26))) as i64;
+        let video_clock = if util >= 5.0 { 1755 } else { 765 };
+        let mem_copy = (util * 0.6).round() as i64;
         let ratio = |scale: f64, c| round6((util / 100.0 * scale * (0.9 + 0.1 * n(c))).min(1.0));
 
         let value = |f: Field| -> Reading {
@@ -434,7 +436,30 @@ impl SimulatedSource {
                 Field::VbiosVersion => Ok(Value::Text("96.00.89.00.01".into())),
                 Field::SmClock => int(sm_clock),
                 Field::MemClock => int(m.mem_mhz),
-                Field::VideoClock => int(if util >= 5.0 { 1755 } else { 765 }),
+                Field::VideoClock => int(video_clock),
+                // DCGM 4.6.1+ base units: the same readings in Hz, J, 0-1 and bytes.
+                Field::SmClockHertz => int(sm_clock * 1_000_000),
+                Field::MemoryClockHertz => int(m.mem_mhz * 1_000_000),
+                Field::VideoClockHertz => int(video_clock * 1_000_000),
+                Field::GpuEnergyJoulesTotal => int((st.energy_mj / 1000) as i64),
+                Field::FanSpeedRatio => Err(FieldError::NotSupported),
+                Field::GpuUtilRatio => float(util_i as f64 / 100.0),
+                Field::MemoryUtilRatio => float(mem_copy as f64 / 100.0),
+                Field::EncUtilRatio | Field::DecUtilRatio => float(0.0),
+                Field::FbCapacityBytes => int(m.fb_total_mib * MIB),
+                Field::FbFreeBytes => int((fb_usable - fb_used) * MIB),
+                Field::FbUsedBytes => int(fb_used * MIB),
+                Field::FbReservedBytes => int(m.fb_reserved_mib * MIB),
+                // DCGM: MB/s is KiB/s ÷ 1000, B/s is KiB/s × 1024.
+                Field::NvlinkThroughputBytesPerSecond => nvlink(nvlink_mbps * 1_024_000),
+                // Read per link below, never as GPU readings.
+                Field::NvlinkCrcFlitErrorPerLinkTotal
+                | Field::NvlinkCrcDataErrorPerLinkTotal
+                | Field::NvlinkReplayErrorPerLinkTotal
+                | Field::NvlinkRecoveryErrorPerLinkTotal
+                | Field::NvlinkThroughputPerLink
+                | Field::NvlinkTxThroughputPerLink
+                | Field::NvlinkRxThroughputPerLink => Err(FieldError::NotSupported),
                 Field::ClocksEventReasons => int(reasons as i64),
                 Field::MemoryTemp => int(temp + 4),
                 Field::GpuTemp => int(temp),
@@ -446,7 +471,7 @@ impl SimulatedSource {
                 Field::FanSpeed => Err(FieldError::NotSupported),
                 Field::PcieReplayCounter => int(st.pcie_replays),
                 Field::GpuUtil => int(util_i),
-                Field::MemCopyUtil => int((util * 0.6).round() as i64),
+                Field::MemCopyUtil => int(mem_copy),
                 Field::EncUtil | Field::DecUtil => int(0),
                 // Exporter-derived from the XID events: the sampler fills these in.
                 Field::XidErrors
@@ -515,6 +540,7 @@ impl SimulatedSource {
             .iter()
             .copied()
             .filter(|f| !device.mig_enabled || f.mig_scope() != MigScope::Unsupported)
+            .filter(|f| !f.is_link())
             .collect();
         let readings = gpu_fields.iter().map(|&f| (f, value(f))).collect();
         let instances = device
@@ -537,6 +563,10 @@ impl SimulatedSource {
                             Field::FbUsedPercent => {
                                 Ok(Value::Float(round6(used as f64 / mem as f64)))
                             }
+                            Field::FbCapacityBytes => Ok(Value::Int(mem * MIB)),
+                            Field::FbUsedBytes => Ok(Value::Int(used * MIB)),
+                            Field::FbFreeBytes => Ok(Value::Int((mem - used) * MIB)),
+                            Field::FbReservedBytes => Ok(Value::Int(0)),
                             Field::ProfGrEngineActive => Ok(Value::Float(round6(iu * 0.97))),
                             Field::ProfSmActive => Ok(Value::Float(round6(iu * 0.88))),
                             Field::ProfSmOccupancy => Ok(Value::Float(round6(iu * 0.41))),
@@ -556,12 +586,51 @@ impl SimulatedSource {
                 }
             })
             .collect();
+        // NVLinks: all of the model's links are up, except in MIG mode. A GPU's NVLink errors
+        // all happen on one link (its "bad cable"), so the per-link counters add up to the GPU's
+        // totals; the throughput is spread evenly, so the per-link rates add up to its total.
+        let link_fields: Vec<Field> = fields.iter().copied().filter(|f| f.is_link()).collect();
+        let links = if link_fields.is_empty() || !has_nvlink || device.mig_enabled {
+            Vec::new()
+        } else {
+            let count = i64::from(m.nvlinks);
+            let bad = (hash(self.seed, index, 0, 70) * f64::from(m.nvlinks)) as u32;
+            (0..m.nvlinks)
+                .map(|l| {
+                    let errors = |total: i64| if l == bad { total } else { 0 };
+                    let per_link =
+                        nvlink_mbps / count + i64::from(i64::from(l) < nvlink_mbps % count);
+                    let readings = link_fields
+                        .iter()
+                        .map(|&f| {
+                            let v = match f {
+                                Field::NvlinkCrcFlitErrorPerLinkTotal => errors(st.nvlink_crc_flit),
+                                Field::NvlinkCrcDataErrorPerLinkTotal => errors(st.nvlink_crc_data),
+                                Field::NvlinkReplayErrorPerLinkTotal => errors(st.nvlink_replay),
+                                Field::NvlinkRecoveryErrorPerLinkTotal => {
+                                    errors(st.nvlink_recovery)
+                                }
+                                Field::NvlinkTxThroughputPerLink => (per_link + 1) / 2,
+                                Field::NvlinkRxThroughputPerLink => per_link / 2,
+                                _ => per_link,
+                            };
+                            (f, Ok(Value::Int(v)))
+                        })
+                        .collect();
+                    LinkSample { link: l, readings }
+                })
+                .collect()
+        };
         DeviceSample {
             readings,
             instances,
+            links,
         }
     }
 }
+
+/// Bytes per MiB.
+const MIB: i64 = 1_048_576;
 
 impl GpuSource for SimulatedSource {
     fn name(&self) -> &'static str {

@@ -5,10 +5,11 @@ Run through tests/e2e/run.sh (see tests/e2e/README.md). Standard library only. E
 on 127.0.0.1; every wait has a deadline; every process started here is stopped on exit.
 
 What it does:
-1. Starts 20 gpu-exporter processes as simulated nodes (node-01..node-20: 8xH100-SXM, 4xA100-80GB-MIG
+1. Starts 21 gpu-exporter processes as simulated nodes (node-01..node-21: 8xH100-SXM, 4xA100-80GB-MIG
    and 1xA100-40GB profiles, `-c 1000`, NODE_NAME set). Scenario files script one fault per node on
    node-01..node-07: GPU off the bus, double-bit ECC, overheating, PCIe replays, NVLink errors, row
-   remap failure, XID 119. node-08 is killed once it has been scraped (exporter down).
+   remap failure, XID 119. node-08 is killed once it has been scraped (exporter down). node-21 runs
+   the newest naming generation (dcgm-exporter 4.10's default set plus per-link NVLink fields).
 2. Pod labels: node-09 (8xH100-SXM) and node-10 (4xA100-80GB-MIG) run with `-k` against a
    fake-kubelet each (src/bin/fake-kubelet.rs, docs/pods.md). Their assignments (TOML, written
    here from the ids `gpu-exporter --list-devices` prints for the node's profile and seed) cover a
@@ -99,7 +100,17 @@ NODES = [
     (f"node-{i:02d}", ["8xH100-SXM", "4xA100-80GB-MIG", "1xA100-40GB"][i % 3], 100 + i,
      pod_events(f"node-{i:02d}"), [])
     for i in range(9, 21)
+] + [
+    # The newest naming generation: its own CSV (NEWEST_CSV), healthy.
+    ("node-21", "8xH100-SXM", 121, [], []),
 ]
+NEWEST = "node-21"
+NEWEST_CSV = ROOT / "metrics-config/dcgm-exporter-4.10-default-counters.csv"
+PER_LINK_ROWS = """
+DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL,   counter, NVLink replays per link.
+DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL, counter, NVLink flow-control CRC errors per link.
+DCGM_FI_DEV_NVLINK_THROUGHPUT_PER_LINK,           gauge,   NVLink TX+RX throughput per link (in MB/s).
+"""
 KILLED = "node-08"
 # Dashboard variables: one real node for the node dashboard (an H100 node, so NVLink has data).
 VARIABLES = {
@@ -326,6 +337,9 @@ def run(args, work, procs):
         sim[node] = [args.binary, "--backend", "sim", "--sim-profile", profile, "--sim-seed", str(seed),
                      "--sim-scenario", str(scen)]
     devices = start_fake_kubelets(args, work, procs, sim) if pods_mode else {}
+    newest_csv = work / "newest.csv"
+    newest_csv.write_text(NEWEST_CSV.read_text() + PER_LINK_ROWS)
+    sim[NEWEST] += ["-f", str(newest_csv)]
 
     # Exporters.
     ports = {}
@@ -389,6 +403,7 @@ def run(args, work, procs):
     if pods_mode:
         check_pods(prom, devices)
     check_dashboards(prom, pods_mode)
+    check_newest_names(prom)
     report_memory(procs)
 
 
@@ -489,6 +504,44 @@ def check_dashboards(prom, pods_mode):
         log(f"  skipped: {s}")
     if failures:
         raise Failure("dashboard queries without data:\n  " + "\n  ".join(failures))
+
+
+def check_newest_names(prom):
+    """node-21 serves the DCGM 4.7/4.8 names, each in its own unit, and per-link NVLink series,
+    and no classic name; the other nodes serve no newest name."""
+    def values(q):
+        return [float(s["value"][1]) for s in prom.query(q)]
+
+    def problems():
+        out = []
+        sel = f'{{node="{NEWEST}"}}'
+        checks = [
+            # (query, expected number of series, predicate on each value, what it means)
+            (f"DCGM_FI_DEV_GPU_UTIL_RATIO{sel}", 8, lambda v: 0 <= v <= 1, "a 0-1 ratio"),
+            (f"DCGM_FI_DEV_SM_CLOCK_HERTZ{sel}", 8, lambda v: v >= 1e8, "Hz (>= 100 MHz)"),
+            (f"DCGM_FI_DEV_FB_CAPACITY_BYTES{sel}", 8, lambda v: v > 80e9, "bytes (80 GB H100)"),
+            (f"DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL{sel}", 8, lambda v: 1e6 <= v < 1e8, "joules"),
+            (f"DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND{sel}", 8, lambda v: v >= 0, "B/s"),
+            (f'DCGM_FI_DEV_GPU_TEMP_CELSIUS{{node="{NEWEST}",DCGM_FI_SYSTEM_DRIVER_VERSION!=""}}', 8,
+             lambda v: 20 <= v <= 100, "°C, with the DCGM_FI_SYSTEM_DRIVER_VERSION label"),
+            # 8 GPUs x 18 active NVLinks, labelled as dcgm-exporter's link entities.
+            (f'DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL{{node="{NEWEST}",nvlink=~"[1-9]|1[0-8]",'
+             f'gpu_uuid=~"GPU-.+",model_name!=""}}', 144, lambda v: v >= 0, "a per-link counter"),
+            (f"DCGM_FI_DEV_NVLINK_THROUGHPUT_PER_LINK{sel}", 144, lambda v: v >= 0, "MB/s per link"),
+            (f"DCGM_FI_DEV_GPU_UTIL{sel}", 0, None, "absent: classic name"),
+            (f"DCGM_FI_DEV_SM_CLOCK{sel}", 0, None, "absent: classic name"),
+            ('DCGM_FI_DEV_GPU_UTIL_RATIO{node!="%s"}' % NEWEST, 0, None, "absent on classic nodes"),
+        ]
+        for q, n, ok, meaning in checks:
+            vs = values(q)
+            if len(vs) != n:
+                out.append(f"{q}: expected {n} series ({meaning}), found {len(vs)}")
+            elif ok and not all(ok(v) for v in vs):
+                out.append(f"{q}: values not {meaning}: {sorted(vs)[:3]}...{sorted(vs)[-3:]}")
+        return out
+
+    settle(f"{NEWEST} (newest names) differs", problems, 30)
+    log(f"{NEWEST} serves the DCGM 4.7/4.8 names in their units and 144 per-link NVLink series")
 
 
 def report_memory(procs):

@@ -684,3 +684,67 @@ fn the_real_path_makes_the_documented_calls_per_tick() {
     assert_eq!(got, want);
     assert_eq!(got.values().sum::<u64>(), 14 + 21);
 }
+
+#[test]
+fn per_link_nvlink_series_come_through_the_real_path() {
+    let mut n = node::standard();
+    // GPU 0 has 4 NVLinks; links 0 and 2 are up.
+    n.insert("gpu.0.field.91".into(), "u:4".into());
+    for (link, active, crc_flit, replay) in
+        [(0, 1, 5, 10), (1, 0, 0, 0), (2, 1, 0, 3), (3, 0, 0, 0)]
+    {
+        n.insert(format!("gpu.0.nvlink.{link}.active"), active.to_string());
+        n.insert(
+            format!("gpu.0.nvlink.{link}.crc_flit"),
+            crc_flit.to_string(),
+        );
+        n.insert(format!("gpu.0.nvlink.{link}.replay"), replay.to_string());
+        n.insert(format!("gpu.0.field.138.{link}"), "u:100".into());
+        n.insert(format!("gpu.0.field.139.{link}"), "u:200".into());
+    }
+    let standin = StandIn::new(n);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = csv_with(
+        dir.path(),
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL, counter, Flit CRC errors per link.\n\
+         DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL, counter, Replays per link.\n\
+         DCGM_FI_DEV_NVLINK_THROUGHPUT_PER_LINK, gauge, Throughput per link (MB/s).\n",
+    );
+    let exp = Exporter::start(&standin, &["-f", arg(&csv)]);
+    let s = exp.wait_for("per-link series", |s| {
+        s.named("DCGM_FI_DEV_NVLINK_THROUGHPUT_PER_LINK").count() == 2
+    });
+    let per_link = |metric: &str| -> Vec<(String, String, String, f64)> {
+        let mut v: Vec<_> = s
+            .named(metric)
+            .map(|x| {
+                (
+                    x.label("gpu").to_owned(),
+                    x.label("nvlink").to_owned(),
+                    x.label("device").to_owned(),
+                    x.value,
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| a.1.cmp(&b.1));
+        v
+    };
+    let row = |link: &str, v: f64| ("0".to_owned(), link.to_owned(), "nvidia0".to_owned(), v);
+    // Links are numbered from 1, as dcgm-exporter numbers them; inactive links are not exported.
+    assert_eq!(
+        per_link("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL"),
+        [row("1", 5.0), row("3", 0.0)],
+        "{}",
+        s.text
+    );
+    assert_eq!(
+        per_link("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"),
+        [row("1", 10.0), row("3", 3.0)]
+    );
+    // The counters stand still: a rate of 0.
+    assert_eq!(
+        per_link("DCGM_FI_DEV_NVLINK_THROUGHPUT_PER_LINK"),
+        [row("1", 0.0), row("3", 0.0)]
+    );
+    assert!(standin.counter("calls.nvmlDeviceGetNvLinkErrorCounter") >= 4);
+}

@@ -28,7 +28,8 @@
  *   gpu.N.mem.total .free .used .reserved           nvmlDeviceGetMemoryInfo_v2, bytes
  *   gpu.N.lost = 1              every call on the GPU answers NVML_ERROR_GPU_IS_LOST
  *   gpu.N.fail.<symbol> = rc    that function answers rc for this GPU
- *   gpu.N.field.ID[.scope] = spec    one nvmlDeviceGetFieldValues entry; spec is one of
+ *   gpu.N.field.ID[.scope] = spec    one nvmlDeviceGetFieldValues entry (no scope: scopeId 0);
+ *                                    spec is one of
  *         u:<n>   UNSIGNED_LONG_LONG         i:<n>  SIGNED_LONG_LONG
  *         ui:<n>  UNSIGNED_INT (uiVal only)  d:<x>  DOUBLE
  *         err:<rc>                      the entry's nvmlReturn
@@ -43,6 +44,10 @@
  *                               1..31 (ECC and retired pages) are left untouched, as bug
  *                               2009232 describes
  *   gpu.N.gpm = 1, gpu.N.gpm.<metricId> = x    GPM support and nvmlGpmMetricsGet values
+ *   gpu.N.nvlink.L.active = 0|1                 nvmlDeviceGetNvLinkState of link L
+ *   gpu.N.nvlink.L.replay .recovery .crc_flit .crc_data .ecc_data
+ *                               nvmlDeviceGetNvLinkErrorCounter of link L (per-link throughput
+ *                               is field 138/139 with scope L; the link count is field 91)
  *   gpu.N.mig = 1, gpu.N.mig.slots, gpu.N.mig.gen
  *       gen: bumping it (a MIG reconfiguration) invalidates every MIG handle handed out
  *       before (they answer NVML_ERROR_INVALID_ARGUMENT) and raises nvmlEventMigConfigChange
@@ -1147,13 +1152,57 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
             if (ecc_off && v->fieldId >= 1 && v->fieldId <= 31) {
                 continue; /* NVML bug 2009232: left as the caller passed it */
             }
-            const char *spec = v->scopeId == 0
-                                   ? cfg("gpu.%d.field.%u", h->gpu, v->fieldId)
-                                   : cfg("gpu.%d.field.%u.%u", h->gpu, v->fieldId, v->scopeId);
+            /* `field.ID.scope`; for scope 0 (device-wide, or link 0) also plain `field.ID`. */
+            const char *spec = cfg("gpu.%d.field.%u.%u", h->gpu, v->fieldId, v->scopeId);
+            if (!spec && v->scopeId == 0) {
+                spec = cfg("gpu.%d.field.%u", h->gpu, v->fieldId);
+            }
             fill_field(v, spec, now);
         }
     }
     write_status();
+    END();
+}
+
+/* ---- NVLink --------------------------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive) {
+    BEGIN("nvmlDeviceGetNvLinkState");
+    struct handle *h = NULL;
+    long long v;
+    if (r == NVML_SUCCESS) {
+        r = resolve(device, SYM, 0, &h);
+    }
+    if (r == NVML_SUCCESS) {
+        if (!isActive) {
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!cfg_int(&v, "gpu.%d.nvlink.%u.active", h->gpu, link)) {
+            r = NVML_ERROR_NOT_SUPPORTED;
+        } else {
+            *isActive = v ? 1 : 0;
+        }
+    }
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, int counter,
+                                                    unsigned long long *counterValue) {
+    BEGIN("nvmlDeviceGetNvLinkErrorCounter");
+    struct handle *h = NULL;
+    static const char *const names[] = {"replay", "recovery", "crc_flit", "crc_data", "ecc_data"};
+    long long v;
+    if (r == NVML_SUCCESS) {
+        r = resolve(device, SYM, 0, &h);
+    }
+    if (r == NVML_SUCCESS) {
+        if (!counterValue || counter < 0 || counter > 4) {
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!cfg_int(&v, "gpu.%d.nvlink.%u.%s", h->gpu, link, names[counter])) {
+            r = NVML_ERROR_NOT_SUPPORTED;
+        } else {
+            *counterValue = (unsigned long long)v;
+        }
+    }
     END();
 }
 

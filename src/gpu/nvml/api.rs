@@ -243,6 +243,19 @@ pub enum GpmMetric {
     NvlinkTotalRxPerSec,
 }
 
+/// A per-link NVLink error counter (`nvmlNvLinkErrorCounter_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NvlinkErrorCounter {
+    /// `NVML_NVLINK_ERROR_DL_REPLAY`: data link transmit replays.
+    Replay,
+    /// `NVML_NVLINK_ERROR_DL_RECOVERY`: data link transmit recoveries.
+    Recovery,
+    /// `NVML_NVLINK_ERROR_DL_CRC_FLIT`: flow-control digit CRC errors received.
+    CrcFlit,
+    /// `NVML_NVLINK_ERROR_DL_CRC_DATA`: data CRC errors received.
+    CrcData,
+}
+
 /// An XID reported through the event set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XidReport {
@@ -365,6 +378,16 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn pcie_link_width(&self, d: &Self::Device) -> Result<u32, ApiError>;
     /// `nvmlDeviceGetCurrentClocksEventReasons`: the bitmask.
     fn clocks_event_reasons(&self, d: &Self::Device) -> Result<u64, ApiError>;
+
+    /// `nvmlDeviceGetNvLinkState`: whether NVLink `link` (0-based) is active.
+    fn nvlink_active(&self, d: &Self::Device, link: u32) -> Result<bool, ApiError>;
+    /// `nvmlDeviceGetNvLinkErrorCounter`: one error counter of NVLink `link`.
+    fn nvlink_error_counter(
+        &self,
+        d: &Self::Device,
+        link: u32,
+        counter: NvlinkErrorCounter,
+    ) -> Result<u64, ApiError>;
 
     /// `nvmlGpmSampleGet` on a physical GPU.
     fn gpm_sample(&self, d: &Self::Device) -> Result<Self::GpmSample, ApiError>;

@@ -5,7 +5,7 @@
 //! Nothing here calls NVML; every function is a plain function of its arguments.
 
 use crate::catalog::Field;
-use crate::gpu::{FieldError, Value};
+use crate::gpu::{FieldError, Reading, Value};
 
 use super::api::{ApiError, ClockKind, FieldNum, FieldValue, GpmMetric, InforomObject, ValueType};
 
@@ -176,7 +176,8 @@ pub enum Plan {
     Static(StaticFact),
     /// One entry of the batched field-values call; the value is converted with `unit`.
     FieldValue(u32, Unit),
-    /// `NVLINK_THROUGHPUT_DATA_TX` + `_RX` with scope "all links", turned into a MB/s rate.
+    /// `NVLINK_THROUGHPUT_DATA_TX` + `_RX` with scope "all links", turned into a rate: KiB/s as
+    /// a float, which [`in_field_unit`] turns into the field's unit (MB/s or B/s).
     NvlinkBandwidth,
     /// `nvmlDeviceGetMemoryInfo_v2`.
     Memory(MemoryPart),
@@ -210,6 +211,8 @@ pub enum Plan {
     Gpm(GpmMetric),
     /// Produced by the exporter from events and history, not read per tick.
     Derived,
+    /// Read per NVLink by [`super::nvlink`], not as a GPU-level reading.
+    PerLink,
     /// Not available through NVML.
     Unavailable,
 }
@@ -227,6 +230,14 @@ pub enum MemoryPart {
     Reserved,
     /// used / (total − reserved), 0–1.
     UsedRatio,
+    /// Total, bytes.
+    TotalBytes,
+    /// Free, bytes.
+    FreeBytes,
+    /// Used, bytes.
+    UsedBytes,
+    /// Reserved, bytes.
+    ReservedBytes,
 }
 
 /// The unit conversion of a field-values entry.
@@ -236,6 +247,8 @@ pub enum Unit {
     Same,
     /// mW → W.
     MilliwattsToWatts,
+    /// mJ → whole J (truncated, as DCGM's INT64 joules field).
+    MillijoulesToJoules,
 }
 
 /// How NVML serves `field`.
@@ -254,24 +267,27 @@ pub fn plan(field: Field) -> Plan {
         F::PowerInforomVer => Plan::Static(StaticFact::Inforom(InforomObject::Power)),
         F::InforomImageVer => Plan::Static(StaticFact::InforomImage),
         F::VbiosVersion => Plan::Static(StaticFact::Vbios),
-        F::SmClock => Plan::Clock(ClockKind::Sm),
-        F::MemClock => Plan::Clock(ClockKind::Memory),
-        F::VideoClock => Plan::Clock(ClockKind::Video),
+        F::SmClock | F::SmClockHertz => Plan::Clock(ClockKind::Sm),
+        F::MemClock | F::MemoryClockHertz => Plan::Clock(ClockKind::Memory),
+        F::VideoClock | F::VideoClockHertz => Plan::Clock(ClockKind::Video),
         F::ClocksEventReasons => Plan::ClocksEventReasons,
         F::MemoryTemp => fv(fi::MEMORY_TEMP),
         F::GpuTemp => Plan::Temperature,
         F::PowerUsage => Plan::PowerUsage,
         F::TotalEnergyConsumption => fv(fi::TOTAL_ENERGY_CONSUMPTION),
+        F::GpuEnergyJoulesTotal => {
+            Plan::FieldValue(fi::TOTAL_ENERGY_CONSUMPTION, Unit::MillijoulesToJoules)
+        }
         F::PowerUsageInstant => Plan::FieldValue(fi::POWER_INSTANT, Unit::MilliwattsToWatts),
         F::PowerMgmtLimit => Plan::PowerLimit,
         F::EnforcedPowerLimit => Plan::EnforcedPowerLimit,
         F::Pstate => Plan::Pstate,
-        F::FanSpeed => Plan::Fan,
+        F::FanSpeed | F::FanSpeedRatio => Plan::Fan,
         F::PcieReplayCounter => fv(fi::PCIE_REPLAY_COUNTER),
-        F::GpuUtil => Plan::Utilization(true),
-        F::MemCopyUtil => Plan::Utilization(false),
-        F::EncUtil => Plan::EncoderUtil,
-        F::DecUtil => Plan::DecoderUtil,
+        F::GpuUtil | F::GpuUtilRatio => Plan::Utilization(true),
+        F::MemCopyUtil | F::MemoryUtilRatio => Plan::Utilization(false),
+        F::EncUtil | F::EncUtilRatio => Plan::EncoderUtil,
+        F::DecUtil | F::DecUtilRatio => Plan::DecoderUtil,
         F::PcieLinkGen => Plan::PcieLinkGen,
         F::PcieLinkWidth => Plan::PcieLinkWidth,
         F::PowerViolation => fv(fi::PERF_POLICY_POWER),
@@ -285,6 +301,10 @@ pub fn plan(field: Field) -> Plan {
         F::FbUsed => Plan::Memory(MemoryPart::Used),
         F::FbReserved => Plan::Memory(MemoryPart::Reserved),
         F::FbUsedPercent => Plan::Memory(MemoryPart::UsedRatio),
+        F::FbCapacityBytes => Plan::Memory(MemoryPart::TotalBytes),
+        F::FbFreeBytes => Plan::Memory(MemoryPart::FreeBytes),
+        F::FbUsedBytes => Plan::Memory(MemoryPart::UsedBytes),
+        F::FbReservedBytes => Plan::Memory(MemoryPart::ReservedBytes),
         F::EccCurrent => fv(fi::ECC_CURRENT),
         F::EccSbeVolTotal => fv(fi::ECC_SBE_VOL_TOTAL),
         F::EccDbeVolTotal => fv(fi::ECC_DBE_VOL_TOTAL),
@@ -301,7 +321,14 @@ pub fn plan(field: Field) -> Plan {
         F::NvlinkCrcDataErrorCountTotal => fv(fi::NVLINK_CRC_DATA_ERROR_COUNT_TOTAL),
         F::NvlinkReplayErrorCountTotal => fv(fi::NVLINK_REPLAY_ERROR_COUNT_TOTAL),
         F::NvlinkRecoveryErrorCountTotal => fv(fi::NVLINK_RECOVERY_ERROR_COUNT_TOTAL),
-        F::NvlinkBandwidthTotal => Plan::NvlinkBandwidth,
+        F::NvlinkBandwidthTotal | F::NvlinkThroughputBytesPerSecond => Plan::NvlinkBandwidth,
+        F::NvlinkCrcFlitErrorPerLinkTotal
+        | F::NvlinkCrcDataErrorPerLinkTotal
+        | F::NvlinkReplayErrorPerLinkTotal
+        | F::NvlinkRecoveryErrorPerLinkTotal
+        | F::NvlinkThroughputPerLink
+        | F::NvlinkTxThroughputPerLink
+        | F::NvlinkRxThroughputPerLink => Plan::PerLink,
         F::ProfGrEngineActive => Plan::Gpm(GpmMetric::GraphicsUtil),
         F::ProfSmActive => Plan::Gpm(GpmMetric::SmUtil),
         F::ProfSmOccupancy => Plan::Gpm(GpmMetric::SmOccupancy),
@@ -357,9 +384,51 @@ pub fn brand_name(brand: u32) -> &'static str {
     }
 }
 
+/// A GPU-level reading, as the NVML call that serves `field` returned it, in `field`'s own
+/// unit. Several fields share one call and differ only in unit: the classic ones keep DCGM's
+/// classic units (MHz, %, MB/s), the DCGM 4.7 base-unit ones get theirs (Hz, 0–1, B/s).
+/// [`Plan::NvlinkBandwidth`] yields an intermediate KiB/s float that every NVLink throughput
+/// field converts here.
+pub fn in_field_unit(field: Field, reading: Reading) -> Reading {
+    use Field as F;
+    let v = reading?;
+    let num = |v: &Value| match v {
+        Value::Int(i) => Some(*i as f64),
+        Value::Float(f) => Some(*f),
+        Value::Text(_) => None,
+    };
+    match field {
+        F::SmClockHertz | F::MemoryClockHertz | F::VideoClockHertz => match v {
+            Value::Int(mhz) => mhz
+                .checked_mul(1_000_000)
+                .map(Value::Int)
+                .ok_or(FieldError::Invalid),
+            _ => Err(FieldError::Invalid),
+        },
+        F::GpuUtilRatio
+        | F::MemoryUtilRatio
+        | F::EncUtilRatio
+        | F::DecUtilRatio
+        | F::FanSpeedRatio => num(&v)
+            .map(|pct| Value::Float(pct / 100.0))
+            .ok_or(FieldError::Invalid),
+        F::NvlinkBandwidthTotal => num(&v)
+            .map(|kibps| Value::Int((kibps / 1000.0).round() as i64))
+            .ok_or(FieldError::Invalid),
+        F::NvlinkThroughputBytesPerSecond => num(&v)
+            .map(|kibps| Value::Int((kibps * 1024.0).round() as i64))
+            .ok_or(FieldError::Invalid),
+        _ => Ok(v),
+    }
+}
+
 /// Framebuffer bytes → MiB, truncated, as DCGM reports `DCGM_FI_DEV_FB_*`.
 pub fn bytes_to_mib(bytes: u64) -> i64 {
     i64::try_from(bytes / 1_048_576).unwrap_or(i64::MAX)
+}
+
+fn bytes_to_i64(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 /// A memory-info part in DCGM's unit.
@@ -369,6 +438,10 @@ pub fn memory_value(m: &super::api::MemoryInfo, part: MemoryPart) -> Value {
         MemoryPart::Free => Value::Int(bytes_to_mib(m.free)),
         MemoryPart::Used => Value::Int(bytes_to_mib(m.used)),
         MemoryPart::Reserved => Value::Int(bytes_to_mib(m.reserved)),
+        MemoryPart::TotalBytes => Value::Int(bytes_to_i64(m.total)),
+        MemoryPart::FreeBytes => Value::Int(bytes_to_i64(m.free)),
+        MemoryPart::UsedBytes => Value::Int(bytes_to_i64(m.used)),
+        MemoryPart::ReservedBytes => Value::Int(bytes_to_i64(m.reserved)),
         MemoryPart::UsedRatio => {
             let usable = bytes_to_mib(m.total) - bytes_to_mib(m.reserved);
             if usable <= 0 {
@@ -425,6 +498,16 @@ pub fn field_value(id: u32, v: FieldValue, unit: Unit) -> Result<Value, FieldErr
             FieldNum::Float(f) if f.is_finite() => Ok(Value::Float(f)),
             FieldNum::Float(_) => Err(FieldError::Invalid),
         },
+        Unit::MillijoulesToJoules => match n {
+            FieldNum::Unsigned(u) => i64::try_from(u / 1000)
+                .map(Value::Int)
+                .map_err(|_| FieldError::Invalid),
+            FieldNum::Signed(i) if i >= 0 => Ok(Value::Int(i / 1000)),
+            FieldNum::Float(f) if f.is_finite() && f >= 0.0 => {
+                Ok(Value::Int((f / 1000.0).trunc() as i64))
+            }
+            _ => Err(FieldError::Invalid),
+        },
         Unit::MilliwattsToWatts => match n {
             FieldNum::Unsigned(u) => Ok(Value::Float(milliwatts_to_watts(u))),
             FieldNum::Signed(i) if i >= 0 => Ok(Value::Float(milliwatts_to_watts(i as u64))),
@@ -454,17 +537,23 @@ pub struct NvlinkCounter {
     pub timestamp_us: i64,
 }
 
-/// `DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` as DCGM computes it: the increase of the summed TX+RX
-/// KiB counters over the interval, per second, divided by 1000 (≈ MB/s). The first reading
-/// (no previous one), a counter reset and a non-advancing clock give 0, as in DCGM.
-pub fn nvlink_bandwidth_mbps(prev: Option<NvlinkCounter>, cur: NvlinkCounter) -> i64 {
-    let Some(prev) = prev else { return 0 };
+/// The NVLink throughput rate as DCGM computes it: the increase of the summed TX+RX KiB
+/// counters over the interval, per second (KiB/s). The first reading (no previous one), a
+/// counter reset and a non-advancing clock give 0, as in DCGM. DCGM reports it as
+/// `DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` ÷ 1000 (≈ MB/s) and as
+/// `DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND` × 1024 (B/s).
+pub fn nvlink_rate_kib_per_s(prev: Option<NvlinkCounter>, cur: NvlinkCounter) -> f64 {
+    let Some(prev) = prev else { return 0.0 };
     let dt_us = cur.timestamp_us - prev.timestamp_us;
     if dt_us <= 0 || cur.kib < prev.kib {
-        return 0;
+        return 0.0;
     }
-    let per_second = (cur.kib - prev.kib) as f64 / (dt_us as f64 / 1e6);
-    (per_second / 1000.0).round() as i64
+    (cur.kib - prev.kib) as f64 / (dt_us as f64 / 1e6)
+}
+
+/// `DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` (and the per-link MB/s fields): the rate ÷ 1000.
+pub fn nvlink_bandwidth_mbps(prev: Option<NvlinkCounter>, cur: NvlinkCounter) -> i64 {
+    (nvlink_rate_kib_per_s(prev, cur) / 1000.0).round() as i64
 }
 
 /// A GPM metric in DCGM's unit: utilisations 0–100 % → 0–1 ratios (DCGM divides by 100),
@@ -605,6 +694,74 @@ mod tests {
             .collect();
         moved.sort_unstable();
         assert_eq!(moved, (251..=273).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn newer_fields_share_the_call_and_get_their_own_unit() {
+        assert_eq!(plan(Field::SmClockHertz), plan(Field::SmClock));
+        assert_eq!(plan(Field::GpuUtilRatio), plan(Field::GpuUtil));
+        assert_eq!(
+            plan(Field::NvlinkThroughputBytesPerSecond),
+            plan(Field::NvlinkBandwidthTotal)
+        );
+        assert_eq!(plan(Field::NvlinkReplayErrorPerLinkTotal), Plan::PerLink);
+        let ok = |v| Ok(v);
+        assert_eq!(
+            in_field_unit(Field::SmClockHertz, ok(Value::Int(1980))),
+            Ok(Value::Int(1_980_000_000))
+        );
+        assert_eq!(
+            in_field_unit(Field::SmClock, ok(Value::Int(1980))),
+            Ok(Value::Int(1980))
+        );
+        assert_eq!(
+            in_field_unit(Field::GpuUtilRatio, ok(Value::Int(69))),
+            Ok(Value::Float(0.69))
+        );
+        assert_eq!(
+            in_field_unit(Field::GpuUtil, ok(Value::Int(69))),
+            Ok(Value::Int(69))
+        );
+        assert_eq!(
+            in_field_unit(Field::FanSpeedRatio, ok(Value::Int(105))),
+            Ok(Value::Float(1.05))
+        );
+        // 1 000 000 KiB/s: 1000 "MB/s" as DCGM divides by 1000, 1 024 000 000 B/s.
+        assert_eq!(
+            in_field_unit(Field::NvlinkBandwidthTotal, ok(Value::Float(1e6))),
+            Ok(Value::Int(1000))
+        );
+        assert_eq!(
+            in_field_unit(Field::NvlinkThroughputBytesPerSecond, ok(Value::Float(1e6))),
+            Ok(Value::Int(1_024_000_000))
+        );
+        assert_eq!(
+            in_field_unit(Field::GpuUtilRatio, Err(FieldError::NoPermission)),
+            Err(FieldError::NoPermission)
+        );
+        assert_eq!(
+            field_value(
+                fi::TOTAL_ENERGY_CONSUMPTION,
+                FieldValue::from(FieldNum::Unsigned(987_654)),
+                Unit::MillijoulesToJoules
+            ),
+            Ok(Value::Int(987))
+        );
+        let m = super::super::api::MemoryInfo {
+            total: 80 * 1_073_741_824,
+            reserved: 512 * 1_048_576,
+            used: 3_000_000_123,
+            free: 1,
+        };
+        assert_eq!(
+            memory_value(&m, MemoryPart::UsedBytes),
+            Value::Int(3_000_000_123)
+        );
+        assert_eq!(memory_value(&m, MemoryPart::Used), Value::Int(2861));
+        assert_eq!(
+            memory_value(&m, MemoryPart::TotalBytes),
+            Value::Int(85_899_345_920)
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::api::{
     ApiError, ClockKind, FieldRequest, FieldResult, GiProfile, GpmMetric, InforomObject,
-    MemoryInfo, NvmlApi, Registered,
+    MemoryInfo, NvlinkErrorCounter, NvmlApi, Registered,
 };
 
 /// Call counts by NVML function name.
@@ -110,6 +110,8 @@ impl<A: NvmlApi> NvmlApi for Counting<A> {
         fn pcie_link_gen(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetCurrPcieLinkGeneration";
         fn pcie_link_width(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetCurrPcieLinkWidth";
         fn clocks_event_reasons(&self, d: &A::Device) -> Result<u64, ApiError> = "nvmlDeviceGetCurrentClocksEventReasons";
+        fn nvlink_active(&self, d: &A::Device, link: u32) -> Result<bool, ApiError> = "nvmlDeviceGetNvLinkState";
+        fn nvlink_error_counter(&self, d: &A::Device, link: u32, counter: NvlinkErrorCounter) -> Result<u64, ApiError> = "nvmlDeviceGetNvLinkErrorCounter";
         fn gpm_sample(&self, d: &A::Device) -> Result<A::GpmSample, ApiError> = "nvmlGpmSampleGet";
         fn gpm_mig_sample(&self, parent: &A::Device, gi_id: u32) -> Result<A::GpmSample, ApiError> = "nvmlGpmMigSampleGet";
         fn gpm_metrics(&self, earlier: &A::GpmSample, later: &A::GpmSample, metrics: &[GpmMetric]) -> Result<Vec<Result<f64, ApiError>>, ApiError> = "nvmlGpmMetricsGet";

@@ -143,6 +143,7 @@ impl<A: NvmlApi> NvmlSource<A> {
             prev_gpm: None,
             prev_mig_gpm: HashMap::new(),
             prev_nvlink: None,
+            links: super::nvlink::Links::default(),
             mig_stale: false,
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::api::{
     ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, FieldValue, GiProfile,
-    GpmMetric, InforomObject, MemoryInfo, NvmlApi, Registered, XidReport,
+    GpmMetric, InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, Registered, XidReport,
 };
 
 /// One MIG device of a fake GPU.
@@ -31,6 +31,38 @@ pub struct FakeMig {
     pub memory: MemoryInfo,
     /// GPM values (NVML units) `nvmlGpmMetricsGet` returns for this GPU instance.
     pub gpm: HashMap<GpmMetric, f64>,
+}
+
+/// One NVLink of a fake GPU.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FakeLink {
+    /// `nvmlDeviceGetNvLinkState` answers enabled.
+    pub active: bool,
+    /// TX data KiB counter (`NVLINK_THROUGHPUT_DATA_TX` with this link's scope).
+    pub tx_kib: u64,
+    /// RX data KiB counter.
+    pub rx_kib: u64,
+    /// Error counters (`nvmlDeviceGetNvLinkErrorCounter`); absent ones answer `NotSupported`.
+    pub errors: HashMap<NvlinkErrorCounter, u64>,
+}
+
+impl FakeLink {
+    /// An active link with zero counters for all four error kinds.
+    pub fn active() -> Self {
+        Self {
+            active: true,
+            errors: [
+                NvlinkErrorCounter::Replay,
+                NvlinkErrorCounter::Recovery,
+                NvlinkErrorCounter::CrcFlit,
+                NvlinkErrorCounter::CrcData,
+            ]
+            .into_iter()
+            .map(|c| (c, 0))
+            .collect(),
+            ..Self::default()
+        }
+    }
 }
 
 /// One fake GPU. Fields left `None` (or absent from a map) answer `NotSupported`.
@@ -66,6 +98,8 @@ pub struct FakeGpu {
     pub ecc_enabled: Option<bool>,
     /// NVLink TX and RX KiB counters summed over links (scope `u32::MAX`).
     pub nvlink_kib: Option<(u64, u64)>,
+    /// The NVLinks, by link index (field `NVLINK_LINK_COUNT` answers their number).
+    pub links: Vec<FakeLink>,
     /// The driver's field timestamp, µs.
     pub timestamp_us: i64,
     /// Memory info, bytes.
@@ -141,6 +175,7 @@ impl FakeGpu {
             fields,
             ecc_enabled: Some(true),
             nvlink_kib: Some((0, 0)),
+            links: (0..18).map(|_| FakeLink::active()).collect(),
             timestamp_us: 1_000_000,
             memory: MemoryInfo {
                 total: 80 * gib,
@@ -448,10 +483,20 @@ impl NvmlApi for FakeNvml {
                 requests
                     .iter()
                     .map(|r| {
+                        let link = g.links.get(r.scope as usize).filter(|l| l.active);
                         let value = match (r.id, r.scope, g.nvlink_kib) {
                             (138, u32::MAX, Some((tx, _))) => Ok(FieldNum::Unsigned(tx)),
                             (139, u32::MAX, Some((_, rx))) => Ok(FieldNum::Unsigned(rx)),
-                            (138 | 139, _, _) => Err(ApiError::NotSupported),
+                            (138, _, _) => link
+                                .map(|l| FieldNum::Unsigned(l.tx_kib))
+                                .ok_or(ApiError::NotSupported),
+                            (139, _, _) => link
+                                .map(|l| FieldNum::Unsigned(l.rx_kib))
+                                .ok_or(ApiError::NotSupported),
+                            // NVML_FI_DEV_NVLINK_LINK_COUNT
+                            (91, 0, _) if !g.links.is_empty() => {
+                                Ok(FieldNum::Unsigned(g.links.len() as u64))
+                            }
                             (id, 0, _) => g.fields.get(&id).copied().ok_or(ApiError::NotSupported),
                             _ => Err(ApiError::NotSupported),
                         }
@@ -515,6 +560,22 @@ impl NvmlApi for FakeNvml {
     }
     fn clocks_event_reasons(&self, d: &FakeHandle) -> Result<u64, ApiError> {
         self.gpu(d, |g| Some(g.clock_event_reasons))
+    }
+    fn nvlink_active(&self, d: &FakeHandle, link: u32) -> Result<bool, ApiError> {
+        self.gpu(d, |g| g.links.get(link as usize).map(|l| l.active))
+    }
+    fn nvlink_error_counter(
+        &self,
+        d: &FakeHandle,
+        link: u32,
+        counter: NvlinkErrorCounter,
+    ) -> Result<u64, ApiError> {
+        self.gpu(d, |g| {
+            g.links
+                .get(link as usize)
+                .filter(|l| l.active)
+                .and_then(|l| l.errors.get(&counter).copied())
+        })
     }
     fn gpm_sample(&self, d: &FakeHandle) -> Result<FakeGpmSample, ApiError> {
         let values = self.gpu(d, |g| g.gpm_supported.then(|| g.gpm.clone()))?;

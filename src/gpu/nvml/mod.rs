@@ -8,6 +8,8 @@
 //!     instances re-enumerated every discovery);
 //!   - `read`: one tick of one device: one batched field-values call plus the few calls that
 //!     have no field id, GPM deltas across ticks, GPU loss;
+//!   - `nvlink`: the per-link NVLink fields (dcgm-exporter's link entities), with the error
+//!     counters on their own cadence;
 //!   - `events`: the XID event thread.
 //! - [`convert`]: pure mapping from DCGM fields to NVML calls and units.
 //! - [`api::NvmlApi`]: the narrow seam, one method per NVML call; [`real::RealNvml`] is the
@@ -22,6 +24,7 @@ mod events;
 pub mod fake;
 mod ffi;
 mod lifecycle;
+mod nvlink;
 mod read;
 pub mod real;
 
@@ -110,6 +113,8 @@ pub struct NvmlSource<A: NvmlApi> {
     xids: Arc<XidQueue>,
     /// Set when a MIG handle turned out stale; taken by [`GpuSource::wants_rediscovery`].
     rediscover: AtomicBool,
+    /// How often the per-link NVLink error counters are re-read (`nvlink`).
+    link_error_period: Duration,
 }
 
 impl<A: NvmlApi> std::fmt::Debug for NvmlSource<A> {
@@ -138,6 +143,7 @@ impl<A: NvmlApi> NvmlSource<A> {
             gpm_decision: AtomicU8::new(0),
             rediscover: AtomicBool::new(false),
             xids: Arc::new(XidQueue::default()),
+            link_error_period: nvlink::DEFAULT_ERROR_PERIOD,
         };
         // The first attempt (and discovery, which decides GPM support) happens now, so the
         // composition root knows whether NVML is up before it filters the catalog.
@@ -227,7 +233,14 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 cause: Box::new(NvmlError::Unknown(uuid)),
             });
         };
-        let result = read::read_device(&*api, &ready.system, g, device, fields);
+        let result = read::read_device(
+            &*api,
+            &ready.system,
+            g,
+            device,
+            fields,
+            self.link_error_period,
+        );
         if std::mem::take(&mut g.mig_stale) {
             tracing::info!(gpu = index, %uuid, "a MIG device handle is no longer valid (instances destroyed or recreated); re-enumerating at the next tick");
             self.rediscover.store(true, Ordering::Relaxed);
@@ -244,6 +257,7 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 g.prev_gpm = None;
                 g.prev_mig_gpm.clear();
                 g.prev_nvlink = None;
+                g.links.reset();
                 Err(SourceError::GpuLost { index, uuid })
             }
         }

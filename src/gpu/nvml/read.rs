@@ -2,6 +2,7 @@
 //! have no field id, and the MIG instances' own readings.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use crate::catalog::field::MigScope;
 use crate::catalog::Field;
@@ -16,7 +17,7 @@ use super::NvmlError;
 pub(super) struct Lost;
 
 /// Passes a call result through, aborting the device read on `GpuLost`.
-fn check<T>(r: Result<T, ApiError>) -> Result<Result<T, ApiError>, Lost> {
+pub(super) fn check<T>(r: Result<T, ApiError>) -> Result<Result<T, ApiError>, Lost> {
     match r {
         Err(ApiError::GpuLost) => Err(Lost),
         other => Ok(other),
@@ -50,11 +51,14 @@ pub(super) fn read_device<A: NvmlApi>(
     g: &mut GpuState<A>,
     device: &Device,
     fields: &[Field],
+    link_error_period: Duration,
 ) -> Result<Result<DeviceSample, NvmlError>, Lost> {
     let plans: Vec<(Field, Plan)> = fields
         .iter()
         .copied()
         .filter(|f| !device.mig_enabled || f.mig_scope() != MigScope::Unsupported)
+        // Per-link fields are read per link (`nvlink`), not as GPU readings.
+        .filter(|f| !f.is_link())
         .map(|f| (f, convert::plan(f)))
         .collect();
     let fv = match field_values(api, &g.handle, &plans)? {
@@ -78,9 +82,19 @@ pub(super) fn read_device<A: NvmlApi>(
     } else {
         Vec::new()
     };
+    let h = g.handle.clone();
+    let links = super::nvlink::read(
+        api,
+        &h,
+        &mut g.links,
+        fields,
+        link_error_period,
+        Instant::now(),
+    )?;
     Ok(Ok(DeviceSample {
         readings,
         instances,
+        links,
     }))
 }
 
@@ -171,6 +185,7 @@ fn gpu_readings<A: NvmlApi>(
     };
     let mut mem = None;
     let mut util = None;
+    let mut nvl = None;
     let mut readings = Vec::with_capacity(plans.len());
     for &(f, p) in plans {
         let reading: Reading = match p {
@@ -192,11 +207,17 @@ fn gpu_readings<A: NvmlApi>(
                 }
                 other => other,
             },
-            Plan::NvlinkBandwidth => nvlink_bandwidth(
-                &mut g.prev_nvlink,
-                fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_TX, convert::ALL_LINKS),
-                fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_RX, convert::ALL_LINKS),
-            ),
+            // Once per tick however many NVLink throughput fields ask for it (a second reading
+            // would see no interval); `convert::in_field_unit` gives each its unit.
+            Plan::NvlinkBandwidth => nvl
+                .get_or_insert_with(|| {
+                    nvlink_bandwidth(
+                        &mut g.prev_nvlink,
+                        fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_TX, convert::ALL_LINKS),
+                        fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_RX, convert::ALL_LINKS),
+                    )
+                })
+                .clone(),
             Plan::Memory(part) => once(&mut mem, || api.memory_info(&h))?
                 .map(|m| convert::memory_value(&m, part))
                 .map_err(|e| convert::field_error(&e)),
@@ -225,15 +246,16 @@ fn gpu_readings<A: NvmlApi>(
                 .get(&m)
                 .cloned()
                 .unwrap_or(Err(FieldError::NotSupported)),
-            Plan::Derived | Plan::Unavailable => Err(FieldError::NotSupported),
+            Plan::Derived | Plan::Unavailable | Plan::PerLink => Err(FieldError::NotSupported),
         };
-        readings.push((f, reading));
+        readings.push((f, convert::in_field_unit(f, reading)));
     }
     Ok(readings)
 }
 
-/// `DEV_NVLINK_BANDWIDTH_TOTAL` from the TX and RX "all links" counters and the previous
-/// reading (which `cur` replaces).
+/// The NVLink throughput rate, KiB/s (an intermediate value that `convert::in_field_unit`
+/// turns into `DEV_NVLINK_BANDWIDTH_TOTAL`'s MB/s or `…_THROUGHPUT_BYTES_PER_SECOND`'s B/s), from
+/// the TX and RX "all links" counters and the previous reading (which `cur` replaces).
 fn nvlink_bandwidth(
     prev: &mut Option<NvlinkCounter>,
     tx: Result<&api::FieldResult, FieldError>,
@@ -253,9 +275,9 @@ fn nvlink_bandwidth(
                 kib: t.saturating_add(r),
                 timestamp_us: tx.timestamp_us.max(rx.timestamp_us),
             };
-            let rate = convert::nvlink_bandwidth_mbps(*prev, cur);
+            let rate = convert::nvlink_rate_kib_per_s(*prev, cur);
             *prev = Some(cur);
-            Ok(Value::Int(rate))
+            Ok(Value::Float(rate))
         }
         _ => Err(FieldError::Invalid),
     }

@@ -4,13 +4,14 @@
 use std::sync::Arc;
 
 use nvml_wrapper::enum_wrappers::device::{Clock, InfoRom, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::{GpmSample, Nvml};
 
 use super::api::{
     ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GiProfile, GpmMetric, InforomObject,
-    MemoryInfo, NvmlApi, Registered, XidReport,
+    MemoryInfo, NvlinkErrorCounter, NvmlApi, Registered, XidReport,
 };
 use super::convert::FieldIdScheme;
 use super::ffi::{self, api_error};
@@ -243,6 +244,23 @@ impl NvmlApi for RealNvml {
     }
     fn clocks_event_reasons(&self, d: &RealDevice) -> Result<u64, ApiError> {
         ffi::clocks_event_reasons(self.nvml, d)
+    }
+    fn nvlink_active(&self, d: &RealDevice, link: u32) -> Result<bool, ApiError> {
+        d.link_wrapper_for(link).is_active().map_err(api_error)
+    }
+    fn nvlink_error_counter(
+        &self,
+        d: &RealDevice,
+        link: u32,
+        counter: NvlinkErrorCounter,
+    ) -> Result<u64, ApiError> {
+        let c = match counter {
+            NvlinkErrorCounter::Replay => ErrorCounter::DlReplay,
+            NvlinkErrorCounter::Recovery => ErrorCounter::DlRecovery,
+            NvlinkErrorCounter::CrcFlit => ErrorCounter::DlCrcFlit,
+            NvlinkErrorCounter::CrcData => ErrorCounter::DlCrcData,
+        };
+        d.link_wrapper_for(link).error_counter(c).map_err(api_error)
     }
     fn gpm_sample(&self, d: &RealDevice) -> Result<GpmSample<'static>, ApiError> {
         d.gpm_sample().map_err(api_error)
