@@ -339,9 +339,12 @@ impl<S: GpuSource> Sampler<S> {
     }
 
     async fn rediscover_if_due(&mut self, now: Instant) {
-        let due = self
-            .discovered_at
-            .is_none_or(|t| now.duration_since(t) >= self.opts.rediscover_every);
+        // Asked first, so the request is consumed even when the periodic discovery is due.
+        let wanted = self.source.wants_rediscovery();
+        let due = wanted
+            || self
+                .discovered_at
+                .is_none_or(|t| now.duration_since(t) >= self.opts.rediscover_every);
         if !due {
             return;
         }

@@ -213,7 +213,7 @@ impl Entity<'_> {
                 let is = sample.instances.iter().find(|s| s.gi_id == inst.gi_id)?;
                 find(&is.readings).map(|i| &is.readings[i].1)
             }
-            (Some(_), MigScope::Unsupported | MigScope::Link) => None,
+            (Some(_), MigScope::Unsupported | MigScope::Gpu | MigScope::Link) => None,
         }
     }
 }
@@ -333,7 +333,7 @@ fn link_entity<'a>(
     push_label(&mut prefix, "gpu", &id.index.to_string());
     push_label(&mut prefix, "gpu_uuid", &id.uuid);
     push_label(&mut prefix, "pci_bus_id", &id.pci_bus_id);
-    push_label(&mut prefix, "device", &format!("nvidia{}", id.minor));
+    push_label(&mut prefix, "device", &format!("nvidia{}", id.index));
     push_label(&mut prefix, "model_name", &id.model);
     if !opts.hostname.is_empty() {
         push_label(&mut prefix, "hostname", &opts.hostname);
@@ -454,7 +454,8 @@ fn identity_labels(
     push_label(&mut s, "gpu", &id.index.to_string());
     push_label(&mut s, Names::of(opts).uuid, &id.uuid);
     push_label(&mut s, "pci_bus_id", &id.pci_bus_id);
-    push_label(&mut s, "device", &format!("nvidia{}", id.minor));
+    // dcgm-exporter writes `nvidia<DCGM GPU index>`, not the minor number of /dev/nvidiaN.
+    push_label(&mut s, "device", &format!("nvidia{}", id.index));
     if opts.replace_blanks_in_model_name {
         push_label(&mut s, "modelName", &id.model.replace(' ', "-"));
     } else {
@@ -704,6 +705,50 @@ mod tests {
             vgpu: vgpu.map(str::to_owned),
             dra: None,
         }
+    }
+
+    #[test]
+    fn gpu_level_gpm_readings_stay_on_the_gpu_and_parent_readings_repeat_on_instances() {
+        let (cat, _) = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_PROF_PCIE_TX_BYTES, gauge, p\n",
+            "t.csv",
+        )
+        .unwrap();
+        let mut o = outcome(device(0, "G", &[(1, "1g.10gb"), (2, "1g.10gb")]), 40, 100);
+        if let Ok(s) = o.sample.as_mut() {
+            s.readings
+                .push((Field::ProfPcieTxBytes, Ok(Value::Float(1_048_576.0))));
+        }
+        let flex = build(
+            &cat,
+            std::slice::from_ref(&o),
+            &Attribution::default(),
+            &opts(),
+        );
+        assert_eq!(lines(&flex, "DCGM_FI_DEV_GPU_TEMP").len(), 2);
+        assert!(lines(&flex, "DCGM_FI_PROF_PCIE_TX_BYTES").is_empty());
+        let mut whole = opts();
+        whole.selection = DeviceSelection::Gpus(None);
+        let whole = build(&cat, &[o], &Attribution::default(), &whole);
+        assert_eq!(lines(&whole, "DCGM_FI_PROF_PCIE_TX_BYTES").len(), 1);
+    }
+
+    #[test]
+    fn the_device_label_names_the_gpu_index_not_the_minor_number() {
+        let mut d = device(1, "G", &[(3, "1g.10gb")]);
+        d.identity.minor = 7;
+        let s = build(
+            &cat(),
+            &[outcome(d, 40, 100)],
+            &Attribution::default(),
+            &opts(),
+        );
+        let temps = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temps.len(), 1);
+        assert!(
+            temps[0].contains(r#"gpu="1""#) && temps[0].contains(r#"device="nvidia1""#),
+            "{temps:?}"
+        );
     }
 
     #[test]

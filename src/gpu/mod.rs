@@ -61,7 +61,8 @@ pub struct GpuIdentity {
     pub uuid: String,
     /// PCI bus id, `00000000:8D:00.0` form.
     pub pci_bus_id: String,
-    /// Minor number: `/dev/nvidia<minor>` (the `device` label).
+    /// Minor number: `/dev/nvidia<minor>` (GKE device-plugin ids name GPUs by it; the `device`
+    /// label uses the index, as dcgm-exporter does).
     pub minor: u32,
     /// Product name (`modelName`).
     pub model: String,
@@ -227,6 +228,13 @@ pub trait GpuSource: Send + Sync + 'static {
     /// [`SourceError::GpuLost`] or [`SourceError::Device`] when the device as a whole cannot be
     /// read; per-field failures are recorded in the sample instead.
     fn sample(&self, device: &Device, fields: &[Field]) -> Result<DeviceSample, SourceError>;
+
+    /// Whether the source saw, since the last call, that its device list is out of date (a
+    /// MIG reconfiguration invalidates instance handles): the sampler then re-enumerates at
+    /// its next tick instead of waiting for the periodic discovery. Reading clears it.
+    fn wants_rediscovery(&self) -> bool {
+        false
+    }
 
     /// XID errors reported since the last call, keyed by GPU UUID. NVML delivers these through
     /// its event path, which keeps working when a GPU's reads fail (XID 79: fallen off the bus),

@@ -2,15 +2,16 @@
 //! to fall off the bus, vanish, return, or raise an XID. Used by the backend's tests and by
 //! benchmarks that count NVML calls; never by the exporter itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::api::{
-    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, GpmMetric,
-    GpuInstanceInfo, InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, Registered, XidReport,
+    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, FieldValue, GiProfile,
+    GpmMetric, InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, Registered, XidReport,
 };
+use crate::gpu::MigPlacement;
 
 /// One MIG device of a fake GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,7 +24,12 @@ pub struct FakeMig {
     pub uuid: String,
     /// The GPU instance profile name as NVML reports it (`MIG 3g.40gb`).
     pub profile_name: String,
-    /// The GPU instance profile id and placement (start, size) `nvmlGpuInstanceGetInfo` reports.
+    /// The profile's slice count.
+    pub slices: u32,
+    /// The profile's memory size, MiB.
+    pub profile_mib: u64,
+    /// The GPU instance's profile id and placement (start, size), as `nvmlGpuInstanceGetInfo`
+    /// reports them.
     pub placement: (u32, u32, u32),
     /// Its framebuffer.
     pub memory: MemoryInfo,
@@ -92,6 +98,8 @@ pub struct FakeGpu {
     pub gpu_instance_info_denied: bool,
     /// Field values by V12 `NVML_FI_*` id (scope 0).
     pub fields: HashMap<u32, FieldNum>,
+    /// `nvmlDeviceGetEccMode`'s current mode; `None` answers `NotSupported`.
+    pub ecc_enabled: Option<bool>,
     /// NVLink TX and RX KiB counters summed over links (scope `u32::MAX`).
     pub nvlink_kib: Option<(u64, u64)>,
     /// The NVLinks, by link index (field `NVLINK_LINK_COUNT` answers their number).
@@ -169,6 +177,7 @@ impl FakeGpu {
             mig: Vec::new(),
             gpu_instance_info_denied: false,
             fields,
+            ecc_enabled: Some(true),
             nvlink_kib: Some((0, 0)),
             links: (0..18).map(|_| FakeLink::active()).collect(),
             timestamp_us: 1_000_000,
@@ -218,10 +227,19 @@ pub struct FakeGpmSample {
 #[derive(Debug)]
 pub struct FakeEvents {
     rx: mpsc::Receiver<XidReport>,
+    failures: Arc<Mutex<VecDeque<ApiError>>>,
 }
 
 impl EventWait for FakeEvents {
     fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidReport>, ApiError> {
+        let failure = self
+            .failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front();
+        if let Some(e) = failure {
+            return Err(e);
+        }
         match self
             .rx
             .recv_timeout(Duration::from_millis(u64::from(timeout_ms)))
@@ -240,8 +258,18 @@ impl EventWait for FakeEvents {
 #[derive(Debug, Clone, Default)]
 pub struct FakeNvml {
     state: Arc<Mutex<FakeState>>,
-    events: Arc<Mutex<Option<mpsc::Sender<XidReport>>>>,
+    events: Arc<Mutex<Option<Registration>>>,
+    wait_failures: Arc<Mutex<VecDeque<ApiError>>>,
+    sets_created: Arc<Mutex<u64>>,
     seq: Arc<Mutex<u64>>,
+}
+
+/// The current event set's sender and the GPUs (indices into [`FakeState::gpus`]) it
+/// registered, by position.
+#[derive(Debug)]
+struct Registration {
+    tx: mpsc::Sender<XidReport>,
+    gpus: Vec<Option<usize>>,
 }
 
 impl FakeNvml {
@@ -261,16 +289,39 @@ impl FakeNvml {
         f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
-    /// Delivers an XID through the registered event set. Returns false if none is registered.
+    /// Delivers an XID on the GPU with `uuid` through the current event set. Returns false if
+    /// no set is registered for that GPU. Like NVML, it works for a GPU that fell off the bus.
     pub fn raise_xid(&self, uuid: &str, xid: u64) -> bool {
-        let tx = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        tx.as_ref().is_some_and(|tx| {
-            tx.send(XidReport {
-                uuid: uuid.into(),
-                xid,
-            })
-            .is_ok()
+        let gpu = self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .gpus
+            .iter()
+            .position(|g| g.uuid == uuid);
+        let reg = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        reg.as_ref().is_some_and(|r| {
+            r.gpus
+                .iter()
+                .position(|g| g.is_some() && *g == gpu)
+                .is_some_and(|device| r.tx.send(XidReport { device, xid }).is_ok())
         })
+    }
+
+    /// Makes the next waits on any event set fail with these errors, in order.
+    pub fn fail_event_waits(&self, errors: impl IntoIterator<Item = ApiError>) {
+        self.wait_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(errors);
+    }
+
+    /// Event sets created so far.
+    pub fn event_sets_created(&self) -> u64 {
+        *self
+            .sets_created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn with<T>(
@@ -356,8 +407,8 @@ impl NvmlApi for FakeNvml {
             })
         })
     }
-    fn brand(&self, d: &FakeHandle) -> Result<String, ApiError> {
-        self.gpu(d, |_| Some("NVIDIA".into()))
+    fn brand(&self, d: &FakeHandle) -> Result<u32, ApiError> {
+        self.gpu(d, |_| Some(14)) // NVML_BRAND_NVIDIA
     }
     fn serial(&self, d: &FakeHandle) -> Result<String, ApiError> {
         self.gpu(d, |g| g.serial.clone())
@@ -399,11 +450,7 @@ impl NvmlApi for FakeNvml {
     fn compute_instance_id(&self, mig: &FakeHandle) -> Result<u32, ApiError> {
         self.with(mig, |_, m| m.map(|m| m.ci_id).ok_or(ApiError::NotSupported))
     }
-    fn gpu_instance_info(
-        &self,
-        parent: &FakeHandle,
-        gi_id: u32,
-    ) -> Result<GpuInstanceInfo, ApiError> {
+    fn gpu_instance_profile(&self, parent: &FakeHandle, gi_id: u32) -> Result<GiProfile, ApiError> {
         let denied = self.gpu(parent, |g| Some(g.gpu_instance_info_denied))?;
         if denied {
             return Err(ApiError::NoPermission);
@@ -413,12 +460,42 @@ impl NvmlApi for FakeNvml {
                 .iter()
                 .flatten()
                 .find(|m| m.gi_id == gi_id)
-                .map(|m| GpuInstanceInfo {
-                    profile_id: m.placement.0,
-                    placement_start: m.placement.1,
-                    placement_size: m.placement.2,
-                    profile_name: Some(m.profile_name.clone()),
+                .map(|m| GiProfile {
+                    slices: m.slices,
+                    memory_mib: m.profile_mib,
+                    name: m.profile_name.clone(),
                 })
+        })
+    }
+    fn gpu_instance_placement(
+        &self,
+        parent: &FakeHandle,
+        gi_id: u32,
+    ) -> Result<MigPlacement, ApiError> {
+        let denied = self.gpu(parent, |g| Some(g.gpu_instance_info_denied))?;
+        if denied {
+            return Err(ApiError::NoPermission);
+        }
+        self.gpu(parent, |g| {
+            g.mig
+                .iter()
+                .flatten()
+                .find(|m| m.gi_id == gi_id)
+                .map(|m| MigPlacement {
+                    profile_id: m.placement.0,
+                    start: m.placement.1,
+                    size: m.placement.2,
+                })
+        })
+    }
+    fn mig_attributes(&self, mig: &FakeHandle) -> Result<GiProfile, ApiError> {
+        self.with(mig, |_, m| {
+            m.map(|m| GiProfile {
+                slices: m.slices,
+                memory_mib: m.profile_mib,
+                name: String::new(),
+            })
+            .ok_or(ApiError::NotSupported)
         })
     }
     fn field_values(
@@ -447,7 +524,8 @@ impl NvmlApi for FakeNvml {
                             }
                             (id, 0, _) => g.fields.get(&id).copied().ok_or(ApiError::NotSupported),
                             _ => Err(ApiError::NotSupported),
-                        };
+                        }
+                        .map(FieldValue::from);
                         FieldResult {
                             timestamp_us: g.timestamp_us,
                             value,
@@ -456,6 +534,9 @@ impl NvmlApi for FakeNvml {
                     .collect(),
             )
         })
+    }
+    fn ecc_enabled(&self, d: &FakeHandle) -> Result<bool, ApiError> {
+        self.gpu(d, |g| g.ecc_enabled)
     }
     fn memory_info(&self, d: &FakeHandle) -> Result<MemoryInfo, ApiError> {
         self.with(d, |g, m| Ok(m.map_or(g.memory, |m| m.memory)))
@@ -551,14 +632,31 @@ impl NvmlApi for FakeNvml {
             .collect())
     }
     fn xid_events(&self, devices: &[FakeHandle]) -> Result<Registered<FakeEvents>, ApiError> {
-        let skipped = devices
-            .iter()
-            .enumerate()
-            .filter_map(|(i, d)| self.uuid(d).err().map(|e| (i, e)))
-            .collect();
+        let mut skipped = Vec::new();
+        let mut gpus = Vec::with_capacity(devices.len());
+        for (i, d) in devices.iter().enumerate() {
+            match self.uuid(d) {
+                Ok(_) => gpus.push(Some(d.gpu)),
+                Err(e) => {
+                    skipped.push((i, e));
+                    gpus.push(None);
+                }
+            }
+        }
         let (tx, rx) = mpsc::channel();
-        *self.events.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
-        Ok((FakeEvents { rx }, skipped))
+        *self.events.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Registration { tx, gpus });
+        *self
+            .sets_created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) += 1;
+        Ok((
+            FakeEvents {
+                rx,
+                failures: Arc::clone(&self.wait_failures),
+            },
+            skipped,
+        ))
     }
 }
 
