@@ -8,7 +8,7 @@
 #   1. generated files are up to date (dashboards, PrometheusRule, ConfigMap CSV copy)
 #   2. promtool check rules + promtool test rules
 #   3. kubectl kustomize deploy/ and overlays/process-usage/ + scripts/validate-manifests.py
-#   4. tests/e2e/run.sh (20 simulated nodes, real Prometheus + Alertmanager, fake kubelets;
+#   4. tests/e2e/run.sh (21 simulated nodes, real Prometheus + Alertmanager, fake kubelets;
 #      with GPU_EXPORTER_BIN set, fake-kubelet must be next to that binary)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -4,8 +4,14 @@
 #  - the metrics CSV is rewritten (alternately with and without one row) and SIGHUP'd every 20 s,
 #    and once a minute a broken CSV is SIGHUP'd (must be rejected, old config keeps serving),
 #  - optionally a kubelet is restarted every 45 s (SOAK_KUBELET_CMD, see below),
-#  - 4 workers scrape /metrics 10 times a second each; every body must parse (strict 0.0.4
-#    parser in scripts/soak_scrape.py) and every healthy GPU must have its series;
+#  - 4 workers scrape /metrics 10 times a second each, on fresh connections; every scrape must
+#    answer 200 within 1 s, every body must parse (strict 0.0.4 parser in scripts/soak_scrape.py)
+#    and every healthy GPU must have its series;
+#  - meanwhile a connection flood from 127.0.0.2 (scripts/soak_flood.py) holds 300 silent
+#    sockets, 100 slowloris clients and 50 half-sent TLS ClientHellos (malformed requests on this
+#    plain port: a reconnect storm), renewing each as soon as the exporter closes it, and every
+#    60 s opens 1,500 more silent sockets for 10 s, past the exporter's limit of 1,000
+#    connections (--http-max-connections), so that it evicts (SOAK_FLOOD=0 turns the flood off);
 #  - RSS (/proc/PID/status VmRSS) is sampled every 5 s and must not grow.
 #
 #   scripts/soak.sh [--duration SECONDS] [--bin PATH] [--out FILE]
@@ -64,7 +70,7 @@ if [ -n "${SOAK_KUBELET_CMD:-}" ]; then
     extra=(-k --pod-resources-kubelet-socket "$SOAK_KUBELET_SOCKET")
 fi
 "$bin" --backend sim --sim-scenario "$work/scenario.toml" -a "127.0.0.1:$port" -c 1000 \
-    -f "$csv" "${extra[@]}" 2> "$work/exporter.log" &
+    -f "$csv" --http-max-connections 1000 "${extra[@]}" 2> "$work/exporter.log" &
 exporter=$!
 pids+=("$exporter")
 for _ in $(seq 1 100); do
@@ -76,6 +82,13 @@ python3 "$root/scripts/soak_scrape.py" --url "http://127.0.0.1:$port/metrics" --
     --gpus "$gpus" --flaky-gpu "$flaky" > "$work/scrape.json" &
 scraper=$!
 pids+=("$scraper")
+if [ "${SOAK_FLOOD:-1}" != 0 ]; then
+    python3 "$root/scripts/soak_flood.py" --port "$port" --duration "$duration" > "$work/flood.json" &
+    flood=$!
+    pids+=("$flood")
+else
+    echo '{}' > "$work/flood.json"
+fi
 
 rss=()
 reloads=0
@@ -101,18 +114,23 @@ while kill -0 "$scraper" 2>/dev/null; do
 done
 scrape_rc=0
 wait "$scraper" || scrape_rc=$?
+[ -n "${flood:-}" ] && { wait "$flood" || true; }
 alive=1; kill -0 "$exporter" 2>/dev/null || alive=0
 final=$(curl -fsS "http://127.0.0.1:$port/metrics" || true)
 reload_ok=$(grep -o 'gpu_exporter_config_reloads_total{result="success"} [0-9]*' <<<"$final" | awk '{print $2}')
 reload_bad=$(grep -o 'gpu_exporter_config_reloads_total{result="failure"} [0-9]*' <<<"$final" | awk '{print $2}')
+grep '^gpu_exporter_http_connections_closed_total{' <<<"$final" \
+    | sed 's/.*reason="\([a-z_]*\)"} \([0-9]*\)/\1 \2/' > "$work/closed.txt" || true
 
 # RSS: skip the first minute (warm-up), compare the mean of the first and last thirds.
-python3 - "$work/scrape.json" "$duration" "$reloads" "$broken" "$kubelet_restarts" "$alive" \
-    "${reload_ok:-0}" "${reload_bad:-0}" "${rss[@]}" > "$work/summary.json" <<'PY'
+python3 - "$work/scrape.json" "$work/flood.json" "$work/closed.txt" "$duration" "$reloads" "$broken" \
+    "$kubelet_restarts" "$alive" "${reload_ok:-0}" "${reload_bad:-0}" "${rss[@]}" > "$work/summary.json" <<'PY'
 import json, sys
 scrape = json.load(open(sys.argv[1]))
-duration, reloads, broken, restarts, alive, ok, bad = map(int, sys.argv[2:9])
-rss = [int(x) for x in sys.argv[9:] if x]
+flood = json.load(open(sys.argv[2]))
+closed = {r: int(n) for r, n in (l.split() for l in open(sys.argv[3]) if l.strip())}
+duration, reloads, broken, restarts, alive, ok, bad = map(int, sys.argv[4:11])
+rss = [int(x) for x in sys.argv[11:] if x]
 warm = rss[12:] if len(rss) > 24 else rss[len(rss) // 3:]
 third = max(1, len(warm) // 3)
 first, last = sum(warm[:third]) / third, sum(warm[-third:]) / third
@@ -121,11 +139,12 @@ summary = dict(scrape, duration_s=duration, csv_reloads_sent=reloads, broken_csv
                reloads_success=ok, reloads_failure=bad, kubelet_restarts=restarts,
                exporter_alive=bool(alive), rss_kib_min=min(rss), rss_kib_max=max(rss),
                rss_kib_first_third=round(first), rss_kib_last_third=round(last),
-               rss_growth_kib=round(growth))
+               rss_growth_kib=round(growth), flood=flood, connections_closed=closed)
 summary["rss_grew"] = growth > max(4096, 0.2 * first)
 summary["pass"] = (scrape["error_count"] == 0 and alive == 1 and not summary["rss_grew"]
                    and scrape["flaky_absent"] > 0 and scrape["flaky_present"] > 0
-                   and bad >= broken and ok > 0)
+                   and bad >= broken and ok > 0
+                   and (not flood or (flood["closed_by_server"] > 0 and closed.get("evicted", 0) > 0)))
 print(json.dumps(summary, indent=1))
 PY
 cat "$work/summary.json"

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Soak scraper for scripts/soak.sh: concurrent scrapes of /metrics on loopback, each parsed
-with a strict text-format 0.0.4 parser; checks that no series of a healthy GPU goes missing.
+"""Soak scraper for scripts/soak.sh: concurrent scrapes of /metrics on loopback, each on a fresh
+connection, parsed with a strict text-format 0.0.4 parser; checks that no series of a healthy GPU
+goes missing and that every scrape is answered within --deadline (1 s) whatever else is going on.
 
 Standard library only. Prints one JSON summary line at the end; exits 1 on any violation.
 """
@@ -67,6 +68,8 @@ def main():
     ap.add_argument("--gpus", type=int, required=True)
     ap.add_argument("--flaky-gpu", type=int, required=True, help="the GPU the scenario loses")
     ap.add_argument("--always", default="DCGM_FI_DEV_GPU_TEMP", help="series every healthy GPU must have")
+    ap.add_argument("--deadline", type=float, default=1.0,
+                    help="a scrape (fresh connection, whole body) slower than this many seconds fails")
     args = ap.parse_args()
 
     lock = threading.Lock()
@@ -103,6 +106,8 @@ def main():
             except Exception as e:  # noqa: BLE001 - every failure is a finding
                 problem = f"{type(e).__name__}: {e}"
             ms = (time.monotonic() - t0) * 1000
+            if problem is None and ms > args.deadline * 1000:
+                problem = f"slow: {ms:.0f} ms"
             with lock:
                 stats["scrapes"] += 1
                 stats["latencies_ms"].append(ms)

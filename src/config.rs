@@ -191,6 +191,17 @@ pub struct Args {
     #[arg(long, env = "GPU_EXPORTER_CRI_TIMEOUT", default_value_t = 5_000,
           value_parser = clap::value_parser!(u64).range(10..=600_000))]
     pub cri_timeout: u64,
+    /// With -k: attribute GPUs and MIG instances allocated through DRA ResourceClaims by
+    /// NVIDIA's DRA driver (gpu.nvidia.com), with `dra_*` labels. Resolved on the node; no API
+    /// server access.
+    #[arg(long, env = "KUBERNETES_ENABLE_DRA")]
+    pub kubernetes_enable_dra: bool,
+
+    /// Directory of HPC job mapping files (dcgm-exporter's format): one file per GPU named by its
+    /// index (`0`) or per MIG instance (`0.3`: GPU index . GPU_I_ID), one job id per line. Each
+    /// series of that GPU or instance gets an `hpc_job` label, one copy per job.
+    #[arg(long, env = "DCGM_HPC_JOB_MAPPING_DIR")]
+    pub hpc_job_mapping_dir: Option<PathBuf>,
 
     /// Devices to export: `f` (MIG instances where enabled, else GPUs), `g[:ids]` (GPUs),
     /// `i[:ids]` (MIG instances by GPU instance id). Ids: `0,2-4`.
@@ -202,10 +213,41 @@ pub struct Args {
     )]
     pub devices: String,
 
+    /// NVSwitches and their links to export: `f`, `g[:ids]` (switch ids), `i[:ids]` (link
+    /// indices), as dcgm-exporter. gpu-exporter has no NVSwitch entities (they need NVIDIA's NSCQ
+    /// library), so anything but `f` is reported at startup as having no effect; GPU NVLink
+    /// series follow `--devices`, as in dcgm-exporter.
+    #[arg(
+        short = 's',
+        long,
+        env = "DCGM_EXPORTER_OTHER_DEVICES_STR",
+        default_value = "f"
+    )]
+    pub switch_devices: String,
+
+    /// dcgm-exporter 1.x label names, for old dashboards: `uuid` instead of `UUID`, and
+    /// `pod_name`, `pod_namespace`, `container_name` instead of `pod`, `namespace`, `container`.
+    #[arg(short = 'o', long, env = "DCGM_EXPORTER_USE_OLD_NAMESPACE")]
+    pub use_old_namespace: bool,
+
     /// exporter-toolkit web configuration file (TLS, mTLS, basic auth, headers); re-read when it
     /// or the certificates it names change. See docs/security.md.
     #[arg(long, env = "DCGM_EXPORTER_WEB_CONFIG_FILE")]
     pub web_config_file: Option<PathBuf>,
+
+    /// HTTP connections open at once. At the limit a new connection is still admitted: the
+    /// least useful open one (not yet a complete request, else idle the longest) of the client
+    /// holding the most is closed for it. 0: the file descriptor limit less 128, at most 4096.
+    #[arg(long, env = "GPU_EXPORTER_HTTP_MAX_CONNECTIONS", default_value_t = 0)]
+    pub http_max_connections: usize,
+
+    /// HTTP connections past their first byte (TLS handshake, request, keep-alive: each holds
+    /// buffers) at once; the bound on memory. At the limit another active connection is
+    /// closed the same way. At most --http-max-connections.
+    #[arg(long, env = "GPU_EXPORTER_HTTP_MAX_ACTIVE_CONNECTIONS",
+          default_value_t = crate::http::conn::DEFAULT_MAX_ACTIVE_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_max_active_connections: u64,
 
     /// Replace spaces in the `modelName` label with `-`.
     #[arg(
@@ -324,6 +366,14 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// The switch selection does not parse.
+    #[error("--switch-devices {value:?}: {reason}")]
+    SwitchDevices {
+        /// What was given.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The pod-resources TTL is shorter than the refresh period.
     #[error("--pod-resources-ttl {ttl}: must be at least --pod-resources-refresh ({refresh} ms)")]
     PodResourcesTtl {
@@ -435,6 +485,10 @@ impl Config {
         };
         let listen = parse_address(&args.address)?;
         let selection = parse_devices(&args.devices)?;
+        let switches = parse_devices(&args.switch_devices).map_err(|e| match e {
+            ConfigError::Devices { value, reason } => ConfigError::SwitchDevices { value, reason },
+            other => other,
+        })?;
         let scenario = match &args.sim_scenario {
             Some(p) => Some((
                 scenario::load(p).map_err(ConfigError::Scenario)?,
@@ -452,6 +506,15 @@ impl Config {
         }
         if args.enable_dcgm_log || args.dcgm_log_level.is_some() {
             notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: there is no DCGM library to log".to_owned());
+        }
+        if switches != DeviceSelection::Flex {
+            notices.push(format!(
+                "--switch-devices {:?} has no effect: gpu-exporter exports no NVSwitch entities (they need NVIDIA's NSCQ library); GPU NVLink series follow --devices",
+                args.switch_devices
+            ));
+        }
+        if args.kubernetes_enable_dra && !args.kubernetes {
+            notices.push("--kubernetes-enable-dra has no effect without -k/--kubernetes: DRA allocations are read from the kubelet's pod-resources API".to_owned());
         }
         if args.disable_startup_validate {
             notices.push(
@@ -612,6 +675,12 @@ fn parse_id_list(list: &str) -> Result<Vec<u32>, String> {
     Ok(ids)
 }
 
+/// Whether the text log may use ANSI colours: only when stderr is a terminal, and never when
+/// `NO_COLOR` is set to a non-empty value (<https://no-color.org>).
+pub fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
+}
+
 fn system_hostname() -> String {
     ["/proc/sys/kernel/hostname", "/etc/hostname"]
         .iter()
@@ -629,6 +698,16 @@ mod tests {
         let mut v = vec!["gpu-exporter"];
         v.extend_from_slice(extra);
         Args::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn log_colour_needs_a_terminal_and_no_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colour(true, None));
+        assert!(log_colour(true, Some(OsStr::new(""))));
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_colour(false, None));
+        assert!(!log_colour(false, Some(OsStr::new(""))));
     }
 
     #[test]
@@ -692,6 +771,27 @@ mod tests {
         assert_eq!(a.kubernetes_gpu_id_type, GpuIdType::Uid);
         assert_eq!(a.backend, Backend::Nvml);
         assert_eq!(a.hostname_label, "hostname");
+        assert_eq!(a.switch_devices, "f");
+        assert!(!a.use_old_namespace);
+    }
+
+    #[test]
+    fn old_namespace_and_switch_devices_flags() {
+        assert!(args(&["-o"]).use_old_namespace);
+        assert!(args(&["--use-old-namespace"]).use_old_namespace);
+        let c = Config::resolve(args(&["-s", "g:0,1"])).unwrap();
+        assert_eq!(c.notices.len(), 1);
+        assert!(c.notices[0].contains("NSCQ"), "{}", c.notices[0]);
+        assert!(Config::resolve(args(&["-s", "f"]))
+            .unwrap()
+            .notices
+            .is_empty());
+        let e = Config::resolve(args(&["-s", "x:1"])).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("--switch-devices \"x:1\": unknown device type"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -712,6 +812,26 @@ mod tests {
         assert!(e.to_string().starts_with("--configmap-data:"));
         let c = Config::resolve(args(&["-r", "localhost:5555"])).unwrap();
         assert_eq!(c.notices.len(), 1);
+    }
+
+    #[test]
+    fn dra_and_hpc_flags_use_dcgm_exporters_names() {
+        let a = args(&[]);
+        assert!(!a.kubernetes_enable_dra);
+        assert_eq!(a.hpc_job_mapping_dir, None);
+        let a = args(&[
+            "--kubernetes-enable-dra",
+            "--hpc-job-mapping-dir",
+            "/run/hpc-jobs",
+        ]);
+        assert!(a.kubernetes_enable_dra);
+        assert_eq!(a.hpc_job_mapping_dir, Some(PathBuf::from("/run/hpc-jobs")));
+        // DRA without -k is accepted but noticed; with -k it is not.
+        let c = Config::resolve(args(&["--kubernetes-enable-dra"])).unwrap();
+        assert_eq!(c.notices.len(), 1);
+        assert!(c.notices[0].starts_with("--kubernetes-enable-dra has no effect"));
+        let c = Config::resolve(args(&["-k", "--kubernetes-enable-dra"])).unwrap();
+        assert!(c.notices.is_empty());
     }
 
     #[test]

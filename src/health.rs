@@ -345,7 +345,7 @@ mod tests {
     fn sample(pairs: &[(Field, i64)]) -> DeviceSample {
         DeviceSample {
             readings: pairs.iter().map(|&(f, v)| (f, Ok(Value::Int(v)))).collect(),
-            instances: vec![],
+            ..DeviceSample::default()
         }
     }
 

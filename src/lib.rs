@@ -7,14 +7,16 @@
 //! - [`config`]: command line and environment (dcgm-exporter's flag names) → resolved config.
 //! - [`catalog`]: the metrics CSV (dcgm-exporter's format) and the DCGM field dictionary.
 //! - [`gpu`]: the [`gpu::GpuSource`] seam and its implementations ([`gpu::sim`]).
-//! - [`pods`]: who holds which GPU (kubelet pod-resources client, id mapping, refresher) and who
-//!   uses it (container runtime client, cgroup parsing, per-container usage).
+//! - [`pods`]: who holds which GPU (kubelet pod-resources client, id mapping with DRA,
+//!   refresher) and who uses it (container runtime client, cgroup parsing, per-container usage).
+//! - [`hpc`]: which HPC jobs run on which GPU (`--hpc-job-mapping-dir`).
 //! - [`health`]: XID / clock-event windows and health derivation (pure).
 //! - [`snapshot`]: samples + attribution → metric families with dcgm-exporter's labels (pure).
 //! - [`render`]: families → Prometheus text 0.0.4 (pure).
 //! - [`sampler`]: the loop that ties the above together once per interval and publishes bytes.
 //! - [`self_metrics`]: the exporter's own `gpu_exporter_*` series.
-//! - [`http`]: `/metrics`, `/health`, `/ready`, with connection limits.
+//! - [`http`]: `/metrics`, `/health`, `/ready`; per-phase connection deadlines and eviction at the
+//!   connection limits, so that floods never lock the scraper out.
 //! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
 //! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
 //!
@@ -24,6 +26,7 @@ pub mod catalog;
 pub mod config;
 pub mod gpu;
 pub mod health;
+pub mod hpc;
 pub mod http;
 pub mod pods;
 pub mod reload;

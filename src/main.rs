@@ -15,10 +15,12 @@ use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::scenario::Scenario;
 use gpu_exporter::gpu::sim::{SimProcess, SimulatedSource};
 use gpu_exporter::gpu::GpuSource;
+use gpu_exporter::hpc::{HpcJobs, HpcWatcher};
 use gpu_exporter::http::{self, AppState};
 use gpu_exporter::pods::cri::CriClient;
 use gpu_exporter::pods::cri_refresher::{CriOptions, CriRefresher};
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
+use gpu_exporter::pods::dra;
 use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::kubelet::KubeletPodResources;
 use gpu_exporter::pods::mapping::MappingOptions;
@@ -33,6 +35,9 @@ use gpu_exporter::web::WebSecurity;
 
 /// How often the metrics CSV is checked for changes (SIGHUP reloads at once).
 const CSV_POLL: Duration = Duration::from_secs(5);
+/// The HPC job mapping directory is read every sampling interval, within these bounds.
+const HPC_POLL_MIN: Duration = Duration::from_secs(1);
+const HPC_POLL_MAX: Duration = Duration::from_secs(5);
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -63,8 +68,15 @@ fn init_logging(format: LogFormat, debug: bool) {
     let default = if debug { "debug" } else { "info" };
     let filter =
         EnvFilter::try_from_env("GPU_EXPORTER_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    // Colour only for a person at a terminal: under Kubernetes stderr is a pipe, and `kubectl
+    // logs` would show the escape codes raw.
+    let colour = gpu_exporter::config::log_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
@@ -78,13 +90,7 @@ async fn run(args: Args) -> Result<()> {
         tracing::warn!("{notice}");
     }
     for s in &config.skipped {
-        tracing::warn!(
-            "{}:{}: skipping {} (DCGM field {}): gpu-exporter does not collect it",
-            config.catalog_origin,
-            s.line,
-            s.name,
-            s.id
-        );
+        tracing::warn!("{}:{}: {s}", config.catalog_origin, s.line);
     }
     let nvml = match config.args.backend {
         Backend::Sim => None,
@@ -194,19 +200,30 @@ fn sim_processes(
     Ok(Assignments::load(path)?.sim_processes(&devices, config.args.kubernetes_gpu_id_type)?)
 }
 
-/// `--list-devices`: what the backend finds, for writing fake-kubelet assignment files.
+/// `--list-devices`: what the backend finds, for writing fake-kubelet assignment files: ids
+/// for the device plugin, GKE's device names, and the names of NVIDIA's DRA driver.
 fn list_devices(source: &impl GpuSource) -> Result<()> {
     let devices = source.devices().context("listing devices")?;
     for d in &devices {
         let id = &d.identity;
         println!(
-            "GPU {}\t{}\tdevice-name nvidia{}\t{}\t{}",
-            id.index, id.uuid, id.minor, id.pci_bus_id, id.model
+            "GPU {}\t{}\tdevice-name nvidia{}\t{}\t{}\tdra {}",
+            id.index,
+            id.uuid,
+            id.minor,
+            id.pci_bus_id,
+            id.model,
+            dra::gpu_device_name(id.minor)
         );
         for i in &d.instances {
             println!(
-                "  MIG GPU_I_ID {}\t{}\tdevice-name nvidia{}/gi{}\t{}",
-                i.gi_id, i.uuid, id.minor, i.gi_id, i.profile
+                "  MIG GPU_I_ID {}\t{}\tdevice-name nvidia{}/gi{}\t{}\tdra {}",
+                i.gi_id,
+                i.uuid,
+                id.minor,
+                i.gi_id,
+                i.profile,
+                dra::mig_device_name(id.minor, i).unwrap_or_else(|| "(no placement)".into())
             );
         }
     }
@@ -284,6 +301,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             xid_window_ms: config.args.xid_count_window_size,
             clock_window_ms: config.args.clock_events_count_window_size,
             pod_uid: config.args.kubernetes_enable_pod_uid,
+            old_namespace: config.args.use_old_namespace,
         },
     };
     let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
@@ -300,12 +318,14 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             mapping: MappingOptions {
                 extra_resource_names: config.args.nvidia_resource_names.clone(),
                 id_type: config.args.kubernetes_gpu_id_type,
+                enable_dra: config.args.kubernetes_enable_dra,
             },
         };
         tracing::info!(
             socket = %socket.display(),
             refresh_ms = config.args.pod_resources_refresh,
             ttl_ms = config.args.pod_resources_ttl,
+            dra = config.args.kubernetes_enable_dra,
             "pod attribution from the kubelet pod-resources API"
         );
         let refresher = Refresher::new(
@@ -361,28 +381,41 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             sampler = sampler.with_process_usage(root);
         }
     }
+    if let Some(dir) = &config.args.hpc_job_mapping_dir {
+        let (hpc_tx, hpc_rx) = watch::channel(Arc::new(HpcJobs::default()));
+        sampler = sampler.with_hpc_jobs(hpc_rx);
+        let every = config.interval.clamp(HPC_POLL_MIN, HPC_POLL_MAX);
+        tracing::info!(
+            dir = %dir.display(),
+            poll_ms = every.as_millis() as u64,
+            "HPC job labels from --hpc-job-mapping-dir"
+        );
+        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics));
+        tokio::spawn(watcher.run(hpc_tx, every, shutdown.clone()));
+    }
     let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "--address {}: cannot listen on {}",
-                config.args.address, config.listen
-            )
-        })?;
+    let limits = http_limits(&config);
+    let listener = http::bind(config.listen).with_context(|| {
+        format!(
+            "--address {}: cannot listen on {}",
+            config.args.address, config.listen
+        )
+    })?;
     tracing::info!(
         tls = web.as_ref().is_some_and(|w| w.tls_enabled()),
         address = %listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
         metrics = config.catalog.metrics.len(),
         interval_ms = config.interval.as_millis() as u64,
         collectors = %config.catalog_origin,
+        max_connections = limits.max_connections,
+        max_active_connections = limits.max_active_connections,
         "gpu-exporter listening"
     );
     let router = http::router(AppState {
         published: pub_rx,
         interval: config.interval,
-        metrics,
+        metrics: Arc::clone(&metrics),
     });
     let stop = shutdown.clone();
     tokio::spawn(async move {
@@ -391,7 +424,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
         stop.cancel();
     });
     let stopped = shutdown.clone();
-    http::serve_with(listener, router, http::Limits::default(), web, async move {
+    http::serve_with(listener, router, limits, web, metrics, async move {
         stopped.cancelled().await;
     })
     .await
@@ -399,6 +432,32 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
     shutdown.cancel();
     let _ = sampler_task.await;
     Ok(())
+}
+
+/// The HTTP limits: defaults, with the connection limit from `--http-max-connections` or from
+/// the file descriptor limit (raised towards the hard limit first, as Go programs do).
+fn http_limits(config: &Config) -> http::Limits {
+    let max_connections = if config.args.http_max_connections > 0 {
+        config.args.http_max_connections
+    } else {
+        match http::conn::raise_fd_limit() {
+            Ok((before, after)) if before != after => tracing::info!(
+                before = ?before,
+                after = ?after,
+                "raised the soft file descriptor limit"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("cannot raise the soft file descriptor limit: {e}"),
+        }
+        http::conn::connections_for_fd_limit(http::conn::fd_limit())
+    };
+    http::Limits {
+        max_connections,
+        max_active_connections: usize::try_from(config.args.http_max_active_connections)
+            .unwrap_or(usize::MAX)
+            .min(max_connections),
+        ..http::Limits::default()
+    }
 }
 
 /// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).

@@ -146,12 +146,7 @@ impl<F: Fn(Field) -> bool + Send + 'static> CatalogReloader<F> {
                 } => {
                     let origin = self.path.display();
                     for s in &skipped {
-                        tracing::warn!(
-                            "{origin}:{}: skipping {} (DCGM field {}): gpu-exporter does not collect it",
-                            s.line,
-                            s.name,
-                            s.id
-                        );
+                        tracing::warn!("{origin}:{}: {s}", s.line);
                     }
                     for m in &dropped {
                         tracing::warn!(

@@ -21,6 +21,7 @@ use crate::gpu::{
     Device, DeviceSample, FieldError, GpuProcess, GpuSource, SourceError, Value, XidEvent,
 };
 use crate::health::{History, Recent, Status};
+use crate::hpc::HpcJobs;
 use crate::pods::directory::PodDirectory;
 use crate::pods::procfs::ProcRoot;
 use crate::pods::usage::{self, Owner};
@@ -158,6 +159,10 @@ pub struct Sampler<S: GpuSource> {
     proc_root: Option<ProcRoot>,
     /// Per-process attribution problems logged and not yet cleared.
     process_problems: BTreeSet<&'static str>,
+    /// HPC job mapping (`--hpc-job-mapping-dir`).
+    hpc_jobs: Option<watch::Receiver<Arc<HpcJobs>>>,
+    /// The last pod attribution and HPC jobs, and the two merged (reused while unchanged).
+    merged: Option<(Arc<Attribution>, Arc<HpcJobs>, Arc<Attribution>)>,
 }
 
 impl<S: GpuSource> Sampler<S> {
@@ -188,6 +193,8 @@ impl<S: GpuSource> Sampler<S> {
             cri_waker: None,
             proc_root: None,
             process_problems: BTreeSet::new(),
+            hpc_jobs: None,
+            merged: None,
         }
     }
 
@@ -212,6 +219,36 @@ impl<S: GpuSource> Sampler<S> {
         self.metrics.processes.enable();
         self.proc_root = Some(root);
         self
+    }
+
+    /// Reads HPC job ids from `rx` at every tick (published by [`crate::hpc::HpcWatcher`]).
+    #[must_use]
+    pub fn with_hpc_jobs(mut self, rx: watch::Receiver<Arc<HpcJobs>>) -> Self {
+        self.hpc_jobs = Some(rx);
+        self
+    }
+
+    /// The current attribution: the pods', with the HPC jobs merged in.
+    fn attribution_now(&mut self) -> Arc<Attribution> {
+        let pods = self.attribution.borrow().clone();
+        let Some(rx) = &self.hpc_jobs else {
+            return pods;
+        };
+        let hpc = rx.borrow().clone();
+        if hpc.jobs.is_empty() {
+            return pods;
+        }
+        if let Some((p, h, merged)) = &self.merged {
+            if Arc::ptr_eq(p, &pods) && Arc::ptr_eq(h, &hpc) {
+                return Arc::clone(merged);
+            }
+        }
+        let merged = Arc::new(Attribution {
+            holders: pods.holders.clone(),
+            jobs: hpc.jobs.clone(),
+        });
+        self.merged = Some((pods, hpc, Arc::clone(&merged)));
+        merged
     }
 
     /// Publishes each newly discovered device list on `tx` (for pod attribution, which maps
@@ -247,7 +284,7 @@ impl<S: GpuSource> Sampler<S> {
     pub async fn tick(&mut self) -> Arc<Published> {
         let begun = Instant::now();
         let catalog = self.catalog.borrow().clone();
-        let attribution = self.attribution.borrow().clone();
+        let attribution = self.attribution_now();
         self.rediscover_if_due(begun).await;
 
         let source = Arc::clone(&self.source);
@@ -439,9 +476,12 @@ impl<S: GpuSource> Sampler<S> {
     }
 
     async fn rediscover_if_due(&mut self, now: Instant) {
-        let due = self
-            .discovered_at
-            .is_none_or(|t| now.duration_since(t) >= self.opts.rediscover_every);
+        // Asked first, so the request is consumed even when the periodic discovery is due.
+        let wanted = self.source.wants_rediscovery();
+        let due = wanted
+            || self
+                .discovered_at
+                .is_none_or(|t| now.duration_since(t) >= self.opts.rediscover_every);
         if !due {
             return;
         }

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use crate::catalog::{Field, MetricType};
 use crate::gpu::{FieldError, Value};
+use crate::http::{CloseReason, RejectReason};
 use crate::pods::cri::CriError;
 use crate::pods::AttributionError;
 use crate::render::{push_label, Family, Series};
@@ -29,9 +30,159 @@ pub struct SelfMetrics {
     pub cri: CriStatus,
     /// Per-process attribution, rendered only when it is on.
     pub processes: ProcessStatus,
+    /// HPC job mapping health, rendered only with `--hpc-job-mapping-dir`.
+    pub hpc_jobs: HpcJobsStatus,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     last_reload_failed: AtomicBool,
+    /// HTTP connections and rejected requests.
+    pub http: HttpStats,
+}
+
+/// The HTTP server's connection figures, rendered as `gpu_exporter_http_*`.
+#[derive(Debug)]
+pub struct HttpStats {
+    open: tokio::sync::watch::Sender<u64>,
+    active: AtomicU64,
+    limit: AtomicU64,
+    active_limit: AtomicU64,
+    closed: [AtomicU64; CloseReason::ALL.len()],
+    rejected: [AtomicU64; RejectReason::ALL.len()],
+}
+
+impl Default for HttpStats {
+    fn default() -> Self {
+        Self {
+            open: tokio::sync::watch::Sender::new(0),
+            active: AtomicU64::default(),
+            limit: AtomicU64::default(),
+            active_limit: AtomicU64::default(),
+            closed: Default::default(),
+            rejected: Default::default(),
+        }
+    }
+}
+
+impl HttpStats {
+    /// Sets the number of open connections, and of those past their first byte.
+    pub fn set_open(&self, open: usize, active: usize) {
+        self.open.send_replace(open as u64);
+        self.active.store(active as u64, Ordering::Relaxed);
+    }
+
+    /// Open connections past their first byte.
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Open connections.
+    pub fn open(&self) -> u64 {
+        *self.open.borrow()
+    }
+
+    /// Follows the number of open connections (for waiting on it).
+    pub fn watch_open(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.open.subscribe()
+    }
+
+    /// Sets the connection limits in force: open at all, and past their first byte.
+    pub fn set_limits(&self, open: usize, active: usize) {
+        self.limit.store(open as u64, Ordering::Relaxed);
+        self.active_limit.store(active as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a closed connection.
+    pub fn count_closed(&self, reason: CloseReason) {
+        self.closed[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections closed for `reason` so far.
+    pub fn closed(&self, reason: CloseReason) -> u64 {
+        self.closed[reason.index()].load(Ordering::Relaxed)
+    }
+
+    /// Counts a request turned away.
+    pub fn count_rejected(&self, reason: RejectReason) {
+        self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests turned away for `reason` so far.
+    pub fn rejected(&self, reason: RejectReason) -> u64 {
+        self.rejected[reason.index()].load(Ordering::Relaxed)
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let count = |n: &AtomicU64| {
+            Value::Int(i64::try_from(n.load(Ordering::Relaxed)).unwrap_or(i64::MAX))
+        };
+        let one = |v: Value| {
+            vec![Series {
+                labels: "".into(),
+                value: v,
+            }]
+        };
+        let by_reason = |reasons: &mut dyn Iterator<Item = (&'static str, &AtomicU64)>| {
+            reasons
+                .map(|(r, n)| {
+                    let mut labels = String::new();
+                    push_label(&mut labels, "reason", r);
+                    Series {
+                        labels: labels.into(),
+                        value: count(n),
+                    }
+                })
+                .collect()
+        };
+        let family = |name: &str, help: &str, kind, series| Family {
+            name: name.to_owned(),
+            help: help.to_owned(),
+            kind,
+            series,
+        };
+        let labelled = |k: &str, v: &str, value| {
+            let mut labels = String::new();
+            push_label(&mut labels, k, v);
+            Series {
+                labels: labels.into(),
+                value,
+            }
+        };
+        vec![
+            family(
+                "gpu_exporter_http_connections_open",
+                "HTTP connections open, as of the last sample.",
+                MetricType::Gauge,
+                one(Value::Int(i64::try_from(self.open()).unwrap_or(i64::MAX))),
+            ),
+            family(
+                "gpu_exporter_http_connections_active",
+                "HTTP connections open that have sent at least one byte (and hold buffers), as of the last sample.",
+                MetricType::Gauge,
+                one(count(&self.active)),
+            ),
+            family(
+                "gpu_exporter_http_connections_limit",
+                "HTTP connection limits: open at all, and active (past their first byte). At a limit the least useful connection of the heaviest client is closed for the new one.",
+                MetricType::Gauge,
+                vec![
+                    labelled("scope", "active", count(&self.active_limit)),
+                    labelled("scope", "open", count(&self.limit)),
+                ],
+            ),
+            family(
+                "gpu_exporter_http_connections_closed_total",
+                "HTTP connections closed, by reason (timeouts by phase, evicted at the connection limit, refused, closed normally).",
+                MetricType::Counter,
+                by_reason(&mut CloseReason::ALL.iter().map(|r| (r.as_str(), &self.closed[r.index()]))),
+            ),
+            family(
+                "gpu_exporter_http_requests_rejected_total",
+                "HTTP requests turned away before reaching a handler, by reason (per-client rate limit, bad credentials, per-client limit on failed logins).",
+                MetricType::Counter,
+                by_reason(&mut RejectReason::ALL.iter().map(|r| (r.as_str(), &self.rejected[r.index()]))),
+            ),
+        ]
+    }
 }
 
 /// The pod-resources client's health, updated by the attribution refresher and rendered with
@@ -56,6 +207,10 @@ pub struct PodResourcesState {
     pub unknown_devices: u64,
     /// GPUs and MIG instances with at least one holder in the published attribution.
     pub allocated_entities: u64,
+    /// Whether `--kubernetes-enable-dra` is on (the DRA family is rendered only then).
+    pub dra_enabled: bool,
+    /// Devices of NVIDIA's DRA driver in the last good reply that resolved to nothing, by reason.
+    pub dra_unresolved: BTreeMap<&'static str, u64>,
 }
 
 impl PodResourcesStatus {
@@ -82,6 +237,16 @@ impl PodResourcesStatus {
         let mut s = self.lock();
         s.up = false;
         *s.errors.entry(reason).or_default() += 1;
+    }
+
+    /// Turns the DRA family on (`--kubernetes-enable-dra`).
+    pub fn enable_dra(&self) {
+        self.lock().dra_enabled = true;
+    }
+
+    /// Records the DRA devices of the published attribution that resolved to nothing.
+    pub fn record_dra_unresolved(&self, by_reason: &BTreeMap<&'static str, usize>) {
+        self.lock().dra_unresolved = by_reason.iter().map(|(r, n)| (*r, *n as u64)).collect();
     }
 
     /// Records what was published: unknown device ids and allocated entities.
@@ -125,7 +290,7 @@ impl PodResourcesStatus {
                 }
             })
             .collect();
-        vec![
+        let mut families = vec![
             family(
                 "gpu_exporter_pod_resources_up",
                 "Whether the last kubelet pod-resources List call succeeded (1) or failed (0).",
@@ -156,6 +321,112 @@ impl PodResourcesStatus {
                 MetricType::Gauge,
                 one(count(s.allocated_entities)),
             ),
+        ];
+        if s.dra_enabled {
+            let unresolved = crate::pods::dra::Unresolved::REASONS
+                .iter()
+                .map(|r| {
+                    let mut labels = String::new();
+                    push_label(&mut labels, "reason", r);
+                    Series {
+                        labels: labels.into(),
+                        value: count(s.dra_unresolved.get(r).copied().unwrap_or(0)),
+                    }
+                })
+                .collect();
+            families.push(family(
+                "gpu_exporter_pod_resources_dra_unresolved_devices",
+                "Devices of NVIDIA's DRA driver (gpu.nvidia.com) in the last kubelet reply that resolve to no local GPU or MIG instance, by reason (no_match, unrecognised_name); they get no pod labels.",
+                MetricType::Gauge,
+                unresolved,
+            ));
+        }
+        families
+    }
+}
+
+/// The HPC job mapping's health, updated by [`crate::hpc::HpcWatcher`] and rendered with each
+/// sample as `gpu_exporter_hpc_job_*`.
+#[derive(Debug, Default)]
+pub struct HpcJobsStatus {
+    inner: Mutex<HpcJobsState>,
+}
+
+/// A copy of [`HpcJobsStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HpcJobsState {
+    /// Whether `--hpc-job-mapping-dir` is set (the families are rendered only then).
+    pub enabled: bool,
+    /// Mapping files read successfully at the last scan.
+    pub files_ok: u64,
+    /// Mapping files ignored at the last scan (unreadable or invalid).
+    pub files_bad: u64,
+    /// Problems seen, by reason (each counted when it appears).
+    pub errors: BTreeMap<&'static str, u64>,
+}
+
+impl HpcJobsStatus {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HpcJobsState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Turns the families on.
+    pub fn enable(&self) {
+        self.lock().enabled = true;
+    }
+
+    /// Records the file counts of a scan.
+    pub fn record_scan(&self, ok: usize, bad: usize) {
+        let mut s = self.lock();
+        s.files_ok = ok as u64;
+        s.files_bad = bad as u64;
+    }
+
+    /// Counts a new problem.
+    pub fn count_error(&self, reason: &'static str) {
+        *self.lock().errors.entry(reason).or_default() += 1;
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> HpcJobsState {
+        self.lock().clone()
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let s = self.state();
+        if !s.enabled {
+            return Vec::new();
+        }
+        let count = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
+        let labelled = |k: &str, v: &str, n: u64| {
+            let mut labels = String::new();
+            push_label(&mut labels, k, v);
+            Series {
+                labels: labels.into(),
+                value: count(n),
+            }
+        };
+        vec![
+            Family {
+                name: "gpu_exporter_hpc_job_files".to_owned(),
+                help: "HPC job mapping files at the last read of --hpc-job-mapping-dir: ok (in use), bad (ignored: unreadable or invalid).".to_owned(),
+                kind: MetricType::Gauge,
+                series: vec![
+                    labelled("state", "bad", s.files_bad),
+                    labelled("state", "ok", s.files_ok),
+                ],
+            },
+            Family {
+                name: "gpu_exporter_hpc_job_file_errors_total".to_owned(),
+                help: "Problems with the HPC job mapping directory or its files, by reason, each counted when it appears.".to_owned(),
+                kind: MetricType::Counter,
+                series: crate::hpc::HpcError::REASONS
+                    .iter()
+                    .map(|r| labelled("reason", r, s.errors.get(r).copied().unwrap_or(0)))
+                    .collect(),
+            },
         ]
     }
 }
@@ -587,9 +858,11 @@ impl SelfMetrics {
                 one(count(self.scrapes.load(Ordering::Relaxed))),
             ),
         ];
+        families.extend(self.http.families());
         families.extend(self.pod_resources.families());
         families.extend(self.cri.families());
         families.extend(self.processes.families());
+        families.extend(self.hpc_jobs.families());
         families
     }
 }

@@ -592,6 +592,25 @@ fn daemonset_matches_the_binary_and_the_deployment_rules() {
         env["DCGM_EXPORTER_LISTEN"]["value"].as_str(),
         Some(default_addr.as_str())
     );
+    // Every variable is one the binary reads (a typo would be silently ignored), except the two
+    // the NVIDIA container runtime reads; DRA attribution is on (it needs nothing more).
+    let cmd = <gpu_exporter::config::Args as clap::CommandFactory>::command();
+    let known: BTreeSet<String> = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .chain([
+            "NVIDIA_VISIBLE_DEVICES".into(),
+            "NVIDIA_DRIVER_CAPABILITIES".into(),
+        ])
+        .collect();
+    for name in env.keys() {
+        assert!(
+            known.contains(name),
+            "the DaemonSet sets {name}, which nothing reads"
+        );
+    }
+    assert_eq!(env["KUBERNETES_ENABLE_DRA"]["value"].as_str(), Some("true"));
 
     let sc = &c["securityContext"];
     assert_eq!(sc["readOnlyRootFilesystem"], true);

@@ -51,7 +51,7 @@ fn each_defect_fixture_fails_with_file_line_and_reason() {
         (
             "duplicate.csv",
             3,
-            "duplicate field \"DCGM_FI_DEV_GPU_UTIL\", first listed on line 1",
+            "duplicate field \"DCGM_FI_DEV_GPU_UTIL\" with another type, first listed on line 1",
         ),
         ("bad-quote.csv", 1, "CSV syntax error"),
         ("text-as-gauge.csv", 1, "string field"),
@@ -166,4 +166,87 @@ fn readme_metrics_table_matches_the_shipped_csv() {
         table,
         "README metrics table is out of date with the CSV"
     );
+}
+
+#[test]
+fn newest_upstream_default_set_loads_unchanged_with_its_own_fields() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("metrics-config/dcgm-exporter-4.10-default-counters.csv");
+    let (cat, skipped) = catalog::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let field = |name: &str| {
+        cat.metrics
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("{name} missing"))
+            .field
+    };
+    // The renamed rows resolve to the base-unit fields, not to the classic ones.
+    assert_eq!(field("DCGM_FI_DEV_SM_CLOCK_HERTZ"), Field::SmClockHertz);
+    assert_eq!(field("DCGM_FI_DEV_GPU_UTIL_RATIO"), Field::GpuUtilRatio);
+    assert_eq!(
+        field("DCGM_FI_DEV_MEMORY_UTIL_RATIO"),
+        Field::MemoryUtilRatio
+    );
+    assert_eq!(field("DCGM_FI_DEV_FB_USED_BYTES"), Field::FbUsedBytes);
+    assert_eq!(
+        field("DCGM_FI_DEV_FB_CAPACITY_BYTES"),
+        Field::FbCapacityBytes
+    );
+    assert_eq!(
+        field("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL"),
+        Field::GpuEnergyJoulesTotal
+    );
+    assert_eq!(
+        field("DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND"),
+        Field::NvlinkThroughputBytesPerSecond
+    );
+    // Same fields, new names.
+    assert_eq!(field("DCGM_FI_DEV_GPU_TEMP_CELSIUS"), Field::GpuTemp);
+    assert_eq!(field("DCGM_FI_DEV_XID_ERROR"), Field::XidErrors);
+    assert_eq!(
+        field("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND"),
+        Field::ProfPcieTxBytes
+    );
+    // The 4.8.x file's 24 rows, plus DCGM_FI_DEV_FB_CAPACITY_BYTES.
+    assert_eq!(cat.metrics.len(), 25, "{:?}", cat.metrics);
+    assert_eq!(cat.labels.len(), 1);
+    assert_eq!(cat.labels[0].name, "DCGM_FI_SYSTEM_DRIVER_VERSION");
+    assert_eq!(cat.labels[0].field, Field::DriverVersion);
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0].name, "DCGM_FI_DEV_VGPU_LICENSE_STATUS");
+    // No classic name is left among the active rows.
+    for m in &cat.metrics {
+        assert!(
+            ![
+                "DCGM_FI_DEV_SM_CLOCK",
+                "DCGM_FI_DEV_GPU_UTIL",
+                "DCGM_FI_DEV_FB_USED"
+            ]
+            .contains(&m.name.as_str()),
+            "{}",
+            m.name
+        );
+    }
+}
+
+#[test]
+fn upstream_1x_compatibility_csv_loads_with_its_lowercase_names() {
+    let path = fixture("upstream/1.x-compatibility-metrics.csv");
+    let (cat, skipped) = catalog::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = cat.metrics.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names[0], "dcgm_sm_clock");
+    assert_eq!(cat.metrics[0].field, Field::SmClock);
+    let util = cat
+        .metrics
+        .iter()
+        .find(|m| m.name == "dcgm_gpu_utilization")
+        .expect("dcgm_gpu_utilization");
+    assert_eq!(util.field, Field::GpuUtil);
+    assert_eq!(cat.metrics.len(), 20, "{names:?}");
+    // Upstream lists dcgm_fi_prof_pcie_tx_bytes (and _rx_) twice: the repeats are skipped.
+    assert_eq!(skipped.len(), 2, "{skipped:?}");
+    assert!(skipped
+        .iter()
+        .all(|s| s.name.starts_with("dcgm_fi_prof_pcie_") && s.duplicate_of.is_some()));
+    assert!(cat.labels.is_empty());
 }

@@ -8,6 +8,10 @@ use std::collections::BTreeMap;
 
 use std::sync::Arc;
 
+use gpu_exporter::gpu::GpuSource;
+use gpu_exporter::hpc;
+use gpu_exporter::pods::fake::Assignments;
+use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::{Attribution, EntityKey, Holder, PodRef};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
@@ -19,8 +23,18 @@ async fn render_case(
     opts: BuildOptions,
     pods: Attribution,
 ) -> String {
+    render_with(common::shipped_catalog(), profile, scenario, opts, pods).await
+}
+
+async fn render_with(
+    catalog: gpu_exporter::catalog::Catalog,
+    profile: &str,
+    scenario: Option<&str>,
+    opts: BuildOptions,
+    pods: Attribution,
+) -> String {
     let source = common::sim(profile, scenario.map(common::scenario_file));
-    let h = common::harness(source, common::shipped_catalog(), opts);
+    let h = common::harness(source, catalog, opts);
     h.pods_tx.send_replace(std::sync::Arc::new(pods));
     let mut sampler = h.sampler;
     let mut last = None;
@@ -64,6 +78,7 @@ fn holder(ns: &str, pod: &str, container: &str, vgpu: Option<&str>) -> Holder {
             container: container.into(),
         },
         vgpu: vgpu.map(str::to_owned),
+        dra: None,
     }
 }
 
@@ -148,7 +163,10 @@ async fn pods_whole_shared_and_mig() {
         "4xA100-80GB-MIG",
         None,
         common::build_options(),
-        Attribution { holders },
+        Attribution {
+            holders,
+            ..Default::default()
+        },
     )
     .await;
     check("4xA100-80GB-MIG-pods", &body);
@@ -204,4 +222,89 @@ async fn processes_on_shared_and_mig_gpus_virtual() {
         "4xA100-80GB-MIG-processes-virtual",
         &render_processes(true).await,
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn old_namespace_labels() {
+    // `-o/--use-old-namespace`: uuid, pod_name, pod_namespace, container_name.
+    let mut holders = BTreeMap::new();
+    holders.insert(
+        EntityKey {
+            gpu: 0,
+            gi_id: None,
+        },
+        vec![holder("ml", "trainer-0", "main", None)],
+    );
+    let opts = BuildOptions {
+        old_namespace: true,
+        ..common::build_options()
+    };
+    let body = render_case(
+        "1xA100-40GB",
+        None,
+        opts,
+        Attribution {
+            holders,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(!body.contains("UUID="), "UUID label under -o");
+    check("1xA100-40GB-old-namespace", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn newest_upstream_names_and_units() {
+    // dcgm-exporter 4.10's default set: DCGM 4.7/4.8 names, Hz, J, 0-1, bytes, B/s.
+    let body = render_with(
+        common::catalog_file("metrics-config/dcgm-exporter-4.10-default-counters.csv"),
+        "8xH100-SXM",
+        None,
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    assert!(body.contains("DCGM_FI_SYSTEM_DRIVER_VERSION=\"570.172.08\""));
+    assert!(!body.contains("DCGM_FI_DRIVER_VERSION="));
+    check("8xH100-SXM-dcgm-exporter-4.10", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_link_nvlink_series() {
+    // dcgm-exporter's link entities: every active NVLink of the 8 H100s (18 each), with the
+    // per-link error counters (all on GPU 4's one bad link, after an NVLink error storm) and
+    // throughput.
+    let body = render_with(
+        common::catalog_file("tests/fixtures/csv/nvlink-per-link.csv"),
+        "8xH100-SXM",
+        Some("nvlink-errors.toml"),
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    check("8xH100-SXM-nvlink", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dra_claims_and_hpc_jobs() {
+    // The attribution as the refresher would build it from the DRA fixture, and the HPC jobs as
+    // the watcher would read them from the fixture directory.
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let reply = Assignments::load(std::path::Path::new(&format!(
+        "{fixtures}/pods/a100-mig-dra-seed1.toml"
+    )))
+    .expect("DRA fixture")
+    .reply;
+    let devices = common::sim("4xA100-80GB-MIG", None)
+        .devices()
+        .expect("devices");
+    let opts = MappingOptions {
+        enable_dra: true,
+        ..MappingOptions::default()
+    };
+    let mut pods = mapping::attribution_from(&reply, &devices, &opts).attribution;
+    pods.jobs = hpc::scan(std::path::Path::new(&format!("{fixtures}/hpc/a100-mig"))).jobs;
+    assert_eq!(pods.jobs.len(), 3, "{:?}", pods.jobs);
+    let body = render_case("4xA100-80GB-MIG", None, common::build_options(), pods).await;
+    check("4xA100-80GB-MIG-dra-hpc", &body);
 }

@@ -217,8 +217,8 @@ fn the_proc_fixture_names_the_nodes_pods_in_every_cgroup_form() {
     let mut checked = 0;
     for pod in &a.pods {
         for c in &pod.containers {
-            for (_, pids, _) in &c.runs {
-                for pid in pids {
+            for run in &c.runs {
+                for pid in &run.pids {
                     assert_eq!(
                         root.owner(*pid).unwrap(),
                         CgroupOwner::Pod {
@@ -526,6 +526,138 @@ async fn virtual_gpus_carry_each_holders_own_util_and_memory() {
     let temp = by_pod(&body, "DCGM_FI_DEV_GPU_TEMP", 3, None);
     let values: Vec<f64> = temp.values().flatten().copied().collect();
     assert!(values.windows(2).all(|w| w[0] == w[1]), "{values:?}");
+    server.stop().await;
+}
+
+/// A node whose GPU 3 is a DRA claim shared by two pods, each running a process, and whose
+/// GPU 0 instance 2 is a DRA-allocated MIG instance with one process.
+const DRA_NODE: &str = r#"
+[[assignment]]
+namespace = "ml"
+pod = "dra-a"
+container = "main"
+claim = "shared-gpu"
+pool = "node-a"
+devices = ["gpu-3"]
+pids = [3001]
+weight = 3.0
+
+[[assignment]]
+namespace = "ml"
+pod = "dra-b"
+container = "main"
+claim = "shared-gpu"
+pool = "node-a"
+devices = ["gpu-3"]
+pids = [3002]
+
+[[assignment]]
+namespace = "batch"
+pod = "dra-etl"
+container = "worker"
+claim = "etl-mig"
+pool = "node-a"
+devices = ["gpu-0-mig-3g40gb-9-4"]
+pids = [3003]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_allocated_entities_get_per_container_series_beside_their_claim_copies() {
+    let a = Assignments::parse(DRA_NODE, "dra.toml").expect("parses");
+    let dir = tempfile::tempdir().unwrap();
+    let proc_root = dir.path().join("proc");
+    a.write_proc_tree(&proc_root, &[]).expect("proc tree");
+    let sock = dir.path().join("cri.sock");
+    let (server, _tx) = fake_cri(&sock, a.runtime_snapshot());
+
+    let mut build = common::build_options();
+    build.virtual_gpus = true;
+    build.pod_uid = true;
+    let h = common::harness(
+        common::sim_running(PROFILE, &a),
+        common::shipped_catalog(),
+        build,
+    );
+    let devices =
+        gpu_exporter::gpu::GpuSource::devices(&common::sim(PROFILE, None)).expect("devices");
+    let mapped = gpu_exporter::pods::mapping::attribution_from(
+        &a.reply,
+        &devices,
+        &gpu_exporter::pods::mapping::MappingOptions {
+            enable_dra: true,
+            ..Default::default()
+        },
+    );
+    h.pods_tx.send_replace(Arc::new(mapped.attribution));
+    let (dir_tx, dir_rx) = watch::channel(Arc::new(PodDirectory::default()));
+    let mut refresher = CriRefresher::new(
+        cri_client(&sock),
+        dir_tx,
+        Arc::clone(&h.metrics),
+        CriOptions {
+            refresh: Duration::from_secs(10),
+            ttl: Duration::from_secs(30),
+            labels: labels_on(),
+        },
+    );
+    let mut sampler = h
+        .sampler
+        .with_directory(dir_rx, refresher.waker())
+        .with_process_usage(ProcRoot::new(&proc_root));
+    assert_eq!(refresher.refresh_once().await, RefreshOutcome::Fresh);
+    sampler.tick().await;
+    let body = String::from_utf8(sampler.tick().await.body.to_vec()).unwrap();
+
+    // GPU 3: one copy per DRA holder, each with its claim, pod_uid and its own utilisation and
+    // memory (virtual mode); the per-container series are the same values, without the claim.
+    let util = series(&body, "DCGM_FI_DEV_GPU_UTIL");
+    let on3: Vec<&&str> = util.iter().filter(|l| l.contains("gpu=\"3\",")).collect();
+    assert_eq!(on3.len(), 2, "{on3:#?}");
+    assert!(on3
+        .iter()
+        .all(|l| l.contains(r#"dra_claim_name="shared-gpu""#)
+            && l.contains(r#"dra_device_name="gpu-3""#)
+            && l.contains("pod_uid=")
+            && !l.contains("vgpu=")));
+    let own = by_pod(&body, "DCGM_FI_DEV_GPU_UTIL", 3, None);
+    let sm = by_pod(
+        &body,
+        "gpu_exporter_container_sm_utilization_percent",
+        3,
+        None,
+    );
+    assert_eq!(own.keys().collect::<Vec<_>>(), ["dra-a", "dra-b"]);
+    for (pod, v) in &own {
+        assert_eq!(v, &sm[pod], "{pod}");
+    }
+    assert!(sm["dra-a"][0] > sm["dra-b"][0], "weights 3:1: {sm:?}");
+    let fb = by_pod(&body, "gpu_exporter_container_fb_used_bytes", 3, None);
+    let fb_copies = by_pod(&body, "DCGM_FI_DEV_FB_USED", 3, None);
+    for (pod, v) in &fb {
+        assert_eq!(fb_copies[pod][0], (v[0] / MIB).floor(), "{pod}");
+    }
+    // GPU 0 instance 2: the MIG copy with dra_mig_* labels; the process's memory per container.
+    let mig = by_pod(&body, "gpu_exporter_container_fb_used_bytes", 0, Some(2));
+    assert_eq!(mig.keys().collect::<Vec<_>>(), ["dra-etl"]);
+    let copy = series(&body, "DCGM_FI_DEV_FB_USED")
+        .into_iter()
+        .find(|l| l.contains(r#"GPU_I_ID="2""#) && l.contains(r#"gpu="0","#))
+        .unwrap();
+    assert!(
+        copy.contains("dra_mig_device_uuid=\"MIG-")
+            && copy.contains(r#"dra_mig_profile="3g.40gb""#),
+        "{copy}"
+    );
+    assert_eq!(value(copy), (mig["dra-etl"][0] / MIB).floor());
+    // No per-container series carries a claim.
+    assert!(body
+        .lines()
+        .filter(|l| l.starts_with("gpu_exporter_container_"))
+        .all(|l| !l.contains("dra_")));
+    assert_eq!(
+        one(&body, "gpu_exporter_gpu_processes{outcome=\"attributed\"}"),
+        3.0
+    );
     server.stop().await;
 }
 

@@ -71,6 +71,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 struct Server {
     addr: SocketAddr,
+    metrics: Arc<SelfMetrics>,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -86,10 +87,11 @@ impl Server {
         let (_tx, rx) = watch::channel(Some(Arc::new(published)));
         // Keep the sender alive for the server's lifetime.
         std::mem::forget(_tx);
+        let metrics = Arc::new(SelfMetrics::default());
         let router = http::router(AppState {
             published: rx,
             interval: Duration::from_secs(3600),
-            metrics: Arc::new(SelfMetrics::default()),
+            metrics: Arc::clone(&metrics),
         });
         let web = web.map(|p| Arc::new(WebSecurity::load(p, Duration::ZERO).unwrap()));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -101,9 +103,15 @@ impl Server {
             router,
             limits,
             web,
+            Arc::clone(&metrics),
             async move { s.cancelled().await },
         ));
-        Server { addr, stop, done }
+        Server {
+            addr,
+            metrics,
+            stop,
+            done,
+        }
     }
 
     async fn stop(self) {
@@ -518,6 +526,10 @@ async fn a_slowloris_client_is_cut_off_after_the_header_read_timeout() {
         "{:?}",
         started.elapsed()
     );
+    assert_eq!(
+        server.metrics.http.closed(http::CloseReason::HeaderTimeout),
+        1
+    );
     // A complete request on a fresh connection is still served.
     let ok = http_raw(
         server.addr,
@@ -545,22 +557,33 @@ async fn a_silent_tls_client_is_cut_off_after_the_handshake_timeout() {
     let server = Server::start(
         Some(&web),
         Limits {
-            header_read_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(5),
             ..Limits::default()
         },
     )
     .await;
     let started = tokio::time::Instant::now();
     let mut s = TcpStream::connect(server.addr).await.unwrap();
+    // The first bytes of a ClientHello (record header, handshake type), then silence.
+    s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .await
+        .unwrap();
     let mut buf = Vec::new();
     let n = s.read_to_end(&mut buf).await.unwrap_or(0);
     assert_eq!(n, 0);
     assert!(started.elapsed() >= Duration::from_secs(5));
+    assert_eq!(
+        server
+            .metrics
+            .http
+            .closed(http::CloseReason::HandshakeTimeout),
+        1
+    );
     server.stop().await;
 }
 
 #[tokio::test]
-async fn connections_beyond_the_limit_are_closed_at_once() {
+async fn at_the_connection_limit_a_silent_connection_gives_way_to_a_new_one() {
     let server = Server::start(
         None,
         Limits {
@@ -571,20 +594,20 @@ async fn connections_beyond_the_limit_are_closed_at_once() {
     .await;
     // The first connection holds the only slot (it has sent nothing yet).
     let mut first = TcpStream::connect(server.addr).await.unwrap();
+    // Accepting is asynchronous: wait for the server to count it.
+    let mut open = server.metrics.http.watch_open();
+    open.wait_for(|&n| n == 1).await.unwrap();
     let second = http_raw(
         server.addr,
         b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     )
     .await;
-    assert_eq!(second, "", "a connection over the limit was served");
-    // The first is served normally.
-    first
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
+    assert_eq!(status_of(&second), Some(200), "{second}");
+    // The first was closed for it, without a response.
     let mut buf = Vec::new();
-    first.read_to_end(&mut buf).await.unwrap();
-    assert_eq!(status_of(&String::from_utf8_lossy(&buf)), Some(200));
+    let _ = first.read_to_end(&mut buf).await;
+    assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
+    assert_eq!(server.metrics.http.closed(http::CloseReason::Evicted), 1);
     server.stop().await;
 }
 
@@ -623,4 +646,229 @@ fn startup_errors_name_the_file_and_key() {
         &WebSecurity::load(&dir.path().join("missing.yml"), Duration::ZERO).unwrap_err(),
     );
     assert!(e.contains("reading web configuration"), "{e}");
+}
+
+/// A TCP connection to `addr` from the loopback address `from` (127.0.0.2 plays a hostile pod,
+/// 127.0.0.1 Prometheus).
+async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::from((from, 0)))
+        .expect("binding a 127.0.0.0/8 source address");
+    socket.connect(addr).await.unwrap()
+}
+
+/// One request on a kept-alive connection; returns the status. The response is read to the
+/// end of its `Content-Length` body, leaving the connection ready for the next request.
+async fn keep_alive_get<S>(s: &mut S, extra_header: &str) -> u16
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{extra_header}\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        assert_eq!(s.read(&mut b).await.unwrap(), 1, "closed mid-response");
+        head.push(b[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .expect("content-length");
+    let mut body = vec![0u8; length];
+    s.read_exact(&mut body).await.unwrap();
+    status_of(&head).unwrap()
+}
+
+fn tls_web_config(dir: &Path, ca: &Ca) -> PathBuf {
+    let (crt, key) = tls_files(dir, ca, false);
+    write(
+        dir,
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            crt.display(),
+            key.display()
+        ),
+    )
+}
+
+async fn tls_connect(addr: SocketAddr, ca: &Ca) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots(&ca.pem()))
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(
+            ServerName::try_from("localhost").unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        )
+        .await
+        .unwrap()
+}
+
+/// Scrapes every two minutes on one kept-alive connection, checks that it survives, then that
+/// it is closed once idle for the idle timeout.
+async fn keep_alive_for_two_minutes<S>(server: &Server, mut s: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    for _ in 0..4 {
+        assert_eq!(keep_alive_get(&mut s, "").await, 200);
+        tokio::time::sleep(Duration::from_secs(120)).await;
+    }
+    assert_eq!(keep_alive_get(&mut s, "").await, 200);
+    assert_eq!(server.metrics.http.open(), 1);
+    for reason in http::CloseReason::ALL {
+        assert_eq!(server.metrics.http.closed(reason), 0, "{reason:?}");
+    }
+    // Idle past the idle timeout: closed by the server.
+    let idle = Limits::default().idle_timeout;
+    let started = tokio::time::Instant::now();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest).await;
+    assert!(rest.is_empty());
+    assert_eq!(started.elapsed(), idle);
+    assert_eq!(
+        server.metrics.http.closed(http::CloseReason::IdleTimeout),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keep_alive_scraper_idle_two_minutes_between_scrapes_keeps_its_connection() {
+    let server = Server::start(None, Limits::default()).await;
+    let s = TcpStream::connect(server.addr).await.unwrap();
+    keep_alive_for_two_minutes(&server, s).await;
+    server.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keep_alive_tls_scraper_idle_two_minutes_between_scrapes_keeps_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let web = tls_web_config(dir.path(), &ca);
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let s = tls_connect(server.addr, &ca).await;
+    keep_alive_for_two_minutes(&server, s).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_flood_past_the_connection_limit_never_evicts_the_scrapers_keep_alive_connection() {
+    let server = Server::start(
+        None,
+        Limits {
+            max_connections: 50,
+            ..Limits::default()
+        },
+    )
+    .await;
+    let mut scraper = connect_from([127, 0, 0, 1], server.addr).await;
+    assert_eq!(keep_alive_get(&mut scraper, "").await, 200);
+    // 200 silent connections from the attacker: the oldest 151 give way, one per newcomer.
+    let mut flood = Vec::new();
+    for _ in 0..200 {
+        flood.push(connect_from([127, 0, 0, 2], server.addr).await);
+    }
+    for s in &mut flood[..151] {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest).await;
+        assert!(rest.is_empty());
+    }
+    assert_eq!(server.metrics.http.closed(http::CloseReason::Evicted), 151);
+    // The scraper's connection, idle all along and the oldest, is still there.
+    assert_eq!(keep_alive_get(&mut scraper, "").await, 200);
+    assert_eq!(server.metrics.http.open(), 50);
+    drop(flood);
+    drop(scraper);
+    server.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_rate_limit_is_per_client_so_a_flood_does_not_starve_the_scraper() {
+    let dir = tempfile::tempdir().unwrap();
+    let web = write(
+        dir.path(),
+        "web.yml",
+        "rate_limit:\n  interval: 1m\n  burst: 5\n",
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let mut attacker = connect_from([127, 0, 0, 2], server.addr).await;
+    let mut statuses = Vec::new();
+    for _ in 0..50 {
+        statuses.push(keep_alive_get(&mut attacker, "").await);
+    }
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 5);
+    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 45);
+    // Prometheus, from its own address, still has its whole burst.
+    let mut scraper = connect_from([127, 0, 0, 1], server.addr).await;
+    for _ in 0..5 {
+        assert_eq!(keep_alive_get(&mut scraper, "").await, 200);
+    }
+    assert_eq!(keep_alive_get(&mut scraper, "").await, 429);
+    assert_eq!(
+        server.metrics.http.rejected(http::RejectReason::RateLimit),
+        46
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_password_guesses_does_not_delay_the_scrapers_first_login() {
+    let dir = tempfile::tempdir().unwrap();
+    // Cost 8: each check takes milliseconds, so 300 queued checks would take seconds.
+    let hash = bcrypt::hash("s3cret", 8).unwrap();
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!("basic_auth_users:\n  prometheus: {hash}\n"),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let addr = server.addr;
+    // 300 connections from the attacker, each sending a different wrong password at once.
+    let guesses: Vec<_> = (0..300)
+        .map(|i| {
+            tokio::spawn(async move {
+                let mut s = connect_from([127, 0, 0, 2], addr).await;
+                keep_alive_get(&mut s, &basic("prometheus", &format!("guess{i}"))).await
+            })
+        })
+        .collect();
+    // Meanwhile Prometheus logs in for the first time (its verdict is not cached yet).
+    let mut scraper = connect_from([127, 0, 0, 1], addr).await;
+    let credentials = basic("prometheus", "s3cret");
+    let login = keep_alive_get(&mut scraper, &credentials);
+    let status = tokio::time::timeout(Duration::from_secs(1), login)
+        .await
+        .expect("the scraper's login waited behind the guesses");
+    assert_eq!(status, 200);
+    let mut statuses = Vec::new();
+    for g in guesses {
+        statuses.push(g.await.unwrap());
+    }
+    let denied = statuses.iter().filter(|&&s| s == 401).count();
+    let throttled = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!(denied + throttled, 300, "{statuses:?}");
+    // At most the failure budget ran bcrypt; the rest was turned away without it.
+    assert!(
+        denied <= gpu_exporter::web::auth::FAILURE_BURST as usize,
+        "{denied}"
+    );
+    assert_eq!(
+        server
+            .metrics
+            .http
+            .rejected(http::RejectReason::AuthThrottled),
+        throttled as u64
+    );
+    server.stop().await;
 }

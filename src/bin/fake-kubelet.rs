@@ -1,8 +1,9 @@
 //! fake-kubelet: serves the kubelet pod-resources v1 API on a unix socket from a file of
-//! pod-to-device assignments, so gpu-exporter's Kubernetes mode can be run without a cluster.
-//! With `--cri-socket` it also serves the container runtime's CRI (the pods and containers of the
-//! same file), and with `--proc-root` it writes `<dir>/<pid>/cgroup` for every PID the file lists:
-//! together a fake node for per-process attribution.
+//! pod-to-device assignments (device-plugin ids, or DRA claims with the DRA driver's device
+//! names), so gpu-exporter's Kubernetes mode can be run without a cluster. With `--cri-socket` it
+//! also serves the container runtime's CRI (the pods and containers of the same file), and with
+//! `--proc-root` it writes `<dir>/<pid>/cgroup` for every PID the file lists: together a fake node
+//! for per-process attribution.
 //!
 //! ```text
 //! fake-kubelet --socket /tmp/kubelet.sock --assignments tests/fixtures/pods/h100-seed1.toml \

@@ -28,10 +28,18 @@ pub enum MigScope {
     /// Read per GPU instance (framebuffer, profiling activity).
     Instance,
     /// A property of the physical GPU, repeated on each of its instances (temperature, clocks,
-    /// power, ECC), as DCGM reports it for GPU-instance entities.
+    /// power, ECC), as DCGM reports it for GPU-instance entities: DCGM reads the parent GPU's
+    /// value for every NVML-backed field whose entity level is the GPU.
     Parent,
+    /// A GPU-level reading DCGM has no data for on GPU-instance entities: the GPM metrics of
+    /// the whole GPU (PCIe and NVLink bytes). Repeating them on each instance would make sums
+    /// over instances count the GPU's traffic once per instance.
+    Gpu,
     /// Not defined for MIG instances (utilization: NVML does not report it in MIG mode).
     Unsupported,
+    /// Not a GPU or GPU-instance field at all: read per NVLink of the physical GPU and exported
+    /// on dcgm-exporter's link entities (`nvlink` label, DCGM entity group `FE_LINK`).
+    Link,
 }
 
 macro_rules! fields {
@@ -190,6 +198,20 @@ fields! {
     NvlinkRecoveryErrorCountTotal = 439, Int, Parent;
     /// NVLink TX+RX throughput over all links, MB/s (a rate, as DCGM computes it).
     NvlinkBandwidthTotal = 449, Int, Parent;
+    /// Per link: NVLink flow-control CRC errors.
+    NvlinkCrcFlitErrorPerLinkTotal = 1525, Int, Link;
+    /// Per link: NVLink data CRC errors.
+    NvlinkCrcDataErrorPerLinkTotal = 1526, Int, Link;
+    /// Per link: NVLink replay errors.
+    NvlinkReplayErrorPerLinkTotal = 1527, Int, Link;
+    /// Per link: NVLink recovery errors.
+    NvlinkRecoveryErrorPerLinkTotal = 1528, Int, Link;
+    /// Per link: TX+RX throughput, MB/s (DCGM's KiB/s ÷ 1000).
+    NvlinkThroughputPerLink = 1529, Int, Link;
+    /// Per link: TX throughput, MB/s.
+    NvlinkTxThroughputPerLink = 1530, Int, Link;
+    /// Per link: RX throughput, MB/s.
+    NvlinkRxThroughputPerLink = 1531, Int, Link;
     /// Ratio of time the graphics engine is active.
     ProfGrEngineActive = 1001, Float, Instance;
     /// Ratio of cycles an SM has at least one warp assigned.
@@ -207,13 +229,41 @@ fields! {
     /// Ratio of cycles the FP16 pipe is active.
     ProfPipeFp16Active = 1008, Float, Instance;
     /// PCIe transmit rate, bytes/s.
-    ProfPcieTxBytes = 1009, Float, Parent;
+    ProfPcieTxBytes = 1009, Float, Gpu;
     /// PCIe receive rate, bytes/s.
-    ProfPcieRxBytes = 1010, Float, Parent;
+    ProfPcieRxBytes = 1010, Float, Gpu;
     /// NVLink transmit rate, bytes/s.
-    ProfNvlinkTxBytes = 1011, Float, Parent;
+    ProfNvlinkTxBytes = 1011, Float, Gpu;
     /// NVLink receive rate, bytes/s.
-    ProfNvlinkRxBytes = 1012, Float, Parent;
+    ProfNvlinkRxBytes = 1012, Float, Gpu;
+    /// SM clock, Hz (DCGM 4.6.1's base-unit field).
+    SmClockHertz = 1603, Int, Parent;
+    /// Memory clock, Hz.
+    MemoryClockHertz = 1604, Int, Parent;
+    /// Video clock, Hz.
+    VideoClockHertz = 1605, Int, Parent;
+    /// Energy since the driver loaded, whole joules.
+    GpuEnergyJoulesTotal = 1611, Int, Parent;
+    /// Fan speed as a ratio of the maximum (0-1, may exceed 1).
+    FanSpeedRatio = 1612, Float, Parent;
+    /// GPU utilization, 0-1 (DCGM 4.7).
+    GpuUtilRatio = 1613, Float, Unsupported;
+    /// Memory copy utilization, 0-1.
+    MemoryUtilRatio = 1614, Float, Unsupported;
+    /// Encoder utilization, 0-1.
+    EncUtilRatio = 1615, Float, Unsupported;
+    /// Decoder utilization, 0-1.
+    DecUtilRatio = 1616, Float, Unsupported;
+    /// Framebuffer total, bytes.
+    FbCapacityBytes = 1625, Int, Instance;
+    /// Framebuffer free, bytes.
+    FbFreeBytes = 1626, Int, Instance;
+    /// Framebuffer used, bytes.
+    FbUsedBytes = 1627, Int, Instance;
+    /// Framebuffer reserved by the driver, bytes.
+    FbReservedBytes = 1628, Int, Instance;
+    /// NVLink TX+RX throughput over all links, bytes/s (DCGM's KiB/s × 1024).
+    NvlinkThroughputBytesPerSecond = 1648, Int, Parent;
     /// Exporter field: clock events seen in the window, by reason.
     ExpClockEventsCount = 9001, Int, Parent;
     /// Exporter field: XIDs seen in the window, by XID.
@@ -238,6 +288,17 @@ impl Field {
     /// Whether this field is synthesised by the exporter (`DCGM_EXP_*`).
     pub fn is_exporter(self) -> bool {
         self.id() >= 9000
+    }
+
+    /// Whether this field is read per NVLink and exported on link entities.
+    pub fn is_link(self) -> bool {
+        self.mig_scope() == MigScope::Link
+    }
+
+    /// Whether this is a system-wide field (driver, NVML, CUDA versions: DCGM's entity level
+    /// `FE_NONE`), which dcgm-exporter also attaches to link entities.
+    pub fn is_system(self) -> bool {
+        self.id() < 50
     }
 
     /// The name dcgm-exporter uses for this field (the legacy DCGM name).
@@ -275,6 +336,9 @@ const EXPORTER_FIELDS: &[(&str, Field)] = &[
 
 struct Dictionary {
     by_name: HashMap<&'static str, u16>,
+    /// DCGM's own value type and unit of the fields newer than DCGM 4.6.0, for the docs test.
+    #[cfg_attr(not(test), allow(dead_code))]
+    newer_units: HashMap<u16, (&'static str, &'static str)>,
     /// The name dcgm-exporter's CSVs use: the deprecated alias where DCGM 4.6 renamed it.
     legacy_by_id: HashMap<u16, &'static str>,
 }
@@ -282,6 +346,10 @@ struct Dictionary {
 /// The DCGM 4.6 field list (id, canonical name, type, tag, unit, description), followed by the
 /// deprecated aliases (id, old name, empty columns).
 const DCGM_FIELDS_TSV: &str = include_str!("dcgm-fields.tsv");
+
+/// Names newer than DCGM 4.6.0 (4.6.1 base-unit fields, DCGM 4.7 and 4.8 names) and
+/// dcgm-exporter's 1.x names: id, name, DCGM type, unit, source. They win over the 4.6.0 table.
+const NEWER_FIELDS_TSV: &str = include_str!("dcgm-fields-newer.tsv");
 
 fn dictionary() -> &'static Dictionary {
     static DICT: OnceLock<Dictionary> = OnceLock::new();
@@ -305,6 +373,29 @@ fn dictionary() -> &'static Dictionary {
                 legacy_by_id.insert(id, name);
             }
         }
+        let mut newer_units = HashMap::new();
+        for line in NEWER_FIELDS_TSV.lines() {
+            if line.starts_with('#') || line.starts_with("id\t") {
+                continue;
+            }
+            let cols: Vec<&'static str> = line.split('\t').collect();
+            let (Some(id), Some(&name)) = (
+                cols.first().and_then(|i| i.parse::<u16>().ok()),
+                cols.get(1),
+            ) else {
+                continue;
+            };
+            by_name.insert(name, id);
+            // A new id's own name is the one to emit; the 1.x and rename rows are aliases.
+            legacy_by_id.entry(id).or_insert(name);
+            let (ty, unit) = (
+                cols.get(2).copied().unwrap_or(""),
+                cols.get(3).copied().unwrap_or(""),
+            );
+            if !ty.is_empty() {
+                newer_units.insert(id, (ty, unit));
+            }
+        }
         for (name, field) in EXPORTER_FIELDS {
             by_name.insert(name, field.id());
             legacy_by_id.insert(field.id(), name);
@@ -312,6 +403,7 @@ fn dictionary() -> &'static Dictionary {
         Dictionary {
             by_name,
             legacy_by_id,
+            newer_units,
         }
     })
 }
@@ -363,6 +455,92 @@ mod tests {
         assert_eq!(f.id, 526);
         assert_eq!(f.field, None);
         assert!(lookup("DCGM_FI_DEV_GPU_TMEP").is_none());
+    }
+
+    #[test]
+    fn newer_names_have_their_own_ids_and_units() {
+        // DCGM 4.7 moved DCGM_FI_DEV_GPU_UTIL_RATIO from 203 (a percentage) to a 0-1 field.
+        assert_eq!(
+            lookup("DCGM_FI_DEV_GPU_UTIL_RATIO").unwrap().field,
+            Some(Field::GpuUtilRatio)
+        );
+        assert_eq!(
+            lookup("DCGM_FI_DEV_GPU_UTIL").unwrap().field,
+            Some(Field::GpuUtil)
+        );
+        for (name, field, ty, unit) in [
+            (
+                "DCGM_FI_DEV_SM_CLOCK_HERTZ",
+                Field::SmClockHertz,
+                "INT64",
+                "Hz",
+            ),
+            (
+                "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ",
+                Field::MemoryClockHertz,
+                "INT64",
+                "Hz",
+            ),
+            (
+                "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL",
+                Field::GpuEnergyJoulesTotal,
+                "INT64",
+                "J",
+            ),
+            (
+                "DCGM_FI_DEV_MEMORY_UTIL_RATIO",
+                Field::MemoryUtilRatio,
+                "DOUBLE",
+                "ratio",
+            ),
+            (
+                "DCGM_FI_DEV_FB_CAPACITY_BYTES",
+                Field::FbCapacityBytes,
+                "INT64",
+                "B",
+            ),
+            (
+                "DCGM_FI_DEV_FB_USED_BYTES",
+                Field::FbUsedBytes,
+                "INT64",
+                "B",
+            ),
+            (
+                "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND",
+                Field::NvlinkThroughputBytesPerSecond,
+                "INT64",
+                "B/s",
+            ),
+        ] {
+            assert_eq!(lookup(name).unwrap().field, Some(field), "{name}");
+            assert_eq!(field.dcgm_name(), name);
+            assert_eq!(
+                dictionary().newer_units.get(&field.id()),
+                Some(&(ty, unit)),
+                "{name}"
+            );
+        }
+        // DCGM 4.8 names for the same profiling fields, and the 1.x names.
+        assert_eq!(
+            lookup("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND")
+                .unwrap()
+                .field,
+            Some(Field::ProfPcieTxBytes)
+        );
+        assert_eq!(
+            Field::ProfPcieTxBytes.dcgm_name(),
+            "DCGM_FI_PROF_PCIE_TX_BYTES"
+        );
+        assert_eq!(lookup("dcgm_sm_clock").unwrap().field, Some(Field::SmClock));
+        assert_eq!(
+            lookup("dcgm_fi_prof_pcie_tx_bytes").unwrap().field,
+            Some(Field::ProfPcieTxBytes)
+        );
+        // Known, not collected.
+        assert_eq!(lookup("DCGM_FI_DEV_BAR1_USED_BYTES").unwrap().field, None);
+        assert!(Field::NvlinkReplayErrorPerLinkTotal.is_link());
+        assert!(!Field::NvlinkReplayErrorCountTotal.is_link());
+        assert!(Field::DriverVersion.is_system() && !Field::DevName.is_system());
     }
 
     #[test]

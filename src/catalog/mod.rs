@@ -58,7 +58,9 @@ pub struct Catalog {
     pub labels: Vec<MetricSpec>,
 }
 
-/// A row naming a DCGM field that gpu-exporter does not collect.
+/// A row that is skipped with a warning: it names a DCGM field that gpu-exporter does not
+/// collect, or it repeats an earlier row with the same name and type (dcgm-exporter's own
+/// `1.x-compatibility-metrics.csv` lists `dcgm_fi_prof_pcie_tx_bytes` twice).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
     /// 1-based line.
@@ -67,6 +69,26 @@ pub struct Skipped {
     pub name: String,
     /// Its DCGM id.
     pub id: u16,
+    /// For a repeated row, the line of the row that is kept.
+    pub duplicate_of: Option<u64>,
+}
+
+impl std::fmt::Display for Skipped {
+    /// The warning, after `file:line: `.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.duplicate_of {
+            Some(first) => write!(
+                f,
+                "skipping {}: it repeats line {first} with the same type; the first row is kept",
+                self.name
+            ),
+            None => write!(
+                f,
+                "skipping {} (DCGM field {}): gpu-exporter does not collect it",
+                self.name, self.id
+            ),
+        }
+    }
 }
 
 /// What is wrong with a CSV row.

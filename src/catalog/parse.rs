@@ -25,7 +25,7 @@ pub fn parse(text: &str, origin: &str) -> Result<(Catalog, Vec<Skipped>), Catalo
     let mut metrics = Vec::new();
     let mut labels = Vec::new();
     let mut skipped = Vec::new();
-    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut seen: HashMap<String, (u64, MetricType)> = HashMap::new();
 
     for (idx, raw) in text.lines().enumerate() {
         let line = idx as u64 + 1;
@@ -45,22 +45,34 @@ pub fn parse(text: &str, origin: &str) -> Result<(Catalog, Vec<Skipped>), Catalo
             .ok_or_else(|| invalid(line, Defect::BadType(kind.to_owned())))?;
         let dcgm = field::lookup(name)
             .ok_or_else(|| invalid(line, Defect::UnknownField(name.to_owned())))?;
-        if let Some(&first) = seen.get(name) {
-            return Err(invalid(
+        if let Some(&(first, first_kind)) = seen.get(name) {
+            // The same row again is harmless (upstream's 1.x file has one); a row that
+            // contradicts the first is a mistake.
+            if first_kind != kind {
+                return Err(invalid(
+                    line,
+                    Defect::Duplicate {
+                        name: name.to_owned(),
+                        first_line: first,
+                    },
+                ));
+            }
+            skipped.push(Skipped {
                 line,
-                Defect::Duplicate {
-                    name: name.to_owned(),
-                    first_line: first,
-                },
-            ));
+                name: name.to_owned(),
+                id: dcgm.id,
+                duplicate_of: Some(first),
+            });
+            continue;
         }
-        seen.insert(name.to_owned(), line);
+        seen.insert(name.to_owned(), (line, kind));
 
         let Some(field) = dcgm.field else {
             skipped.push(Skipped {
                 line,
                 name: name.to_owned(),
                 id: dcgm.id,
+                duplicate_of: None,
             });
             continue;
         };
@@ -169,11 +181,12 @@ impl fmt::Display for Defect {
             ),
             Defect::UnknownField(n) => write!(
                 f,
-                "unknown field {n:?}: not a DCGM field name (DCGM 4.6 names and their deprecated aliases are accepted) nor a DCGM_EXP_* exporter field"
+                "unknown field {n:?}: not a DCGM field name (DCGM 4.6-4.8 names, their deprecated aliases and dcgm-exporter's 1.x names are accepted) nor a DCGM_EXP_* exporter field"
             ),
-            Defect::Duplicate { name, first_line } => {
-                write!(f, "duplicate field {name:?}, first listed on line {first_line}")
-            }
+            Defect::Duplicate { name, first_line } => write!(
+                f,
+                "duplicate field {name:?} with another type, first listed on line {first_line}"
+            ),
             Defect::TextAsNumber(n) => {
                 write!(f, "{n} is a string field; it can only be used with type `label`")
             }
@@ -232,6 +245,37 @@ mod tests {
     }
 
     #[test]
+    fn a_repeated_identical_row_is_skipped_with_the_line_it_repeats() {
+        let (c, skipped) = ok("dcgm_fi_prof_pcie_tx_bytes, counter, a\nDCGM_FI_DEV_GPU_UTIL, gauge, u\ndcgm_fi_prof_pcie_tx_bytes, counter, b\n");
+        assert_eq!(c.metrics.len(), 2);
+        assert_eq!(c.metrics[0].help, "a");
+        assert_eq!(skipped.len(), 1);
+        assert_eq!((skipped[0].line, skipped[0].duplicate_of), (3, Some(1)));
+        assert_eq!(
+            skipped[0].to_string(),
+            "skipping dcgm_fi_prof_pcie_tx_bytes: it repeats line 1 with the same type; the first row is kept"
+        );
+    }
+
+    #[test]
+    fn newer_and_1x_names_load_with_their_own_fields() {
+        let (c, skipped) = ok("DCGM_FI_DEV_SM_CLOCK_HERTZ, gauge, Hz\nDCGM_FI_DEV_SM_CLOCK, gauge, MHz\ndcgm_gpu_utilization, gauge, pct\nDCGM_FI_DEV_GPU_UTIL_RATIO, gauge, ratio\nDCGM_FI_SYSTEM_DRIVER_VERSION, label, d\n");
+        assert!(skipped.is_empty());
+        let fields: Vec<Field> = c.metrics.iter().map(|m| m.field).collect();
+        assert_eq!(
+            fields,
+            vec![
+                Field::SmClockHertz,
+                Field::SmClock,
+                Field::GpuUtil,
+                Field::GpuUtilRatio
+            ]
+        );
+        assert_eq!(c.labels[0].name, "DCGM_FI_SYSTEM_DRIVER_VERSION");
+        assert_eq!(c.labels[0].field, Field::DriverVersion);
+    }
+
+    #[test]
     fn each_defect_names_file_line_and_reason() {
         assert_eq!(
             err("DCGM_FI_DEV_GPU_UTIL, gauge\n"),
@@ -244,8 +288,8 @@ mod tests {
         assert!(err("DCGM_FI_DEV_GPU_UTIL, gaueg, x\n")
             .starts_with("test.csv:1: unknown metric type \"gaueg\""));
         assert_eq!(
-            err("DCGM_FI_DEV_GPU_UTIL, gauge, x\n\nDCGM_FI_DEV_GPU_UTIL, gauge, y\n"),
-            "test.csv:3: duplicate field \"DCGM_FI_DEV_GPU_UTIL\", first listed on line 1"
+            err("DCGM_FI_DEV_GPU_UTIL, gauge, x\n\nDCGM_FI_DEV_GPU_UTIL, counter, y\n"),
+            "test.csv:3: duplicate field \"DCGM_FI_DEV_GPU_UTIL\" with another type, first listed on line 1"
         );
         assert!(err("DCGM_FI_DRIVER_VERSION, gauge, x\n").contains("string field"));
         assert!(err("DCGM_FI_DEV_GPU_UTIL, histogram, x\n").contains("unknown metric type"));

@@ -61,7 +61,8 @@ pub struct GpuIdentity {
     pub uuid: String,
     /// PCI bus id, `00000000:8D:00.0` form.
     pub pci_bus_id: String,
-    /// Minor number: `/dev/nvidia<minor>` (the `device` label).
+    /// Minor number: `/dev/nvidia<minor>` (GKE device-plugin ids name GPUs by it; the `device`
+    /// label uses the index, as dcgm-exporter does).
     pub minor: u32,
     /// Product name (`modelName`).
     pub model: String,
@@ -78,6 +79,21 @@ pub struct MigInstance {
     pub profile: String,
     /// `MIG-…` UUID of the MIG device.
     pub uuid: String,
+    /// Where the GPU instance sits on its GPU, when NVML tells (`None`: unknown, e.g. the GPU
+    /// instance calls need privileges). NVIDIA's DRA driver names MIG devices by it.
+    pub placement: Option<MigPlacement>,
+}
+
+/// A GPU instance's profile id and placement (`nvmlGpuInstanceInfo_t`): which memory slices of
+/// its GPU it occupies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigPlacement {
+    /// GPU instance profile id (`NVML_GPU_INSTANCE_PROFILE_*`, e.g. 9 for 3g.40gb on an A100).
+    pub profile_id: u32,
+    /// First memory slice.
+    pub start: u32,
+    /// Number of memory slices.
+    pub size: u32,
 }
 
 /// A physical GPU and its MIG instances.
@@ -107,6 +123,15 @@ pub struct InstanceSample {
     pub readings: Vec<(Field, Reading)>,
 }
 
+/// Readings for one active NVLink of a physical GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkSample {
+    /// NVML link index, 0-based (dcgm-exporter's `nvlink` label is this + 1).
+    pub link: u32,
+    /// Link-scoped readings ([`crate::catalog::field::MigScope::Link`] fields).
+    pub readings: Vec<(Field, Reading)>,
+}
+
 /// What one tick read from one device.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DeviceSample {
@@ -114,6 +139,9 @@ pub struct DeviceSample {
     pub readings: Vec<(Field, Reading)>,
     /// Per-instance readings, for MIG-enabled GPUs.
     pub instances: Vec<InstanceSample>,
+    /// Per-link readings of the GPU's active NVLinks, in link order; empty unless a link field
+    /// is asked for.
+    pub links: Vec<LinkSample>,
 }
 
 impl DeviceSample {
@@ -229,6 +257,13 @@ pub trait GpuSource: Send + Sync + 'static {
     /// [`SourceError::GpuLost`] or [`SourceError::Device`] when the device as a whole cannot be
     /// read; per-field failures are recorded in the sample instead.
     fn sample(&self, device: &Device, fields: &[Field]) -> Result<DeviceSample, SourceError>;
+
+    /// Whether the source saw, since the last call, that its device list is out of date (a
+    /// MIG reconfiguration invalidates instance handles): the sampler then re-enumerates at
+    /// its next tick instead of waiting for the periodic discovery. Reading clears it.
+    fn wants_rediscovery(&self) -> bool {
+        false
+    }
 
     /// XID errors reported since the last call, keyed by GPU UUID. NVML delivers these through
     /// its event path, which keeps working when a GPU's reads fail (XID 79: fallen off the bus),

@@ -12,7 +12,8 @@ use std::time::Duration;
 use super::scenario::{Action, Pattern, Scenario};
 use super::{
     Device, DeviceSample, FieldError, GpuIdentity, GpuProcess, GpuSource, InstanceSample,
-    MigInstance, ProcessUtilization, Reading, SourceError, Value, XidEvent,
+    LinkSample, MigInstance, MigPlacement, ProcessUtilization, Reading, SourceError, Value,
+    XidEvent,
 };
 use crate::catalog::field::MigScope;
 use crate::catalog::Field;
@@ -71,13 +72,14 @@ const H100_SXM: Model = Model {
     pcie_gen: 5,
 };
 
-/// A fleet profile: a model, a GPU count and, per GPU, its MIG layout (profile names).
+/// A fleet profile: a model, a GPU count and, per GPU, its MIG layout.
 #[derive(Debug, Clone, Copy)]
 struct Profile {
     name: &'static str,
     model: Model,
     gpus: u32,
-    mig: &'static [&'static [(&'static str, u32)]],
+    /// Per GPU: (profile name, GPU instance id, first memory slice), as on a real A100 80GB.
+    mig: &'static [&'static [(&'static str, u32, u32)]],
 }
 
 /// The profiles `--sim-profile` accepts.
@@ -92,15 +94,16 @@ pub const PROFILES: &[&str] = &[
     "8xA100-80GB-7xMIG",
 ];
 
-/// Seven 1g.10gb instances, the most an A100 80GB can hold (GPU instance ids 7-13).
-const SEVEN_1G_10GB: &[(&str, u32)] = &[
-    ("1g.10gb", 7),
-    ("1g.10gb", 8),
-    ("1g.10gb", 9),
-    ("1g.10gb", 10),
-    ("1g.10gb", 11),
-    ("1g.10gb", 12),
-    ("1g.10gb", 13),
+/// Seven 1g.10gb instances, the most an A100 80GB can hold (GPU instance ids 7-13, on memory
+/// slices 0-6).
+const SEVEN_1G_10GB: &[(&str, u32, u32)] = &[
+    ("1g.10gb", 7, 0),
+    ("1g.10gb", 8, 1),
+    ("1g.10gb", 9, 2),
+    ("1g.10gb", 10, 3),
+    ("1g.10gb", 11, 4),
+    ("1g.10gb", 12, 5),
+    ("1g.10gb", 13, 6),
 ];
 
 fn profile(name: &str) -> Option<Profile> {
@@ -121,16 +124,16 @@ fn profile(name: &str) -> Option<Profile> {
             name: "4xA100-80GB-MIG",
             model: A100_80GB,
             gpus: 4,
-            // (profile, GPU instance id); GPU 3 has MIG disabled.
+            // (profile, GPU instance id, first memory slice); GPU 3 has MIG disabled.
             mig: &[
                 &[
-                    ("3g.40gb", 2),
-                    ("2g.20gb", 3),
-                    ("1g.10gb", 9),
-                    ("1g.10gb", 10),
+                    ("3g.40gb", 2, 4),
+                    ("2g.20gb", 3, 0),
+                    ("1g.10gb", 9, 2),
+                    ("1g.10gb", 10, 3),
                 ],
-                &[("7g.80gb", 0)],
-                &[("4g.40gb", 1), ("3g.40gb", 2)],
+                &[("7g.80gb", 0, 0)],
+                &[("4g.40gb", 1, 0), ("3g.40gb", 2, 4)],
                 &[],
             ],
         },
@@ -148,6 +151,20 @@ fn profile(name: &str) -> Option<Profile> {
         },
         _ => return None,
     })
+}
+
+/// GPU instance profile id and size in memory slices of an A100 80GB profile, as NVML reports
+/// them (`nvidia-smi mig -lgip`).
+fn mig_profile_id_and_size(profile: &str) -> (u32, u32) {
+    match profile {
+        "1g.10gb" => (19, 1),
+        "1g.10gb+me" => (20, 1),
+        "1g.20gb" => (15, 2),
+        "2g.20gb" => (14, 2),
+        "3g.40gb" => (9, 4),
+        "4g.40gb" => (5, 4),
+        _ => (0, 8),
+    }
 }
 
 /// MIG profile memory in MiB, as NVML reports it for an A100 80GB.
@@ -480,6 +497,8 @@ impl SimulatedSource {
         };
         let has_nvlink = m.nvlinks > 0;
         let nvlink_mbps = (util * 3000.0 * (0.8 + 0.4 * n(26))) as i64;
+        let video_clock = if util >= 5.0 { 1755 } else { 765 };
+        let mem_copy = (util * 0.6).round() as i64;
         let ratio = |scale: f64, c| round6((util / 100.0 * scale * (0.9 + 0.1 * n(c))).min(1.0));
 
         let value = |f: Field| -> Reading {
@@ -509,7 +528,30 @@ impl SimulatedSource {
                 Field::VbiosVersion => Ok(Value::Text("96.00.89.00.01".into())),
                 Field::SmClock => int(sm_clock),
                 Field::MemClock => int(m.mem_mhz),
-                Field::VideoClock => int(if util >= 5.0 { 1755 } else { 765 }),
+                Field::VideoClock => int(video_clock),
+                // DCGM 4.6.1+ base units: the same readings in Hz, J, 0-1 and bytes.
+                Field::SmClockHertz => int(sm_clock * 1_000_000),
+                Field::MemoryClockHertz => int(m.mem_mhz * 1_000_000),
+                Field::VideoClockHertz => int(video_clock * 1_000_000),
+                Field::GpuEnergyJoulesTotal => int((st.energy_mj / 1000) as i64),
+                Field::FanSpeedRatio => Err(FieldError::NotSupported),
+                Field::GpuUtilRatio => float(util_i as f64 / 100.0),
+                Field::MemoryUtilRatio => float(mem_copy as f64 / 100.0),
+                Field::EncUtilRatio | Field::DecUtilRatio => float(0.0),
+                Field::FbCapacityBytes => int(m.fb_total_mib * MIB),
+                Field::FbFreeBytes => int((fb_usable - fb_used) * MIB),
+                Field::FbUsedBytes => int(fb_used * MIB),
+                Field::FbReservedBytes => int(m.fb_reserved_mib * MIB),
+                // DCGM: MB/s is KiB/s ÷ 1000, B/s is KiB/s × 1024.
+                Field::NvlinkThroughputBytesPerSecond => nvlink(nvlink_mbps * 1_024_000),
+                // Read per link below, never as GPU readings.
+                Field::NvlinkCrcFlitErrorPerLinkTotal
+                | Field::NvlinkCrcDataErrorPerLinkTotal
+                | Field::NvlinkReplayErrorPerLinkTotal
+                | Field::NvlinkRecoveryErrorPerLinkTotal
+                | Field::NvlinkThroughputPerLink
+                | Field::NvlinkTxThroughputPerLink
+                | Field::NvlinkRxThroughputPerLink => Err(FieldError::NotSupported),
                 Field::ClocksEventReasons => int(reasons as i64),
                 Field::MemoryTemp => int(temp + 4),
                 Field::GpuTemp => int(temp),
@@ -521,7 +563,7 @@ impl SimulatedSource {
                 Field::FanSpeed => Err(FieldError::NotSupported),
                 Field::PcieReplayCounter => int(st.pcie_replays),
                 Field::GpuUtil => int(util_i),
-                Field::MemCopyUtil => int((util * 0.6).round() as i64),
+                Field::MemCopyUtil => int(mem_copy),
                 Field::EncUtil | Field::DecUtil => int(0),
                 // Exporter-derived from the XID events: the sampler fills these in.
                 Field::XidErrors
@@ -590,6 +632,7 @@ impl SimulatedSource {
             .iter()
             .copied()
             .filter(|f| !device.mig_enabled || f.mig_scope() != MigScope::Unsupported)
+            .filter(|f| !f.is_link())
             .collect();
         let readings = gpu_fields.iter().map(|&f| (f, value(f))).collect();
         let instance_used = |inst: &MigInstance| {
@@ -618,6 +661,10 @@ impl SimulatedSource {
                             Field::FbUsedPercent => {
                                 Ok(Value::Float(round6(used as f64 / mem as f64)))
                             }
+                            Field::FbCapacityBytes => Ok(Value::Int(mem * MIB)),
+                            Field::FbUsedBytes => Ok(Value::Int(used * MIB)),
+                            Field::FbFreeBytes => Ok(Value::Int((mem - used) * MIB)),
+                            Field::FbReservedBytes => Ok(Value::Int(0)),
                             Field::ProfGrEngineActive => Ok(Value::Float(round6(iu * 0.97))),
                             Field::ProfSmActive => Ok(Value::Float(round6(iu * 0.88))),
                             Field::ProfSmOccupancy => Ok(Value::Float(round6(iu * 0.41))),
@@ -647,12 +694,51 @@ impl SimulatedSource {
                 .map(|inst| (inst.gi_id, instance_used(inst)))
                 .collect(),
         });
+        // NVLinks: all of the model's links are up, except in MIG mode. A GPU's NVLink errors
+        // all happen on one link (its "bad cable"), so the per-link counters add up to the GPU's
+        // totals; the throughput is spread evenly, so the per-link rates add up to its total.
+        let link_fields: Vec<Field> = fields.iter().copied().filter(|f| f.is_link()).collect();
+        let links = if link_fields.is_empty() || !has_nvlink || device.mig_enabled {
+            Vec::new()
+        } else {
+            let count = i64::from(m.nvlinks);
+            let bad = (hash(self.seed, index, 0, 70) * f64::from(m.nvlinks)) as u32;
+            (0..m.nvlinks)
+                .map(|l| {
+                    let errors = |total: i64| if l == bad { total } else { 0 };
+                    let per_link =
+                        nvlink_mbps / count + i64::from(i64::from(l) < nvlink_mbps % count);
+                    let readings = link_fields
+                        .iter()
+                        .map(|&f| {
+                            let v = match f {
+                                Field::NvlinkCrcFlitErrorPerLinkTotal => errors(st.nvlink_crc_flit),
+                                Field::NvlinkCrcDataErrorPerLinkTotal => errors(st.nvlink_crc_data),
+                                Field::NvlinkReplayErrorPerLinkTotal => errors(st.nvlink_replay),
+                                Field::NvlinkRecoveryErrorPerLinkTotal => {
+                                    errors(st.nvlink_recovery)
+                                }
+                                Field::NvlinkTxThroughputPerLink => (per_link + 1) / 2,
+                                Field::NvlinkRxThroughputPerLink => per_link / 2,
+                                _ => per_link,
+                            };
+                            (f, Ok(Value::Int(v)))
+                        })
+                        .collect();
+                    LinkSample { link: l, readings }
+                })
+                .collect()
+        };
         DeviceSample {
             readings,
             instances,
+            links,
         }
     }
 }
+
+/// Bytes per MiB.
+const MIB: i64 = 1_048_576;
 
 impl GpuSource for SimulatedSource {
     fn name(&self) -> &'static str {
@@ -669,11 +755,19 @@ impl GpuSource for SimulatedSource {
                 let layout = self.profile.mig.get(i as usize).copied().unwrap_or(&[]);
                 let mut instances: Vec<MigInstance> = layout
                     .iter()
-                    .map(|&(profile, gi_id)| MigInstance {
-                        gi_id,
-                        ci_id: 0,
-                        profile: profile.to_owned(),
-                        uuid: uuid("MIG", self.seed, i, u64::from(gi_id) + 1),
+                    .map(|&(profile, gi_id, start)| {
+                        let (profile_id, size) = mig_profile_id_and_size(profile);
+                        MigInstance {
+                            gi_id,
+                            ci_id: 0,
+                            profile: profile.to_owned(),
+                            uuid: uuid("MIG", self.seed, i, u64::from(gi_id) + 1),
+                            placement: Some(MigPlacement {
+                                profile_id,
+                                start,
+                                size,
+                            }),
+                        }
                     })
                     .collect();
                 instances.sort_by_key(|m| m.gi_id);

@@ -25,8 +25,28 @@
 //! weight = 2.0                     # share of its devices' use against other processes there (default 1)
 //! ```
 //!
-//! Assignments of the same namespace and pod form one pod, in file order. `Get` answers for one
-//! pod, `GetAllocatableResources` lists every device id in the file.
+//! An assignment with `claim` is a DRA allocation instead: it goes into the container's
+//! `dynamic_resources`, and `devices` are the DRA driver's device names (the optional keys above
+//! apply to it too):
+//!
+//! ```toml
+//! [[assignment]]
+//! namespace = "ml"
+//! pod = "trainer-1"
+//! container = "main"
+//! claim = "trainer-1-gpus"         # the ResourceClaim's name
+//! claim_namespace = "ml"           # optional, default: namespace
+//! driver = "gpu.nvidia.com"        # optional, this is the default
+//! pool = "node-a"                  # optional, default "fake-node" (NVIDIA's driver: the node)
+//! devices = ["gpu-0", "gpu-1-mig-3g40gb-9-4"]
+//! ```
+//!
+//! Each DRA device gets one CDI id, formed as NVIDIA's driver forms them
+//! (`k8s.gpu.nvidia.com/claim=<claim uid>-<device>`, with a made-up, stable claim uid).
+//!
+//! Assignments of the same namespace and pod form one pod, in file order; those of one
+//! container and claim form one claim. `Get` answers for one pod, `GetAllocatableResources`
+//! lists every device-plugin id in the file (the kubelet lists no DRA devices there).
 //!
 //! The same file describes the rest of a fake node: [`Assignments::runtime_snapshot`] is what
 //! the fake CRI server ([`super::fake_cri`]) lists, [`Assignments::write_proc_tree`] writes
@@ -44,12 +64,13 @@ use super::cri_proto::{
     Container, ContainerMetadata, ContainerState, PodSandbox, PodSandboxMetadata, PodSandboxState,
 };
 use super::directory::RuntimeSnapshot;
+use super::dra::NVIDIA_GPU_DRIVER;
 use super::mapping::GPU_RESOURCE;
 use super::proto::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
 use super::proto::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-    ListPodResourcesResponse, PodResources,
+    AllocatableResourcesRequest, AllocatableResourcesResponse, CdiDevice, ClaimResource,
+    ContainerDevices, ContainerResources, DynamicResource, GetPodResourcesRequest,
+    GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
 };
 
 /// An assignments file that cannot be used. Names the file and line.
@@ -74,7 +95,7 @@ pub enum AssignmentsError {
         cause: std::io::Error,
     },
     /// A PID's device id is none of the given devices.
-    #[error("pid {pid}: device id {id:?} is none of the simulated fleet's GPUs or MIG instances (see --list-devices)")]
+    #[error("pid {pid}: device {id:?} is none of the simulated fleet's GPUs or MIG instances (see --list-devices)")]
     UnknownDevice {
         /// The PID.
         pid: u32,
@@ -125,7 +146,18 @@ struct Entry {
     pids: Vec<u32>,
     #[serde(default)]
     weight: Option<f64>,
+    #[serde(default)]
+    claim: Option<String>,
+    #[serde(default)]
+    claim_namespace: Option<String>,
+    #[serde(default)]
+    driver: Option<String>,
+    #[serde(default)]
+    pool: Option<String>,
 }
+
+/// The default pool of DRA assignments.
+pub const DEFAULT_POOL: &str = "fake-node";
 
 /// The kubelet's cgroup driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -172,6 +204,28 @@ impl Default for CgroupLayout {
     }
 }
 
+/// How an assignment names its devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceNaming {
+    /// Device-plugin ids (`GPU-…`, `MIG-…`, `GPU-…::2`, `nvidia0`).
+    Plugin,
+    /// NVIDIA's DRA driver's device names (`gpu-0`, `gpu-1-mig-3g40gb-9-4`).
+    Dra,
+}
+
+/// One assignment's processes: they run on each of its devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    /// The devices, as written in the file.
+    pub devices: Vec<String>,
+    /// How `devices` are named.
+    pub naming: DeviceNaming,
+    /// Host PIDs.
+    pub pids: Vec<u32>,
+    /// Their share of each device against the other processes there.
+    pub weight: f64,
+}
+
 /// A container of a fake pod.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FakeContainer {
@@ -179,8 +233,8 @@ pub struct FakeContainer {
     pub name: String,
     /// Runtime id, 64 hex digits.
     pub id: String,
-    /// Per assignment: the device ids, the PIDs running on each of them, and their weight.
-    pub runs: Vec<(Vec<String>, Vec<u32>, f64)>,
+    /// Per assignment: its devices and the processes running on them.
+    pub runs: Vec<Run>,
 }
 
 /// A fake pod.
@@ -205,8 +259,11 @@ pub struct FakePod {
 pub struct FakeProcess {
     /// Host PID.
     pub pid: u32,
-    /// A device id as written in the file (`GPU-…`, `MIG-…`, `GPU-…::2`, `nvidia0`).
+    /// A device as written in the file (`GPU-…`, `MIG-…`, `GPU-…::2`, `nvidia0`, or a DRA
+    /// device name such as `gpu-0`).
     pub device_id: String,
+    /// How `device_id` is named.
+    pub naming: DeviceNaming,
     /// Its share of the device against the other processes there.
     pub weight: f64,
 }
@@ -323,13 +380,54 @@ impl Assignments {
                     }
                 }
             }
-            let devices = ContainerDevices {
-                resource_name: e
-                    .resource
-                    .clone()
-                    .unwrap_or_else(|| GPU_RESOURCE.to_owned()),
-                device_ids: e.devices.clone(),
-                topology: None,
+            let claim = match (&e.claim, &e.resource) {
+                (Some(_), Some(_)) => {
+                    return Err(invalid(
+                        at,
+                        format!("assignment {who}: either `resource` (device plugin) or `claim` (DRA), not both"),
+                    ))
+                }
+                (Some(name), None) => {
+                    if name.trim().is_empty() {
+                        return Err(invalid(at, format!("assignment {who}: empty claim")));
+                    }
+                    let claim_namespace = e
+                        .claim_namespace
+                        .clone()
+                        .unwrap_or_else(|| e.namespace.clone());
+                    let driver = e
+                        .driver
+                        .clone()
+                        .unwrap_or_else(|| NVIDIA_GPU_DRIVER.to_owned());
+                    let pool = e.pool.clone().unwrap_or_else(|| DEFAULT_POOL.to_owned());
+                    Some(dynamic_resource(
+                        name,
+                        &claim_namespace,
+                        &driver,
+                        &pool,
+                        &e.devices,
+                    ))
+                }
+                (None, _) => {
+                    for (what, set) in [
+                        ("claim_namespace", e.claim_namespace.is_some()),
+                        ("driver", e.driver.is_some()),
+                        ("pool", e.pool.is_some()),
+                    ] {
+                        if set {
+                            return Err(invalid(
+                                at,
+                                format!("assignment {who}: `{what}` needs `claim` (it describes a DRA allocation)"),
+                            ));
+                        }
+                    }
+                    None
+                }
+            };
+            let naming = if claim.is_some() {
+                DeviceNaming::Dra
+            } else {
+                DeviceNaming::Plugin
             };
             let pod = match pods
                 .iter_mut()
@@ -345,12 +443,30 @@ impl Assignments {
                     pods.last_mut().expect("just pushed")
                 }
             };
-            match pod.containers.iter_mut().find(|c| c.name == e.container) {
-                Some(c) => c.devices.push(devices),
-                None => pod.containers.push(ContainerResources {
-                    name: e.container.clone(),
-                    devices: vec![devices],
-                    ..Default::default()
+            let container = match pod.containers.iter().position(|c| c.name == e.container) {
+                Some(i) => &mut pod.containers[i],
+                None => {
+                    pod.containers.push(ContainerResources {
+                        name: e.container.clone(),
+                        ..Default::default()
+                    });
+                    pod.containers.last_mut().expect("just pushed")
+                }
+            };
+            match claim {
+                Some(dr) => match container.dynamic_resources.iter_mut().find(|c| {
+                    c.claim_name == dr.claim_name && c.claim_namespace == dr.claim_namespace
+                }) {
+                    Some(existing) => existing.claim_resources.extend(dr.claim_resources),
+                    None => container.dynamic_resources.push(dr),
+                },
+                None => container.devices.push(ContainerDevices {
+                    resource_name: e
+                        .resource
+                        .clone()
+                        .unwrap_or_else(|| GPU_RESOURCE.to_owned()),
+                    device_ids: e.devices.clone(),
+                    topology: None,
                 }),
             }
 
@@ -378,7 +494,12 @@ impl Assignments {
                 }
             }
             fake.labels.extend(e.labels);
-            let run = (e.devices, e.pids, weight);
+            let run = Run {
+                devices: e.devices,
+                naming,
+                pids: e.pids,
+                weight,
+            };
             match fake.containers.iter_mut().find(|c| c.name == e.container) {
                 Some(c) if c.id != container_id => {
                     return Err(invalid(at, format!("assignment {who}: container_id differs from an earlier assignment of the same container")));
@@ -458,13 +579,14 @@ impl Assignments {
         let mut out = Vec::new();
         for p in &self.pods {
             for c in &p.containers {
-                for (devices, pids, weight) in &c.runs {
-                    for pid in pids {
-                        for d in devices {
+                for run in &c.runs {
+                    for pid in &run.pids {
+                        for d in &run.devices {
                             out.push(FakeProcess {
                                 pid: *pid,
                                 device_id: d.clone(),
-                                weight: *weight,
+                                naming: run.naming,
+                                weight: run.weight,
                             });
                         }
                     }
@@ -478,7 +600,8 @@ impl Assignments {
     /// [`crate::gpu::sim::SimulatedSource::with_processes`].
     ///
     /// # Errors
-    /// [`AssignmentsError::UnknownDevice`] for a device id that names none of `devices`.
+    /// [`AssignmentsError::UnknownDevice`] for a device id or DRA device name that names none
+    /// of `devices`.
     pub fn sim_processes(
         &self,
         devices: &[crate::gpu::Device],
@@ -487,12 +610,16 @@ impl Assignments {
         self.processes()
             .into_iter()
             .map(|p| {
-                let (key, _) = super::mapping::resolve(&p.device_id, devices, id_type).ok_or(
-                    AssignmentsError::UnknownDevice {
-                        pid: p.pid,
-                        id: p.device_id.clone(),
-                    },
-                )?;
+                let key = match p.naming {
+                    DeviceNaming::Plugin => {
+                        super::mapping::resolve(&p.device_id, devices, id_type).map(|(k, _)| k)
+                    }
+                    DeviceNaming::Dra => super::dra::resolve(&p.device_id, devices).ok(),
+                };
+                let key = key.ok_or(AssignmentsError::UnknownDevice {
+                    pid: p.pid,
+                    id: p.device_id.clone(),
+                })?;
                 Ok(crate::gpu::sim::SimProcess {
                     pid: p.pid,
                     gpu: key.gpu,
@@ -508,8 +635,8 @@ impl Assignments {
         let mut out = BTreeMap::new();
         for p in &self.pods {
             for c in &p.containers {
-                for (_, pids, _) in &c.runs {
-                    for pid in pids {
+                for run in &c.runs {
+                    for pid in &run.pids {
                         out.insert(*pid, cgroup_file(self.layout, &p.uid, &c.id));
                     }
                 }
@@ -607,6 +734,34 @@ fn uid_from(key: &str) -> String {
         &h[16..20],
         &h[20..32]
     )
+}
+
+/// A DRA claim's entry: one claim resource per device, each with the CDI id NVIDIA's driver
+/// would give it.
+fn dynamic_resource(
+    claim: &str,
+    namespace: &str,
+    driver: &str,
+    pool: &str,
+    devices: &[String],
+) -> DynamicResource {
+    let uid = uid_from(&format!("claim/{namespace}/{claim}"));
+    DynamicResource {
+        claim_name: claim.to_owned(),
+        claim_namespace: namespace.to_owned(),
+        claim_resources: devices
+            .iter()
+            .map(|d| ClaimResource {
+                cdi_devices: vec![CdiDevice {
+                    name: format!("k8s.gpu.nvidia.com/claim={uid}-{d}"),
+                }],
+                driver_name: driver.to_owned(),
+                pool_name: pool.to_owned(),
+                device_name: d.clone(),
+                share_id: None,
+            })
+            .collect(),
+    }
 }
 
 /// The fake server: answers from whatever reply is current on its `watch` channel.
@@ -908,5 +1063,105 @@ pids = [201]
             let e = Assignments::parse(text, "n.toml").unwrap_err().to_string();
             assert!(e.starts_with(want), "{e} (want {want})");
         }
+    }
+
+    #[test]
+    fn dra_assignments_become_dynamic_resources_grouped_by_claim() {
+        let text = r#"
+[[assignment]]
+namespace = "ml"
+pod = "p"
+container = "a"
+claim = "gpus"
+pool = "node-a"
+devices = ["gpu-0"]
+
+[[assignment]]
+namespace = "ml"
+pod = "p"
+container = "a"
+devices = ["GPU-1"]
+
+[[assignment]]
+namespace = "ml"
+pod = "p"
+container = "a"
+claim = "gpus"
+pool = "node-a"
+devices = ["gpu-1-mig-3g40gb-9-4"]
+
+[[assignment]]
+namespace = "ml"
+pod = "p"
+container = "b"
+claim = "shared"
+claim_namespace = "infra"
+driver = "dra.example.com"
+devices = ["nic-0"]
+"#;
+        let a = Assignments::parse(text, "dra.toml").unwrap();
+        let pod = &a.reply.pod_resources[0];
+        let c = &pod.containers[0];
+        assert_eq!(c.devices[0].device_ids, ["GPU-1"]);
+        assert_eq!(c.dynamic_resources.len(), 1);
+        let claim = &c.dynamic_resources[0];
+        assert_eq!(
+            (claim.claim_name.as_str(), claim.claim_namespace.as_str()),
+            ("gpus", "ml")
+        );
+        let devices: Vec<(&str, &str, &str)> = claim
+            .claim_resources
+            .iter()
+            .map(|r| {
+                (
+                    r.driver_name.as_str(),
+                    r.pool_name.as_str(),
+                    r.device_name.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            devices,
+            [
+                (NVIDIA_GPU_DRIVER, "node-a", "gpu-0"),
+                (NVIDIA_GPU_DRIVER, "node-a", "gpu-1-mig-3g40gb-9-4")
+            ]
+        );
+        // One CDI id per device, as the driver forms them, with the same claim uid.
+        let cdi: Vec<&str> = claim
+            .claim_resources
+            .iter()
+            .flat_map(|r| r.cdi_devices.iter().map(|d| d.name.as_str()))
+            .collect();
+        assert_eq!(cdi.len(), 2);
+        let uid = cdi[0]
+            .strip_prefix("k8s.gpu.nvidia.com/claim=")
+            .and_then(|r| r.strip_suffix("-gpu-0"))
+            .unwrap();
+        assert_eq!(uid.len(), 36, "{uid}");
+        assert_eq!(
+            cdi[1],
+            format!("k8s.gpu.nvidia.com/claim={uid}-gpu-1-mig-3g40gb-9-4")
+        );
+        let other = &pod.containers[1].dynamic_resources[0];
+        assert_eq!(other.claim_namespace, "infra");
+        assert_eq!(other.claim_resources[0].driver_name, "dra.example.com");
+        assert_eq!(other.claim_resources[0].pool_name, DEFAULT_POOL);
+    }
+
+    #[test]
+    fn dra_fields_are_checked() {
+        let both = "[[assignment]]\nnamespace = \"ml\"\npod = \"p\"\ncontainer = \"c\"\nresource = \"nvidia.com/gpu\"\nclaim = \"x\"\ndevices = [\"gpu-0\"]\n";
+        let e = Assignments::parse(both, "a.toml").unwrap_err().to_string();
+        assert!(e.starts_with("a.toml:1: ") && e.contains("not both"), "{e}");
+        let pool = "\n[[assignment]]\nnamespace = \"ml\"\npod = \"p\"\ncontainer = \"c\"\npool = \"n\"\ndevices = [\"GPU-0\"]\n";
+        let e = Assignments::parse(pool, "b.toml").unwrap_err().to_string();
+        assert!(
+            e.starts_with("b.toml:2: ") && e.contains("`pool` needs `claim`"),
+            "{e}"
+        );
+        let empty = "[[assignment]]\nnamespace = \"ml\"\npod = \"p\"\ncontainer = \"c\"\nclaim = \" \"\ndevices = [\"gpu-0\"]\n";
+        let e = Assignments::parse(empty, "c.toml").unwrap_err().to_string();
+        assert!(e.contains("empty claim"), "{e}");
     }
 }

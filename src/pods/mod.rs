@@ -25,6 +25,7 @@ pub mod cri;
 pub mod cri_proto;
 pub mod cri_refresher;
 pub mod directory;
+pub mod dra;
 pub mod fake;
 pub mod fake_cri;
 mod grpc;
@@ -60,6 +61,24 @@ pub struct Holder {
     pub pod: PodRef,
     /// Replica id for time-sliced or MPS GPUs (`GPU-…::3` gives `3`).
     pub vgpu: Option<String>,
+    /// The DRA claim the device was allocated through (`--kubernetes-enable-dra`); `None` for
+    /// device-plugin allocations.
+    pub dra: Option<DraClaim>,
+}
+
+/// A device allocated through a DRA ResourceClaim: dcgm-exporter's `dra_*` labels.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DraClaim {
+    /// The ResourceClaim's name (generated for claims made from a template).
+    pub claim_name: String,
+    /// The ResourceClaim's namespace.
+    pub claim_namespace: String,
+    /// The DRA driver (`gpu.nvidia.com`).
+    pub driver: String,
+    /// The driver's pool (the node's name for NVIDIA's driver).
+    pub pool: String,
+    /// The device's name in the pool (`gpu-0`, `gpu-0-mig-1g10gb-19-2`).
+    pub device: String,
 }
 
 /// An exported entity: a whole GPU (`gi_id: None`) or one of its MIG instances.
@@ -71,17 +90,25 @@ pub struct EntityKey {
     pub gi_id: Option<u32>,
 }
 
-/// Who holds what. Entities absent from the map are unallocated.
+/// Who uses what. Entities absent from the maps are unallocated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attribution {
-    /// Holders per entity, sorted and deduplicated.
+    /// Holders per entity, sorted and deduplicated (from the kubelet).
     pub holders: BTreeMap<EntityKey, Vec<Holder>>,
+    /// HPC job ids per entity, deduplicated, in file order (from `--hpc-job-mapping-dir`; see
+    /// [`crate::hpc`]). The sampler merges them in; the kubelet refresher leaves this empty.
+    pub jobs: BTreeMap<EntityKey, Vec<String>>,
 }
 
 impl Attribution {
     /// The holders of `key` (empty if unallocated).
     pub fn holders_of(&self, key: EntityKey) -> &[Holder] {
         self.holders.get(&key).map_or(&[], Vec::as_slice)
+    }
+
+    /// The HPC jobs running on `key` (empty if none).
+    pub fn jobs_of(&self, key: EntityKey) -> &[String] {
+        self.jobs.get(&key).map_or(&[], Vec::as_slice)
     }
 }
 

@@ -287,6 +287,7 @@ mod tests {
                     ci_id: 0,
                     profile: "1g.10gb".into(),
                     uuid: format!("MIG-{gi_id}"),
+                    placement: None,
                 })
                 .collect(),
         }

@@ -30,6 +30,14 @@ pub fn shipped_catalog() -> Catalog {
         .0
 }
 
+/// A CSV of the repository (path relative to its root).
+pub fn catalog_file(path: &str) -> Catalog {
+    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    catalog::load(&full)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .0
+}
+
 pub fn build_options() -> BuildOptions {
     BuildOptions {
         hostname_label: "hostname".into(),
@@ -40,6 +48,7 @@ pub fn build_options() -> BuildOptions {
         xid_window_ms: 300_000,
         clock_window_ms: 300_000,
         pod_uid: false,
+        old_namespace: false,
     }
 }
 

@@ -5,16 +5,21 @@ Run through tests/e2e/run.sh (see tests/e2e/README.md). Standard library only. E
 on 127.0.0.1; every wait has a deadline; every process started here is stopped on exit.
 
 What it does:
-1. Starts 20 gpu-exporter processes as simulated nodes (node-01..node-20: 8xH100-SXM, 4xA100-80GB-MIG
+1. Starts 21 gpu-exporter processes as simulated nodes (node-01..node-21: 8xH100-SXM, 4xA100-80GB-MIG
    and 1xA100-40GB profiles, `-c 1000`, NODE_NAME set). Scenario files script one fault per node on
    node-01..node-07: GPU off the bus, double-bit ECC, overheating, PCIe replays, NVLink errors, row
-   remap failure, XID 119. node-08 is killed once it has been scraped (exporter down).
+   remap failure, XID 119. node-08 is killed once it has been scraped (exporter down). node-21 runs
+   the newest naming generation (dcgm-exporter 4.10's default set plus per-link NVLink fields).
 2. Pod labels: node-09 (8xH100-SXM) and node-10 (4xA100-80GB-MIG) run with `-k` against a
    fake-kubelet each (src/bin/fake-kubelet.rs, docs/pods.md). Their assignments (TOML, written
    here from the ids `gpu-exporter --list-devices` prints for the node's profile and seed) cover a
    whole GPU held by one pod, a MIG instance held by one pod (mixed-strategy resource name), a
    time-sliced GPU shared by two pods (`<uuid>::<n>`), and one idle GPU and one idle MIG instance
    held by pods (which must raise GPUUnderutilized). Every other GPU a pod holds is kept busy.
+   node-10 also has a whole GPU and a MIG instance allocated through DRA ResourceClaims (NVIDIA's
+   DRA driver's device names, `--kubernetes-enable-dra`).
+   HPC jobs: node-12 runs with `--hpc-job-mapping-dir`; one file names two jobs, one file is not
+   UTF-8 (ignored and counted), and one file is written while the exporter runs.
 3. Starts Alertmanager (webhook to a receiver in this process) and Prometheus (file_sd targets,
    2 s scrape/eval, the rules from alerts/ with every `for:` longer than 10 s rewritten to 10 s).
 4. Asserts that exactly the expected alerts are pending/firing in Prometheus, active in
@@ -22,7 +27,10 @@ What it does:
 5. Asserts the pod attribution through the Prometheus HTTP API: pod/namespace/container labels on
    the series of singly held GPUs and MIG instances (and on nothing else), no pod labels on the
    shared GPU, one gpu_exporter_gpu_pod_info series per holder (both replicas of the shared GPU),
-   gpu_exporter_pod_resources_up == 1 and no unknown device ids on the pods nodes.
+   gpu_exporter_pod_resources_up == 1 and no unknown device ids on the pods nodes; the dra_*
+   labels of the DRA-allocated GPU and MIG instance (and on nothing else), and no unresolved DRA
+   device. Then the hpc_job labels: one copy per job, on exactly the GPUs whose files say so,
+   the written-later file included, and the bad file counted.
 6. Runs every dashboard query (variables filled in) and NVIDIA's dashboard 12239 queries through the
    Prometheus HTTP API and asserts each returns data, the pod-label queries included.
 
@@ -60,8 +68,10 @@ FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented i
 # Per-process usage: the host PIDs each container runs on its device (`pids`, the sim runs them
 # and the fake kubelet writes their cgroups into a fake host /proc and lists their containers on
 # its fake CRI socket), their share of the device (`weight`), and the pod's labels.
-Holder = collections.namedtuple("Holder", "namespace pod container gpu gi replica busy pids weight labels",
-                                defaults=(None, None, True, (), 1.0, None))
+# With `claim` the GPU or MIG instance is allocated through that DRA ResourceClaim (NVIDIA's DRA
+# driver, gpu.nvidia.com) instead of the device plugin.
+Holder = collections.namedtuple("Holder", "namespace pod container gpu gi replica busy pids weight labels claim",
+                                defaults=(None, None, True, (), 1.0, None, None))
 POD_HOLDERS = {
     "node-09": [  # 8xH100-SXM
         Holder("ml", "trainer-09", "main", gpu=0, pids=(9001,),           # a whole GPU, one pod
@@ -78,6 +88,10 @@ POD_HOLDERS = {
         Holder("batch", "etl-10", "worker", gpu=0, gi=2, pids=(10001, 10002),  # MIG 3g.40gb
                labels={"app": "etl"}),
         Holder("dev", "notebook-10", "jupyter", gpu=1, gi=0, busy=False),  # MIG 7g.80gb, idle
+        Holder("ml", "dra-train-10", "main", gpu=3, claim="dra-train-10-gpu",  # DRA, whole GPU,
+               pids=(10101,), labels={"app": "train", "team": "ml"}),        # its processes too
+        Holder("batch", "dra-etl-10", "worker", gpu=2, gi=1, claim="dra-etl-10-mig",  # DRA, MIG 4g.40gb
+               pids=(10201, 10202), labels={"app": "etl"}),
     ],
 }
 # How each pods node lays out cgroups in its fake /proc (another real-world form on each).
@@ -89,6 +103,12 @@ CGROUPS = {
 LABEL_ALLOWLIST = "^app$,^team$"
 # The documented tolerance of summed per-container utilisation against the device's (docs/pods.md).
 UTIL_TOLERANCE_PER_CONTAINER = 1
+# HPC jobs (--hpc-job-mapping-dir) on node-12 (8xH100-SXM, no fault, no pods): files written before
+# the exporter starts, a bad one (ignored), and one written once it runs (re-read on change).
+HPC_NODE = "node-12"
+HPC_FILES = {"0": b"slurm-1001\nslurm-1002\n", "3": b"\xff\xfe not text\n"}
+HPC_LATER = {"1": b"slurm-2001\n"}
+HPC_JOBS = {"0": ["slurm-1001", "slurm-1002"], "1": ["slurm-2001"]}
 BUSY_UTIL = 60
 
 
@@ -133,7 +153,17 @@ NODES = [
     (f"node-{i:02d}", ["8xH100-SXM", "4xA100-80GB-MIG", "1xA100-40GB"][i % 3], 100 + i,
      pod_events(f"node-{i:02d}"), [])
     for i in range(9, 21)
+] + [
+    # The newest naming generation: its own CSV (NEWEST_CSV), healthy.
+    ("node-21", "8xH100-SXM", 121, [], []),
 ]
+NEWEST = "node-21"
+NEWEST_CSV = ROOT / "metrics-config/dcgm-exporter-4.10-default-counters.csv"
+PER_LINK_ROWS = """
+DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL,   counter, NVLink replays per link.
+DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL, counter, NVLink flow-control CRC errors per link.
+DCGM_FI_DEV_NVLINK_THROUGHPUT_PER_LINK,           gauge,   NVLink TX+RX throughput per link (in MB/s).
+"""
 KILLED = "node-08"
 # Dashboard variables: one real node for the node dashboard (an H100 node, so NVLink has data).
 VARIABLES = {
@@ -360,6 +390,13 @@ def run(args, work, procs):
         sim[node] = [args.binary, "--backend", "sim", "--sim-profile", profile, "--sim-seed", str(seed),
                      "--sim-scenario", str(scen)]
     devices = start_fake_kubelets(args, work, procs, sim) if pods_mode else {}
+    hpc_dir = work / f"{HPC_NODE}-hpc"
+    hpc_dir.mkdir()
+    for name, content in HPC_FILES.items():
+        (hpc_dir / name).write_bytes(content)
+    newest_csv = work / "newest.csv"
+    newest_csv.write_text(NEWEST_CSV.read_text() + PER_LINK_ROWS)
+    sim[NEWEST] += ["-f", str(newest_csv)]
 
     # Exporters.
     ports = {}
@@ -373,7 +410,10 @@ def run(args, work, procs):
                      "--path.procfs", str(proc_root(work, node)),
                      "--sim-processes", str(work / f"{node}-pods.toml"),
                      "--kubernetes-process-usage", "--kubernetes-enable-pod-uid",
-                     "--kubernetes-enable-pod-labels", "--kubernetes-pod-label-allowlist-regex", LABEL_ALLOWLIST]
+                     "--kubernetes-enable-pod-labels", "--kubernetes-pod-label-allowlist-regex", LABEL_ALLOWLIST,
+                     "--kubernetes-enable-dra"]
+        if node == HPC_NODE:
+            argv += ["--hpc-job-mapping-dir", str(hpc_dir)]
         procs.start(node, argv, env={"NODE_NAME": node})
     for node, port in ports.items():
         wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready")[0] == 200, 30)
@@ -424,11 +464,16 @@ def run(args, work, procs):
     procs.stop(KILLED)
     log(f"stopped {KILLED} (exporter down)")
 
+    for name, content in HPC_LATER.items():  # a job starts while the exporter runs
+        (hpc_dir / name).write_bytes(content)
+
     check_alerts(prom, am_port, pods_mode)
     if pods_mode:
         check_pods(prom, devices)
         check_usage(prom)
+    check_hpc(prom)
     check_dashboards(prom, pods_mode)
+    check_newest_names(prom)
     report_memory(procs)
 
 
@@ -531,6 +576,44 @@ def check_dashboards(prom, pods_mode):
         raise Failure("dashboard queries without data:\n  " + "\n  ".join(failures))
 
 
+def check_newest_names(prom):
+    """node-21 serves the DCGM 4.7/4.8 names, each in its own unit, and per-link NVLink series,
+    and no classic name; the other nodes serve no newest name."""
+    def values(q):
+        return [float(s["value"][1]) for s in prom.query(q)]
+
+    def problems():
+        out = []
+        sel = f'{{node="{NEWEST}"}}'
+        checks = [
+            # (query, expected number of series, predicate on each value, what it means)
+            (f"DCGM_FI_DEV_GPU_UTIL_RATIO{sel}", 8, lambda v: 0 <= v <= 1, "a 0-1 ratio"),
+            (f"DCGM_FI_DEV_SM_CLOCK_HERTZ{sel}", 8, lambda v: v >= 1e8, "Hz (>= 100 MHz)"),
+            (f"DCGM_FI_DEV_FB_CAPACITY_BYTES{sel}", 8, lambda v: v > 80e9, "bytes (80 GB H100)"),
+            (f"DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL{sel}", 8, lambda v: 1e6 <= v < 1e8, "joules"),
+            (f"DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND{sel}", 8, lambda v: v >= 0, "B/s"),
+            (f'DCGM_FI_DEV_GPU_TEMP_CELSIUS{{node="{NEWEST}",DCGM_FI_SYSTEM_DRIVER_VERSION!=""}}', 8,
+             lambda v: 20 <= v <= 100, "°C, with the DCGM_FI_SYSTEM_DRIVER_VERSION label"),
+            # 8 GPUs x 18 active NVLinks, labelled as dcgm-exporter's link entities.
+            (f'DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL{{node="{NEWEST}",nvlink=~"[1-9]|1[0-8]",'
+             f'gpu_uuid=~"GPU-.+",model_name!=""}}', 144, lambda v: v >= 0, "a per-link counter"),
+            (f"DCGM_FI_DEV_NVLINK_THROUGHPUT_PER_LINK{sel}", 144, lambda v: v >= 0, "MB/s per link"),
+            (f"DCGM_FI_DEV_GPU_UTIL{sel}", 0, None, "absent: classic name"),
+            (f"DCGM_FI_DEV_SM_CLOCK{sel}", 0, None, "absent: classic name"),
+            ('DCGM_FI_DEV_GPU_UTIL_RATIO{node!="%s"}' % NEWEST, 0, None, "absent on classic nodes"),
+        ]
+        for q, n, ok, meaning in checks:
+            vs = values(q)
+            if len(vs) != n:
+                out.append(f"{q}: expected {n} series ({meaning}), found {len(vs)}")
+            elif ok and not all(ok(v) for v in vs):
+                out.append(f"{q}: values not {meaning}: {sorted(vs)[:3]}...{sorted(vs)[-3:]}")
+        return out
+
+    settle(f"{NEWEST} (newest names) differs", problems, 30)
+    log(f"{NEWEST} serves the DCGM 4.7/4.8 names in their units and 144 per-link NVLink series")
+
+
 def report_memory(procs):
     peaks = []
     for node, _, _, _, _ in NODES:
@@ -561,37 +644,40 @@ def proc_root(work, node):
 
 def list_devices(argv, node):
     """The node's GPUs and MIG instances as `gpu-exporter --list-devices` prints them, given the
-    node's own sim flags and NODE_NAME: {gpu: (uuid, {gi: (mig uuid, profile)})}."""
+    node's own sim flags and NODE_NAME: {gpu: (uuid, {gi: (mig uuid, profile, dra name)}, dra name)}."""
     r = subprocess.run(argv + ["--list-devices"], capture_output=True, text=True, timeout=30,
                        env=dict(os.environ, NODE_NAME=node))
     if r.returncode:
         raise Failure(f"{node}: --list-devices failed ({r.returncode}): {r.stderr.strip()}")
     gpus, last = {}, None
     for line in r.stdout.splitlines():
-        m = re.match(r"GPU (\d+)\t(GPU-[^\t]+)\t", line)
+        m = re.match(r"GPU (\d+)\t(GPU-[^\t]+)\t.*\tdra (\S+)$", line)
         if m:
             last = int(m.group(1))
-            gpus[last] = (m.group(2), {})
+            gpus[last] = (m.group(2), {}, m.group(3))
             continue
-        m = re.match(r"\s+MIG GPU_I_ID (\d+)\t(MIG-[^\t]+)\t[^\t]*\t(\S+)$", line)
+        m = re.match(r"\s+MIG GPU_I_ID (\d+)\t(MIG-[^\t]+)\t[^\t]*\t(\S+)\tdra (\S+)$", line)
         if m and last is not None:
-            gpus[last][1][int(m.group(1))] = (m.group(2), m.group(3))
+            gpus[last][1][int(m.group(1))] = (m.group(2), m.group(3), m.group(4))
         elif line.strip():
             raise Failure(f"{node}: unexpected --list-devices line {line!r}")
     return gpus
 
 
 def device_of(node, h, gpus):
-    """(resource or None for the default nvidia.com/gpu, device id) of holder h."""
+    """(resource or None for the default nvidia.com/gpu, device id) of holder h; for a DRA holder
+    (None, the DRA driver's device name)."""
     if h.gpu not in gpus:
         raise Failure(f"{node}: the sim has no GPU {h.gpu} (has {sorted(gpus)})")
-    uuid, migs = gpus[h.gpu]
+    uuid, migs, dra = gpus[h.gpu]
     resource = None
     if h.gi is not None:
         if h.gi not in migs:
             raise Failure(f"{node}: GPU {h.gpu} has no MIG instance GPU_I_ID {h.gi} (has {sorted(migs)})")
-        uuid, profile = migs[h.gi]
+        uuid, profile, dra = migs[h.gi]
         resource = f"nvidia.com/mig-{profile}"  # the device plugin's mixed MIG strategy
+    if h.claim:
+        return None, dra
     return resource, uuid if h.replica is None else f"{uuid}::{h.replica}"
 
 
@@ -604,6 +690,8 @@ def assignments_toml(node, holders, gpus):
         for k in ("namespace", "pod", "container"):
             out.append(f"{k} = {json.dumps(getattr(h, k))}")
         out.append(f"pod_uid = {json.dumps(pod_uid(node, h))}")
+        if h.claim:  # NVIDIA's DRA driver: the pool is the node's name
+            out += [f"claim = {json.dumps(h.claim)}", f"pool = {json.dumps(node)}"]
         if resource:
             out.append(f"resource = {json.dumps(resource)}")
         out.append(f"devices = [{json.dumps(device)}]")
@@ -719,11 +807,30 @@ def check_pods(prom, devices):
         if got != want:
             out.append("gpu_exporter_gpu_pod_info: expected (node, gpu, UUID, GPU_I_ID, namespace, pod, "
                        f"container, vgpu)\n    {want}\n  found\n    {got}")
+        # DRA: the claim's labels on exactly the DRA-allocated GPUs and MIG instances (the pool is
+        # the node; a MIG instance adds its UUID), none unresolved.
+        dra_keys = ("hostname", "gpu", "GPU_I_ID", "namespace", "pod", "dra_claim_name", "dra_pool_name",
+                    "dra_device_name", "dra_driver_name", "dra_mig_device_uuid")
+        want = sorted((node, str(h.gpu), "" if h.gi is None else str(h.gi), h.namespace, h.pod, h.claim, node,
+                       device_of(node, h, devices[node])[1], "gpu.nvidia.com",
+                       "" if h.gi is None else devices[node][h.gpu][1][h.gi][0])
+                      for node, hs in POD_HOLDERS.items() for h in hs if h.claim)
+        got = sorted(tuple(s["metric"].get(k, "") for k in dra_keys)
+                     for s in prom.query('DCGM_FI_DEV_FB_USED{dra_claim_name!=""}'))
+        if got != want:
+            out.append(f'DCGM_FI_DEV_FB_USED{{dra_claim_name!=""}}: expected {dra_keys}\n    {want}\n  found\n    {got}')
+        for node in POD_HOLDERS:
+            q = f'gpu_exporter_pod_resources_dra_unresolved_devices{{node="{node}"}}'
+            got = sorted((s["metric"].get("reason", ""), s["value"][1]) for s in prom.query(q))
+            if got != [("no_match", "0"), ("unrecognised_name", "0")]:
+                out.append(f"{q}: expected 0 for no_match and unrecognised_name, found {got}")
         return out
 
     settle("pod attribution differs from the fake kubelets' assignments", problems, 30)
     shared = [k for k, holders in entities.items() if len(holders) > 1]
-    log(f"pod labels as assigned: {len(entities) - len(shared)} singly held GPUs/MIG instances labelled, "
+    dra = sum(1 for hs in POD_HOLDERS.values() for h in hs if h.claim)
+    log(f"pod labels as assigned: {len(entities) - len(shared)} singly held GPUs/MIG instances labelled "
+        f"({dra} through DRA claims, with dra_* labels), "
         f"{len(shared)} shared GPU(s) unlabelled with one gpu_exporter_gpu_pod_info per holder, "
         f"pod_resources_up == 1 on {', '.join(POD_HOLDERS)}")
 
@@ -769,6 +876,18 @@ def check_usage(prom):
                         out.append(f"{m.get('pod')}: pod labels {got_labels}, expected {want_labels} (tier is not allowlisted)")
                     if value(x) <= 0:
                         out.append(f"{m.get('pod')} on {node} GPU {gpu}: no memory")
+                    if any(k.startswith("dra_") or k in ("hpc_job", "vgpu") for k in m):
+                        out.append(f"{m.get('pod')} on {node} GPU {gpu}: a per-container series is a copy: {m}")
+                # A DRA holder's copies carry its pod_uid and allowlisted labels too.
+                for h in hs:
+                    if not h.claim:
+                        continue
+                    copies = prom.query(f'DCGM_FI_DEV_FB_USED{{{sel}, dra_claim_name="{h.claim}"}}')
+                    want = {"pod_uid": pod_uid(node, h)} | {k: v for k, v in (h.labels or {}).items()
+                                                          if k in ("app", "team")}
+                    got = [{k: x["metric"].get(k) for k in want} for x in copies]
+                    if got != [want]:
+                        out.append(f"DRA copy of {h.pod} on {node} GPU {gpu} GI {gi}: {got}, expected [{want}]")
                 device_fb = [value(x) for x in prom.query(f"DCGM_FI_DEV_FB_USED{{{sel}}}")]
                 summed = sum(value(x) for x in fb) / 1048576
                 # Memory: the containers' sum is the device's, to the MiB (a copy per holder on a
@@ -799,6 +918,42 @@ def check_usage(prom):
     log(f"per-pod usage: every pod's own SM and memory on {len(POD_HOLDERS)} nodes, the {len(shared)} pods "
         f"on the time-sliced GPU summing to the device within {UTIL_TOLERANCE_PER_CONTAINER} point each, "
         "pod_uid and allowlisted labels present, the proposed panel's queries answer")
+
+
+def check_hpc(prom):
+    """hpc_job labels on HPC_NODE as its mapping files say (one copy per job, the file written
+    while the exporter ran included); the bad file ignored and counted; no other node affected."""
+    gpus_on_node = 8  # HPC_NODE is an 8xH100-SXM node
+
+    def problems():
+        out = []
+        want = sorted((HPC_NODE, gpu, job) for gpu, jobs in HPC_JOBS.items() for job in jobs)
+        got = sorted((s["metric"].get("hostname", ""), s["metric"].get("gpu", ""), s["metric"]["hpc_job"])
+                     for s in prom.query('DCGM_FI_DEV_FB_USED{hpc_job!=""}'))
+        if got != want:
+            out.append(f'DCGM_FI_DEV_FB_USED{{hpc_job!=""}}: expected (hostname, gpu, hpc_job) {want}, found {got}')
+        copies = collections.Counter(s["metric"]["gpu"] for s in prom.query(
+            f'DCGM_FI_DEV_FB_USED{{hostname="{HPC_NODE}"}}'))
+        want = {str(g): len(HPC_JOBS.get(str(g), [None])) for g in range(gpus_on_node)}
+        if dict(copies) != want:
+            out.append(f"series per GPU on {HPC_NODE}: expected {want}, found {dict(copies)}")
+        files = {s["metric"]["state"]: s["value"][1]
+                 for s in prom.query(f'gpu_exporter_hpc_job_files{{node="{HPC_NODE}"}}')}
+        if files != {"ok": str(len(HPC_JOBS)), "bad": "1"}:
+            out.append(f"gpu_exporter_hpc_job_files on {HPC_NODE}: expected ok={len(HPC_JOBS)}, bad=1, found {files}")
+        errors = {s["metric"]["reason"]: s["value"][1]
+                  for s in prom.query(f'gpu_exporter_hpc_job_file_errors_total{{node="{HPC_NODE}"}}')}
+        if errors.get("not_utf8") != "1" or any(v != "0" for r, v in errors.items() if r != "not_utf8"):
+            out.append(f"gpu_exporter_hpc_job_file_errors_total on {HPC_NODE}: expected not_utf8 1, the rest 0, "
+                       f"found {errors}")
+        nodes = {s["metric"].get("node") for s in prom.query("gpu_exporter_hpc_job_files")}
+        if nodes != {HPC_NODE}:
+            out.append(f"gpu_exporter_hpc_job_files: expected on {HPC_NODE} only, found on {sorted(nodes)}")
+        return out
+
+    settle("hpc_job labels differ from the mapping files", problems, 30)
+    log(f"hpc_job labels as the files on {HPC_NODE} say: {sum(len(j) for j in HPC_JOBS.values())} jobs on "
+        f"{len(HPC_JOBS)} GPUs (one written while running), the bad file ignored and counted")
 
 
 if __name__ == "__main__":

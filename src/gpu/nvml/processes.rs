@@ -102,8 +102,8 @@ fn list<A: NvmlApi>(
     api: &A,
     handle: &A::Device,
     tracker: &mut ProcessTracker,
-) -> Result<Vec<ProcessInfo>, FieldError> {
-    let mut procs = api.compute_processes(handle).map_err(|e| field_error(&e))?;
+) -> Result<Vec<ProcessInfo>, ApiError> {
+    let mut procs = api.compute_processes(handle)?;
     if !tracker.mps_unsupported {
         match api.mps_compute_processes(handle) {
             Ok(mps) => {
@@ -129,7 +129,9 @@ fn list<A: NvmlApi>(
 }
 
 /// Reads the processes of one GPU: its own list (and utilisation) without MIG, each MIG
-/// device's list with MIG.
+/// device's list with MIG. A MIG handle answering "invalid argument" or "not found" (the
+/// instances were destroyed or recreated) sets `mig_stale`: no process of the GPU is reported
+/// this tick, as the handles may name other instances now.
 pub(super) fn read<A: NvmlApi>(
     api: &A,
     g: &mut GpuState<A>,
@@ -139,7 +141,16 @@ pub(super) fn read<A: NvmlApi>(
     if device.mig_enabled {
         let mut out = Vec::new();
         for (gi, handle) in &g.mig {
-            for p in list(api, handle, tracker)? {
+            let procs = match list(api, handle, tracker) {
+                Ok(p) => p,
+                Err(e) => {
+                    if super::read::is_stale(&e) {
+                        g.mig_stale = true;
+                    }
+                    return Err(field_error(&e));
+                }
+            };
+            for p in procs {
                 out.push(GpuProcess {
                     pid: p.pid,
                     gi_id: Some(p.gpu_instance_id.unwrap_or(*gi)),
@@ -150,7 +161,7 @@ pub(super) fn read<A: NvmlApi>(
         }
         return Ok(out);
     }
-    let procs = list(api, &g.handle, tracker)?;
+    let procs = list(api, &g.handle, tracker).map_err(|e| field_error(&e))?;
     let util = if tracker.util_unsupported {
         None
     } else {
@@ -199,7 +210,13 @@ impl<A: NvmlApi> NvmlSource<A> {
             .gpus
             .get_mut(&device.identity.uuid)
             .ok_or(FieldError::Failed)?;
-        read(&*api, g, device)
+        let result = read(&*api, g, device);
+        if std::mem::take(&mut g.mig_stale) {
+            tracing::info!(gpu = device.identity.index, uuid = %device.identity.uuid, "a MIG device handle is no longer valid (instances destroyed or recreated); re-enumerating at the next tick");
+            self.rediscover
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        result
     }
 }
 
@@ -347,6 +364,10 @@ mod tests {
             ci_id: 0,
             uuid: format!("MIG-fake-{gi_id}"),
             profile_name: "MIG 1g.10gb".into(),
+            slices: 1,
+            profile_mib: 9_856,
+            // 1g.10gb on an H100 80GB: profile id 19, one memory slice each.
+            placement: (19, gi_id, 1),
             memory: MemoryInfo::default(),
             gpm: HashMap::new(),
             processes: pids
@@ -366,6 +387,18 @@ mod tests {
         let got: Vec<(u32, Option<u32>)> = ps.iter().map(|p| (p.pid, p.gi_id)).collect();
         assert_eq!(got, [(70, Some(7)), (71, Some(7)), (80, Some(8))]);
         assert!(ps.iter().all(|p| p.utilization.is_none()));
+        assert!(!src.wants_rediscovery());
+
+        // GPU instance 7 is destroyed: its handle answers NOT_FOUND. Nothing of the GPU is
+        // reported this tick (the other handles may name other instances now), and the
+        // instances are enumerated again.
+        fake.update(|st| st.gpus[0].mig[0] = None);
+        assert_eq!(src.processes(d), Err(FieldError::Failed));
+        assert!(src.wants_rediscovery());
+        let d = &src.devices().unwrap()[0];
+        let got: Vec<u32> = src.processes(d).unwrap().iter().map(|p| p.pid).collect();
+        assert_eq!(got, [80]);
+        assert!(!src.wants_rediscovery());
     }
 
     #[test]

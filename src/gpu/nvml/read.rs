@@ -2,6 +2,7 @@
 //! have no field id, and the MIG instances' own readings.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use crate::catalog::field::MigScope;
 use crate::catalog::Field;
@@ -16,7 +17,7 @@ use super::NvmlError;
 pub(super) struct Lost;
 
 /// Passes a call result through, aborting the device read on `GpuLost`.
-fn check<T>(r: Result<T, ApiError>) -> Result<Result<T, ApiError>, Lost> {
+pub(super) fn check<T>(r: Result<T, ApiError>) -> Result<Result<T, ApiError>, Lost> {
     match r {
         Err(ApiError::GpuLost) => Err(Lost),
         other => Ok(other),
@@ -50,11 +51,14 @@ pub(super) fn read_device<A: NvmlApi>(
     g: &mut GpuState<A>,
     device: &Device,
     fields: &[Field],
+    link_error_period: Duration,
 ) -> Result<Result<DeviceSample, NvmlError>, Lost> {
     let plans: Vec<(Field, Plan)> = fields
         .iter()
         .copied()
         .filter(|f| !device.mig_enabled || f.mig_scope() != MigScope::Unsupported)
+        // Per-link fields are read per link (`nvlink`), not as GPU readings.
+        .filter(|f| !f.is_link())
         .map(|f| (f, convert::plan(f)))
         .collect();
     let fv = match field_values(api, &g.handle, &plans)? {
@@ -78,9 +82,19 @@ pub(super) fn read_device<A: NvmlApi>(
     } else {
         Vec::new()
     };
+    let h = g.handle.clone();
+    let links = super::nvlink::read(
+        api,
+        &h,
+        &mut g.links,
+        fields,
+        link_error_period,
+        Instant::now(),
+    )?;
     Ok(Ok(DeviceSample {
         readings,
         instances,
+        links,
     }))
 }
 
@@ -134,6 +148,12 @@ fn field_values<A: NvmlApi>(
     Ok(Ok(fv))
 }
 
+/// Whether an error from a MIG handle (or a GPU instance id) means the instance behind it was
+/// destroyed or recreated since discovery.
+pub(super) fn is_stale(e: &ApiError) -> bool {
+    matches!(e, ApiError::InvalidArgument | ApiError::NotFound)
+}
+
 /// The distinct GPM metrics the plans ask for, sorted.
 fn gpm_metrics<'a>(plans: impl IntoIterator<Item = &'a (Field, Plan)>) -> Vec<GpmMetric> {
     let mut m: Vec<GpmMetric> = plans
@@ -165,6 +185,7 @@ fn gpu_readings<A: NvmlApi>(
     };
     let mut mem = None;
     let mut util = None;
+    let mut nvl = None;
     let mut readings = Vec::with_capacity(plans.len());
     for &(f, p) in plans {
         let reading: Reading = match p {
@@ -173,15 +194,30 @@ fn gpu_readings<A: NvmlApi>(
                 .chain(g.statics.iter())
                 .find(|(s, _)| *s == fact)
                 .map_or(Err(FieldError::NotSupported), |(_, r)| r.clone()),
-            Plan::FieldValue(id, unit) => fv_get(id, 0).and_then(|r| match &r.value {
-                Ok(v) => convert::field_value(*v, unit),
+            Plan::FieldValue(id, unit) => match fv_get(id, 0).and_then(|r| match &r.value {
+                Ok(v) => convert::field_value(id, *v, unit),
                 Err(e) => Err(convert::field_error(e)),
-            }),
-            Plan::NvlinkBandwidth => nvlink_bandwidth(
-                &mut g.prev_nvlink,
-                fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_TX, convert::ALL_LINKS),
-                fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_RX, convert::ALL_LINKS),
-            ),
+            }) {
+                // With ECC disabled NVML may leave the ECC entries unfilled (bug 2009232);
+                // the mode itself is then read as DCGM reads it, with nvmlDeviceGetEccMode.
+                Err(FieldError::NotSupported) if id == convert::fi::ECC_CURRENT => {
+                    check(api.ecc_enabled(&h))?
+                        .map(|on| Value::Int(i64::from(on)))
+                        .map_err(|e| convert::field_error(&e))
+                }
+                other => other,
+            },
+            // Once per tick however many NVLink throughput fields ask for it (a second reading
+            // would see no interval); `convert::in_field_unit` gives each its unit.
+            Plan::NvlinkBandwidth => nvl
+                .get_or_insert_with(|| {
+                    nvlink_bandwidth(
+                        &mut g.prev_nvlink,
+                        fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_TX, convert::ALL_LINKS),
+                        fv_get(convert::fi::NVLINK_THROUGHPUT_DATA_RX, convert::ALL_LINKS),
+                    )
+                })
+                .clone(),
             Plan::Memory(part) => once(&mut mem, || api.memory_info(&h))?
                 .map(|m| convert::memory_value(&m, part))
                 .map_err(|e| convert::field_error(&e)),
@@ -210,15 +246,16 @@ fn gpu_readings<A: NvmlApi>(
                 .get(&m)
                 .cloned()
                 .unwrap_or(Err(FieldError::NotSupported)),
-            Plan::Derived | Plan::Unavailable => Err(FieldError::NotSupported),
+            Plan::Derived | Plan::Unavailable | Plan::PerLink => Err(FieldError::NotSupported),
         };
-        readings.push((f, reading));
+        readings.push((f, convert::in_field_unit(f, reading)));
     }
     Ok(readings)
 }
 
-/// `DEV_NVLINK_BANDWIDTH_TOTAL` from the TX and RX "all links" counters and the previous
-/// reading (which `cur` replaces).
+/// The NVLink throughput rate, KiB/s (an intermediate value that `convert::in_field_unit`
+/// turns into `DEV_NVLINK_BANDWIDTH_TOTAL`'s MB/s or `…_THROUGHPUT_BYTES_PER_SECOND`'s B/s), from
+/// the TX and RX "all links" counters and the previous reading (which `cur` replaces).
 fn nvlink_bandwidth(
     prev: &mut Option<NvlinkCounter>,
     tx: Result<&api::FieldResult, FieldError>,
@@ -238,9 +275,9 @@ fn nvlink_bandwidth(
                 kib: t.saturating_add(r),
                 timestamp_us: tx.timestamp_us.max(rx.timestamp_us),
             };
-            let rate = convert::nvlink_bandwidth_mbps(*prev, cur);
+            let rate = convert::nvlink_rate_kib_per_s(*prev, cur);
             *prev = Some(cur);
-            Ok(Value::Int(rate))
+            Ok(Value::Float(rate))
         }
         _ => Err(FieldError::Invalid),
     }
@@ -274,6 +311,9 @@ fn instance_readings<A: NvmlApi>(
             HashMap::new()
         } else {
             let cur = check(api.gpm_mig_sample(&h, inst.gi_id))?;
+            if cur.as_ref().is_err_and(is_stale) {
+                g.mig_stale = true;
+            }
             let mut prev = g.prev_mig_gpm.remove(&inst.gi_id);
             let out = gpm_delta(api, &mut prev, cur, &inst_metrics)?;
             if let Some(p) = prev {
@@ -284,9 +324,14 @@ fn instance_readings<A: NvmlApi>(
         let mut rs = Vec::with_capacity(inst_fields.len());
         for (f, p) in &inst_fields {
             let r = match p {
-                Plan::Memory(part) => once(&mut mem, || api.memory_info(mh))?
-                    .map(|m| convert::memory_value(&m, *part))
-                    .map_err(|e| convert::field_error(&e)),
+                Plan::Memory(part) => {
+                    let m = once(&mut mem, || api.memory_info(mh))?;
+                    if m.as_ref().is_err_and(is_stale) {
+                        g.mig_stale = true;
+                    }
+                    m.map(|m| convert::memory_value(&m, *part))
+                        .map_err(|e| convert::field_error(&e))
+                }
                 Plan::Gpm(m) => igpm
                     .get(m)
                     .cloned()
@@ -299,6 +344,12 @@ fn instance_readings<A: NvmlApi>(
             gi_id: inst.gi_id,
             readings: rs,
         });
+    }
+    if g.mig_stale {
+        // The handles may name other instances now (nvml.h: "handles may be reused and their
+        // properties can change"): nothing read through them this tick is kept.
+        instances.clear();
+        g.prev_mig_gpm.clear();
     }
     Ok(instances)
 }

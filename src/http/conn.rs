@@ -1,0 +1,1038 @@
+//! Connection bookkeeping: what phase each connection is in, when it must move on, and which
+//! one gives way when the server is full.
+//!
+//! A connection goes through these phases, each with its own deadline ([`Limits`]):
+//!
+//! | Phase | Until | Deadline (from the phase's start) |
+//! |---|---|---|
+//! | `Handshake` | the TLS handshake completes | `handshake_timeout` |
+//! | `FirstByte` | the first byte of a request arrives | `first_byte_timeout` |
+//! | `Head` | the request head is complete | `header_read_timeout` |
+//! | `Serving` | the response is written out | `write_timeout` |
+//! | `Idle` | the next request's first byte (keep-alive) | `idle_timeout` |
+//!
+//! A connection whose deadline passes is closed, and the reason counted.
+//!
+//! The [`Registry`] admits every new connection and keeps two budgets: `max_connections` open
+//! at all (a connection that has sent nothing costs about 2 KiB: no hyper buffers, no TLS
+//! state are allocated before its first byte), and `max_active_connections` past their first
+//! byte (those hold buffers: tens of KiB each). At either limit it evicts a connection rather
+//! than refuse the newcomer, as long as one may be evicted. The victim comes from the client
+//! address holding the most connections, and from that address's connections in this order:
+//! the oldest that has sent nothing, the oldest still opening (TLS handshake or first request
+//! head), the one idle the longest, the oldest answering one request for longer than
+//! `busy_evictable_after` (a stalled reader). A scraper with its own address and one keep-alive
+//! connection is therefore never the victim of a flood from another address.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::Limits;
+use crate::self_metrics::SelfMetrics;
+
+/// Why a connection was closed (`gpu_exporter_http_connections_closed_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The client closed it, or the exchange ended it (`Connection: close`).
+    Closed,
+    /// An I/O or HTTP protocol error (malformed request, reset).
+    Error,
+    /// The TLS handshake failed.
+    TlsError,
+    /// The TLS handshake did not complete within `handshake_timeout`.
+    HandshakeTimeout,
+    /// No request byte within `first_byte_timeout` of accepting (or of the handshake).
+    FirstByteTimeout,
+    /// The request head was not complete within `header_read_timeout` of its first byte.
+    HeaderTimeout,
+    /// The response was not written out within `write_timeout` of the request head.
+    WriteTimeout,
+    /// A keep-alive connection sent nothing for `idle_timeout`.
+    IdleTimeout,
+    /// Closed to make room for a new connection at `max_connections`.
+    Evicted,
+    /// Closed at accept: `max_connections` open and none of them could be evicted.
+    Refused,
+    /// The server shut down.
+    Shutdown,
+}
+
+impl CloseReason {
+    /// Every reason, in label order.
+    pub const ALL: [CloseReason; 11] = [
+        CloseReason::Closed,
+        CloseReason::Error,
+        CloseReason::Evicted,
+        CloseReason::FirstByteTimeout,
+        CloseReason::HandshakeTimeout,
+        CloseReason::HeaderTimeout,
+        CloseReason::IdleTimeout,
+        CloseReason::Refused,
+        CloseReason::Shutdown,
+        CloseReason::TlsError,
+        CloseReason::WriteTimeout,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Closed => "closed",
+            CloseReason::Error => "error",
+            CloseReason::TlsError => "tls_error",
+            CloseReason::HandshakeTimeout => "handshake_timeout",
+            CloseReason::FirstByteTimeout => "first_byte_timeout",
+            CloseReason::HeaderTimeout => "header_timeout",
+            CloseReason::WriteTimeout => "write_timeout",
+            CloseReason::IdleTimeout => "idle_timeout",
+            CloseReason::Evicted => "evicted",
+            CloseReason::Refused => "refused",
+            CloseReason::Shutdown => "shutdown",
+        }
+    }
+
+    /// Index into [`CloseReason::ALL`].
+    pub fn index(self) -> usize {
+        CloseReason::ALL
+            .iter()
+            .position(|&r| r == self)
+            .unwrap_or_default()
+    }
+}
+
+/// Where a connection is in its life (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// TLS handshake in progress.
+    Handshake,
+    /// Waiting for the first byte of the first request.
+    FirstByte,
+    /// Reading a request head.
+    Head,
+    /// A request is being answered.
+    Serving,
+    /// Keep-alive, between requests.
+    Idle,
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    since: Instant,
+    /// The response body has been handed to hyper (`Serving` only).
+    body_done: bool,
+    /// Bytes of a next request arrived while serving (pipelining or a slow trickle).
+    read_while_serving: bool,
+}
+
+/// One open connection, shared by its I/O wrapper, its service and its watchdog.
+#[derive(Debug)]
+pub struct Conn {
+    id: u64,
+    registry: Arc<Registry>,
+    state: Mutex<State>,
+    /// Woken on every phase change, so the watchdog re-reads its deadline.
+    changed: Notify,
+    /// Woken when the registry evicts this connection.
+    evict: Arc<Notify>,
+    /// The client's TLS handshake slots.
+    handshakes: Arc<Semaphore>,
+}
+
+impl Conn {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn enter(&self, s: &mut State, phase: Phase) {
+        s.phase = phase;
+        s.since = Instant::now();
+        self.changed.notify_one();
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.lock().phase
+    }
+
+    /// The first byte arrived (before hyper or TLS allocate anything): see
+    /// [`Registry::activate`].
+    pub fn activate(&self) -> bool {
+        self.registry.activate(self.id)
+    }
+
+    /// Waits for one of the client's TLS handshake slots ([`MAX_HANDSHAKES_PER_CLIENT`]).
+    pub async fn handshake_slot(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.handshakes).acquire_owned().await.ok()
+    }
+
+    /// The TLS handshake finished: the request's first byte is due next.
+    pub fn handshake_done(&self) {
+        let mut s = self.lock();
+        if s.phase == Phase::Handshake {
+            self.enter(&mut s, Phase::FirstByte);
+        }
+    }
+
+    /// Bytes arrived.
+    fn read_some(&self) {
+        let mut s = self.lock();
+        match s.phase {
+            Phase::FirstByte | Phase::Idle => self.enter(&mut s, Phase::Head),
+            Phase::Serving => s.read_while_serving = true,
+            Phase::Handshake | Phase::Head => {}
+        }
+    }
+
+    /// A complete request head was read and is being answered.
+    pub fn request_started(&self) {
+        let mut s = self.lock();
+        s.body_done = false;
+        s.read_while_serving = false;
+        self.enter(&mut s, Phase::Serving);
+        drop(s);
+        self.registry.busy(self.id);
+    }
+
+    /// hyper has taken the whole response body.
+    pub fn body_done(&self) {
+        self.lock().body_done = true;
+    }
+
+    /// hyper flushed its output or waits for input: if the response is complete, the
+    /// connection is between requests.
+    fn quiet(&self) {
+        let mut s = self.lock();
+        if s.phase != Phase::Serving || !s.body_done {
+            return;
+        }
+        let next = if s.read_while_serving {
+            Phase::Head
+        } else {
+            Phase::Idle
+        };
+        self.enter(&mut s, next);
+        drop(s);
+        self.registry.idle(self.id);
+    }
+
+    fn deadline(&self, limits: &Limits) -> (Instant, CloseReason) {
+        let s = self.lock();
+        let (timeout, reason) = match s.phase {
+            Phase::Handshake => (limits.handshake_timeout, CloseReason::HandshakeTimeout),
+            Phase::FirstByte => (limits.first_byte_timeout, CloseReason::FirstByteTimeout),
+            Phase::Head => (limits.header_read_timeout, CloseReason::HeaderTimeout),
+            Phase::Serving => (limits.write_timeout, CloseReason::WriteTimeout),
+            Phase::Idle => (limits.idle_timeout, CloseReason::IdleTimeout),
+        };
+        (s.since + timeout, reason)
+    }
+
+    /// Resolves when the connection must close: its phase's deadline passed, or it was evicted.
+    pub async fn watchdog(&self, limits: &Limits) -> CloseReason {
+        loop {
+            let changed = self.changed.notified();
+            let (deadline, reason) = self.deadline(limits);
+            if Instant::now() >= deadline {
+                return reason;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                () = changed => {}
+                () = self.evict.notified() => return CloseReason::Evicted,
+            }
+        }
+    }
+}
+
+/// Unregisters a connection when dropped, counting `reason`.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The connection.
+    pub conn: Arc<Conn>,
+    /// Why it closes; set before the guard is dropped.
+    pub reason: CloseReason,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.conn.registry.remove(self.conn.id, self.reason);
+    }
+}
+
+/// For eviction: what a connection is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Has sent nothing yet (cheap: no buffers).
+    Waiting,
+    /// Has sent bytes, but not a complete first request head yet (TLS handshake or head).
+    Opening,
+    /// Between requests since the instant.
+    Idle(Instant),
+    /// Answering a request since the instant.
+    Busy(Instant),
+    /// Told to close; counted against neither limit any more.
+    Evicting,
+}
+
+impl Class {
+    /// Past the first byte: holding buffers.
+    fn active(self) -> bool {
+        matches!(self, Class::Opening | Class::Idle(_) | Class::Busy(_))
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    peer: IpAddr,
+    class: Class,
+    evict: Arc<Notify>,
+}
+
+#[derive(Debug)]
+struct Peer {
+    /// TLS handshakes this client may have in progress at once.
+    handshakes: Arc<Semaphore>,
+    open: usize,
+    waiting: BTreeSet<u64>,
+    opening: BTreeSet<u64>,
+    idle: BTreeSet<(Instant, u64)>,
+    busy: BTreeSet<(Instant, u64)>,
+}
+
+impl Default for Peer {
+    fn default() -> Self {
+        Self {
+            handshakes: Arc::new(Semaphore::new(MAX_HANDSHAKES_PER_CLIENT)),
+            open: 0,
+            waiting: BTreeSet::new(),
+            opening: BTreeSet::new(),
+            idle: BTreeSet::new(),
+            busy: BTreeSet::new(),
+        }
+    }
+}
+
+/// TLS handshakes one client address may have in progress at once; the others wait (within
+/// their handshake deadline). A burst of handshakes from one client (an attacker renewing its
+/// connections together) then costs the CPU a few at a time, and a scraper's handshake from
+/// another address does not queue behind the burst.
+pub const MAX_HANDSHAKES_PER_CLIENT: usize = 4;
+
+impl Peer {
+    fn forget(&mut self, id: u64, class: Class) {
+        match class {
+            Class::Waiting => {
+                self.waiting.remove(&id);
+            }
+            Class::Opening => {
+                self.opening.remove(&id);
+            }
+            Class::Idle(t) => {
+                self.idle.remove(&(t, id));
+            }
+            Class::Busy(t) => {
+                self.busy.remove(&(t, id));
+            }
+            Class::Evicting => {}
+        }
+    }
+
+    fn file(&mut self, id: u64, class: Class) {
+        match class {
+            Class::Waiting => {
+                self.waiting.insert(id);
+            }
+            Class::Opening => {
+                self.opening.insert(id);
+            }
+            Class::Idle(t) => {
+                self.idle.insert((t, id));
+            }
+            Class::Busy(t) => {
+                self.busy.insert((t, id));
+            }
+            Class::Evicting => {}
+        }
+    }
+
+    /// This client's connection that gives way first: one that has sent nothing (the oldest),
+    /// else one still opening (the oldest), else the one idle the longest, else one answering
+    /// a request for at least `busy_after`. `active_only`: skip those that have sent nothing.
+    fn victim(&self, active_only: bool, now: Instant, busy_after: Duration) -> Option<u64> {
+        let waiting = if active_only {
+            None
+        } else {
+            self.waiting.first().copied()
+        };
+        waiting
+            .or_else(|| self.opening.first().copied())
+            .or_else(|| self.idle.first().map(|&(_, id)| id))
+            .or_else(|| {
+                self.busy
+                    .first()
+                    .filter(|(since, _)| now.duration_since(*since) >= busy_after)
+                    .map(|&(_, id)| id)
+            })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next_id: u64,
+    conns: HashMap<u64, Entry>,
+    peers: HashMap<IpAddr, Peer>,
+    /// (open connections, address), to find the heaviest client.
+    load: BTreeSet<(usize, IpAddr)>,
+    /// Connections told to close and not gone yet.
+    evicting: usize,
+    /// Connections past their first byte, not counting those told to close.
+    active: usize,
+}
+
+impl Inner {
+    fn set_load(&mut self, ip: IpAddr, from: usize, to: usize) {
+        if from > 0 {
+            self.load.remove(&(from, ip));
+        }
+        if to > 0 {
+            self.load.insert((to, ip));
+        }
+    }
+
+    fn reclass(&mut self, id: u64, class: Class) {
+        let Some(e) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if e.class == Class::Evicting {
+            return;
+        }
+        let old = std::mem::replace(&mut e.class, class);
+        let peer = e.peer;
+        match (old.active(), class.active()) {
+            (false, true) => self.active += 1,
+            (true, false) => self.active -= 1,
+            _ => {}
+        }
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.forget(id, old);
+            p.file(id, class);
+        }
+    }
+
+    /// Picks a victim from the heaviest client that has one, and tells it to close; `false`
+    /// when nothing may be evicted.
+    fn evict_one(&mut self, active_only: bool, now: Instant, busy_after: Duration) -> bool {
+        let victim = self
+            .load
+            .iter()
+            .rev()
+            .find_map(|(_, ip)| self.peers.get(ip)?.victim(active_only, now, busy_after));
+        let Some(id) = victim else {
+            return false;
+        };
+        self.reclass(id, Class::Evicting);
+        if let Some(e) = self.conns.get(&id) {
+            e.evict.notify_one();
+        }
+        self.evicting += 1;
+        true
+    }
+}
+
+/// Every open connection of one server, with the eviction policy.
+#[derive(Debug)]
+pub struct Registry {
+    limit: usize,
+    active_limit: usize,
+    busy_evictable_after: Duration,
+    metrics: Arc<SelfMetrics>,
+    inner: Mutex<Inner>,
+    open: watch::Sender<usize>,
+    /// Woken when an evicted connection is gone.
+    victim_gone: Notify,
+}
+
+/// Evicted connections allowed to be still closing before the accept loop waits for them, so
+/// that a storm of new connections cannot outrun the closing of the old ones.
+pub const MAX_PENDING_EVICTIONS: usize = 64;
+
+impl Registry {
+    /// A registry admitting `limits.max_connections` at once, of which
+    /// `limits.max_active_connections` past their first byte, counting into `metrics`.
+    pub fn new(limits: &Limits, metrics: Arc<SelfMetrics>) -> Arc<Self> {
+        let limit = limits.max_connections.max(1);
+        let active_limit = limits.max_active_connections.clamp(1, limit);
+        metrics.http.set_limits(limit, active_limit);
+        Arc::new(Self {
+            limit,
+            active_limit,
+            busy_evictable_after: limits.busy_evictable_after,
+            metrics,
+            inner: Mutex::new(Inner::default()),
+            open: watch::Sender::new(0),
+            victim_gone: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Releases the lock and publishes the counts.
+    fn publish(&self, g: MutexGuard<'_, Inner>) {
+        let (open, active) = (g.conns.len(), g.active);
+        drop(g);
+        self.open.send_replace(open);
+        self.metrics.http.set_open(open, active);
+    }
+
+    /// Registers a new connection from `peer`, evicting another one when the limit is reached.
+    /// `None`: the limit is reached and every open connection is busy (counted as refused).
+    pub fn admit(self: &Arc<Self>, peer: IpAddr, tls: bool) -> Option<Admitted> {
+        let now = Instant::now();
+        let mut g = self.lock();
+        if g.conns.len() - g.evicting >= self.limit
+            && !g.evict_one(false, now, self.busy_evictable_after)
+        {
+            drop(g);
+            self.metrics.http.count_closed(CloseReason::Refused);
+            return None;
+        }
+        let id = g.next_id;
+        g.next_id += 1;
+        let evict = Arc::new(Notify::new());
+        g.conns.insert(
+            id,
+            Entry {
+                peer,
+                class: Class::Waiting,
+                evict: Arc::clone(&evict),
+            },
+        );
+        let p = g.peers.entry(peer).or_default();
+        p.open += 1;
+        p.waiting.insert(id);
+        let open = p.open;
+        let handshakes = Arc::clone(&p.handshakes);
+        g.set_load(peer, open - 1, open);
+        self.publish(g);
+        let phase = if tls {
+            Phase::Handshake
+        } else {
+            Phase::FirstByte
+        };
+        Some(Admitted {
+            conn: Arc::new(Conn {
+                id,
+                registry: Arc::clone(self),
+                state: Mutex::new(State {
+                    phase,
+                    since: now,
+                    body_done: false,
+                    read_while_serving: false,
+                }),
+                changed: Notify::new(),
+                evict,
+                handshakes,
+            }),
+            reason: CloseReason::Closed,
+        })
+    }
+
+    /// The connection's first byte arrived: from now on it holds buffers. At
+    /// `max_active_connections` another active connection is evicted for it; `false` (the
+    /// caller closes it) when none may be.
+    pub fn activate(&self, id: u64) -> bool {
+        let now = Instant::now();
+        let mut g = self.lock();
+        match g.conns.get(&id).map(|e| e.class) {
+            Some(Class::Waiting) => {}
+            // Evicted meanwhile, or already active.
+            _ => return true,
+        }
+        if g.active >= self.active_limit && !g.evict_one(true, now, self.busy_evictable_after) {
+            return false;
+        }
+        g.reclass(id, Class::Opening);
+        self.publish(g);
+        true
+    }
+
+    fn busy(&self, id: u64) {
+        self.lock().reclass(id, Class::Busy(Instant::now()));
+    }
+
+    fn idle(&self, id: u64) {
+        self.lock().reclass(id, Class::Idle(Instant::now()));
+    }
+
+    fn remove(&self, id: u64, reason: CloseReason) {
+        let mut g = self.lock();
+        let Some(e) = g.conns.remove(&id) else {
+            return;
+        };
+        if e.class == Class::Evicting {
+            g.evicting -= 1;
+            self.victim_gone.notify_waiters();
+        } else if e.class.active() {
+            g.active -= 1;
+        }
+        let open = match g.peers.get_mut(&e.peer) {
+            Some(p) => {
+                p.forget(id, e.class);
+                p.open -= 1;
+                p.open
+            }
+            None => 0,
+        };
+        if open == 0 {
+            g.peers.remove(&e.peer);
+        }
+        g.set_load(e.peer, open + 1, open);
+        self.publish(g);
+        self.metrics.http.count_closed(reason);
+    }
+
+    /// Waits while [`MAX_PENDING_EVICTIONS`] evicted connections are still closing, so that the
+    /// admission that follows (which may evict one more) keeps at most that many closing, and
+    /// at most `limit + MAX_PENDING_EVICTIONS` connections open.
+    pub async fn evictions_settled(&self) {
+        loop {
+            let gone = self.victim_gone.notified();
+            if self.lock().evicting < MAX_PENDING_EVICTIONS {
+                return;
+            }
+            gone.await;
+        }
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        *self.open.borrow()
+    }
+
+    /// Connections past their first byte now (not counting those being evicted).
+    pub fn active(&self) -> usize {
+        self.lock().active
+    }
+
+    /// Resolves when no connection is open.
+    pub async fn drained(&self) {
+        let mut rx = self.open.subscribe();
+        let _ = rx.wait_for(|&n| n == 0).await;
+    }
+}
+
+/// Wraps a connection's byte stream to report reads and flushes to its [`Conn`].
+#[derive(Debug)]
+pub struct Tracked<I> {
+    inner: I,
+    conn: Arc<Conn>,
+}
+
+impl<I> Tracked<I> {
+    /// Wraps `inner`.
+    pub fn new(inner: I, conn: Arc<Conn>) -> Self {
+        Self { inner, conn }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match r {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => self.conn.read_some(),
+            Poll::Pending => self.conn.quiet(),
+            _ => {}
+        }
+        r
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            self.conn.quiet();
+        }
+        r
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A response body that tells its [`Conn`] when hyper has taken all of it.
+#[derive(Debug)]
+pub struct TrackedBody {
+    inner: axum::body::Body,
+    conn: Arc<Conn>,
+}
+
+impl TrackedBody {
+    /// Wraps `inner`.
+    pub fn new(inner: axum::body::Body, conn: Arc<Conn>) -> Self {
+        Self { inner, conn }
+    }
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(r, Poll::Ready(None)) {
+            self.conn.body_done();
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TrackedBody {
+    fn drop(&mut self) {
+        self.conn.body_done();
+    }
+}
+
+/// File descriptors kept back from connections for everything else (listener, NVML device
+/// files, the kubelet socket, the CSV and certificate files, the runtime).
+pub const RESERVED_FDS: u64 = 128;
+
+/// The most connections admitted by default, whatever the descriptor limit: a bound on memory
+/// (see docs/security.md for the measured cost per connection).
+pub const MAX_CONNECTIONS_CEILING: usize = 4096;
+
+/// The default `max_active_connections`: with the measured cost of an active connection (up to
+/// ~45 KiB with TLS, docs/security.md) about 23 MiB at most, inside the DaemonSet's 64 MiB
+/// limit; far above what scrapers need (one connection each).
+pub const DEFAULT_MAX_ACTIVE_CONNECTIONS: usize = 512;
+
+/// The default `max_connections` for a soft `RLIMIT_NOFILE` of `soft` (`None`: unlimited):
+/// the limit less [`RESERVED_FDS`], at most [`MAX_CONNECTIONS_CEILING`], at least 64.
+pub fn connections_for_fd_limit(soft: Option<u64>) -> usize {
+    let usable = soft.map_or(u64::MAX, |s| s.saturating_sub(RESERVED_FDS));
+    usize::try_from(usable)
+        .unwrap_or(usize::MAX)
+        .clamp(64, MAX_CONNECTIONS_CEILING)
+}
+
+/// The soft `RLIMIT_NOFILE` (`None`: unlimited).
+pub fn fd_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
+/// Raises the soft `RLIMIT_NOFILE` towards the hard one, as far as the default connection
+/// ceiling needs (Go programs such as dcgm-exporter raise it all the way at startup). Returns
+/// the soft limit before and after.
+///
+/// # Errors
+/// The `setrlimit` error.
+pub fn raise_fd_limit() -> io::Result<(Option<u64>, Option<u64>)> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let now = getrlimit(Resource::Nofile);
+    let want = MAX_CONNECTIONS_CEILING as u64 + RESERVED_FDS;
+    let target = now.maximum.map_or(want, |hard| hard.min(want));
+    match now.current {
+        Some(soft) if soft < target => {
+            setrlimit(
+                Resource::Nofile,
+                Rlimit {
+                    current: Some(target),
+                    maximum: now.maximum,
+                },
+            )?;
+            Ok((now.current, Some(target)))
+        }
+        _ => Ok((now.current, now.current)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn registry(max: usize) -> (Arc<Registry>, Arc<SelfMetrics>) {
+        let metrics = Arc::new(SelfMetrics::default());
+        let limits = Limits {
+            max_connections: max,
+            ..Limits::default()
+        };
+        (Registry::new(&limits, Arc::clone(&metrics)), metrics)
+    }
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
+    }
+
+    fn evicted(c: &Admitted) -> bool {
+        c.conn.registry.lock().conns[&c.conn.id].class == Class::Evicting
+    }
+
+    /// Serves one request on `c`: first byte, head read, response taken and flushed.
+    fn serve_one(c: &Admitted) {
+        assert!(c.conn.activate());
+        c.conn.read_some();
+        c.conn.request_started();
+        c.conn.body_done();
+        c.conn.quiet();
+    }
+
+    #[test]
+    fn reasons_are_listed_once_in_label_order() {
+        let labels: Vec<_> = CloseReason::ALL.iter().map(|r| r.as_str()).collect();
+        let mut sorted = labels.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(labels, sorted);
+        for (i, r) in CloseReason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_limit_the_heaviest_clients_oldest_silent_connection_gives_way() {
+        let (reg, metrics) = registry(4);
+        let scraper = reg.admit(ip(1), false).unwrap();
+        serve_one(&scraper);
+        assert_eq!(scraper.conn.phase(), Phase::Idle);
+        let flood: Vec<_> = (0..3).map(|_| reg.admit(ip(2), false).unwrap()).collect();
+        // A fifth connection: the flood's oldest gives way, not the scraper (which is older and
+        // idle) and not the newcomer.
+        let newcomer = reg.admit(ip(3), false).unwrap();
+        assert!(evicted(&flood[0]));
+        assert!(!evicted(&flood[1]) && !evicted(&flood[2]) && !evicted(&scraper));
+        assert!(!evicted(&newcomer));
+        // Until the victim is gone it is open but no longer counts against the limit.
+        assert_eq!(reg.open(), 5);
+        drop(flood);
+        assert_eq!(reg.open(), 2);
+        assert_eq!(metrics.http.closed(CloseReason::Closed), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn proven_idle_connections_go_least_recently_used_first_and_busy_ones_stay() {
+        let (reg, metrics) = registry(3);
+        let a = reg.admit(ip(2), false).unwrap();
+        let b = reg.admit(ip(2), false).unwrap();
+        let c = reg.admit(ip(2), false).unwrap();
+        serve_one(&a);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        serve_one(&b);
+        serve_one(&c);
+        // `a` idle the longest; `c` answering a request now.
+        c.conn.read_some();
+        c.conn.request_started();
+        let mut d = reg.admit(ip(3), false).unwrap();
+        assert!(evicted(&a) && !evicted(&b) && !evicted(&c));
+        d.reason = CloseReason::Evicted;
+        drop(a);
+        // Next: `b` (idle); then nothing but busy `c` and the newcomers' unproven ones.
+        let e = reg.admit(ip(3), false).unwrap();
+        assert!(evicted(&b));
+        drop(b);
+        // ip(3) now holds two unproven connections: the heavier client gives way.
+        let f = reg.admit(ip(4), false).unwrap();
+        assert!(evicted(&d) && !evicted(&e) && !evicted(&f) && !evicted(&c));
+        drop(d);
+        assert_eq!(metrics.http.closed(CloseReason::Evicted), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn when_everything_is_busy_the_newcomer_is_refused_until_a_response_stalls() {
+        let limits = Limits {
+            max_connections: 2,
+            busy_evictable_after: Duration::from_secs(10),
+            ..Limits::default()
+        };
+        let metrics = Arc::new(SelfMetrics::default());
+        let reg = Registry::new(&limits, Arc::clone(&metrics));
+        let a = reg.admit(ip(2), false).unwrap();
+        let b = reg.admit(ip(2), false).unwrap();
+        for c in [&a, &b] {
+            assert!(c.conn.activate());
+            c.conn.read_some();
+            c.conn.request_started();
+        }
+        assert!(reg.admit(ip(3), false).is_none());
+        assert_eq!(metrics.http.closed(CloseReason::Refused), 1);
+        assert_eq!(reg.open(), 2);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let c = reg
+            .admit(ip(3), false)
+            .expect("a stalled response gives way");
+        assert!(evicted(&a) && !evicted(&b) && !evicted(&c));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_active_budget_an_active_connection_gives_way_and_silent_ones_stay() {
+        let limits = Limits {
+            max_connections: 100,
+            max_active_connections: 2,
+            ..Limits::default()
+        };
+        let metrics = Arc::new(SelfMetrics::default());
+        let reg = Registry::new(&limits, Arc::clone(&metrics));
+        let scraper = reg.admit(ip(1), false).unwrap();
+        serve_one(&scraper);
+        // The attacker: many silent connections (cheap) and one opening.
+        let silent: Vec<_> = (0..10).map(|_| reg.admit(ip(2), false).unwrap()).collect();
+        let opening = reg.admit(ip(2), false).unwrap();
+        assert!(opening.conn.activate());
+        assert_eq!(reg.active(), 2);
+        assert_eq!(metrics.http.active(), 2);
+        // A third active one: the attacker's opening one goes, not its silent ones (they cost
+        // nothing) and not the scraper.
+        assert!(silent[0].conn.activate());
+        assert!(evicted(&opening) && !evicted(&scraper));
+        assert!(silent[1..].iter().all(|c| !evicted(c)));
+        assert_eq!(reg.active(), 2);
+        drop(opening);
+        assert_eq!(reg.open(), 11);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_activation_is_refused_only_when_every_active_connection_is_busy() {
+        let limits = Limits {
+            max_connections: 100,
+            max_active_connections: 1,
+            ..Limits::default()
+        };
+        let reg = Registry::new(&limits, Arc::new(SelfMetrics::default()));
+        let a = reg.admit(ip(2), false).unwrap();
+        assert!(a.conn.activate());
+        a.conn.read_some();
+        a.conn.request_started();
+        let b = reg.admit(ip(2), false).unwrap();
+        assert!(!b.conn.activate());
+        assert!(!evicted(&a));
+        tokio::time::advance(limits.busy_evictable_after).await;
+        assert!(b.conn.activate());
+        assert!(evicted(&a));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_phase_has_its_own_deadline() {
+        let limits = Limits::default();
+        let (reg, _) = registry(8);
+        let t = reg.admit(ip(1), true).unwrap();
+        let c = Arc::clone(&t.conn);
+        let start = Instant::now();
+        assert_eq!(c.watchdog(&limits).await, CloseReason::HandshakeTimeout);
+        assert_eq!(start.elapsed(), limits.handshake_timeout);
+
+        c.handshake_done();
+        let start = Instant::now();
+        assert_eq!(c.watchdog(&limits).await, CloseReason::FirstByteTimeout);
+        assert_eq!(start.elapsed(), limits.first_byte_timeout);
+
+        c.read_some();
+        let start = Instant::now();
+        assert_eq!(c.watchdog(&limits).await, CloseReason::HeaderTimeout);
+        assert_eq!(start.elapsed(), limits.header_read_timeout);
+
+        c.request_started();
+        let start = Instant::now();
+        assert_eq!(c.watchdog(&limits).await, CloseReason::WriteTimeout);
+        assert_eq!(start.elapsed(), limits.write_timeout);
+
+        c.body_done();
+        c.quiet();
+        let start = Instant::now();
+        assert_eq!(c.watchdog(&limits).await, CloseReason::IdleTimeout);
+        assert_eq!(start.elapsed(), limits.idle_timeout);
+        assert!(limits.idle_timeout >= Duration::from_secs(120));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_phase_change_moves_the_deadline_while_the_watchdog_waits() {
+        let limits = Limits::default();
+        let (reg, _) = registry(8);
+        let t = reg.admit(ip(1), false).unwrap();
+        serve_one(&t);
+        let c = Arc::clone(&t.conn);
+        let watch = tokio::spawn(async move {
+            let start = Instant::now();
+            (c.watchdog(&Limits::default()).await, start.elapsed())
+        });
+        // Idle for a minute, then one byte of a next request: the header deadline applies now.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        t.conn.read_some();
+        let (reason, after) = watch.await.unwrap();
+        assert_eq!(reason, CloseReason::HeaderTimeout);
+        assert_eq!(after, Duration::from_secs(60) + limits.header_read_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_connections_watchdog_fires_at_once() {
+        let (reg, _) = registry(1);
+        let a = reg.admit(ip(2), false).unwrap();
+        let c = Arc::clone(&a.conn);
+        let watch = tokio::spawn(async move { c.watchdog(&Limits::default()).await });
+        tokio::task::yield_now().await;
+        let _b = reg.admit(ip(3), false).unwrap();
+        assert_eq!(watch.await.unwrap(), CloseReason::Evicted);
+    }
+
+    #[test]
+    fn the_default_cap_follows_the_descriptor_limit() {
+        assert_eq!(connections_for_fd_limit(Some(1024)), 1024 - 128);
+        assert_eq!(connections_for_fd_limit(Some(100)), 64);
+        assert_eq!(
+            connections_for_fd_limit(Some(1 << 20)),
+            MAX_CONNECTIONS_CEILING
+        );
+        assert_eq!(connections_for_fd_limit(None), MAX_CONNECTIONS_CEILING);
+    }
+}

@@ -1,0 +1,540 @@
+//! HTTP serving: `/metrics`, `/health`, `/ready` and a landing page.
+//!
+//! `/metrics` clones the body the sampler published; it never touches a GPU or the kubelet, so a
+//! scrape costs the same however many Prometheus replicas ask. `router` is a plain function of
+//! its state so tests can drive it as a `tower::Service`; `serve` takes the listener and the
+//! shutdown future from the caller.
+//!
+//! `serve_with` owns the connections (hyper directly, not `axum::serve`) so that it can apply
+//! [`Limits`]: a deadline for each phase of a connection (TLS handshake, first byte, request
+//! head, response, keep-alive idle), a header size limit, and a connection limit at which the
+//! least useful connection is evicted rather than the new one refused ([`conn`]); and the
+//! `--web-config-file` settings: TLS, basic auth, a per-client rate limit and extra headers.
+//! Every failure of one connection ends that connection only.
+
+pub mod conn;
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, Request, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+pub use conn::CloseReason;
+use conn::{Conn, Registry, Tracked, TrackedBody};
+
+use crate::sampler::Published;
+use crate::self_metrics::SelfMetrics;
+use crate::web::auth::Verdict;
+use crate::web::{Active, WebSecurity};
+
+/// The content type of Prometheus text format 0.0.4.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// What the handlers read.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The latest published sample (`None` until the first one).
+    pub published: watch::Receiver<Option<Arc<Published>>>,
+    /// The sampling interval; `/ready` fails when the last sample is older than three of them.
+    pub interval: Duration,
+    /// Self-metrics (scrape counter).
+    pub metrics: Arc<SelfMetrics>,
+}
+
+/// Builds the router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/", get(index))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found() -> (StatusCode, &'static str) {
+    (StatusCode::NOT_FOUND, "not found\n")
+}
+
+async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    let published = st.published.borrow().clone();
+    let Some(p) = published else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            )],
+            "no sample taken yet\n",
+        )
+            .into_response();
+    };
+    st.metrics.scrapes.fetch_add(1, Ordering::Relaxed);
+    let vary = (header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    let content_type = (header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    let gzip = headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(accepts_gzip);
+    if gzip {
+        let encoding = (header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        ([content_type, encoding, vary], p.gzip_body().clone()).into_response()
+    } else {
+        ([content_type, vary], p.body.clone()).into_response()
+    }
+}
+
+/// Whether an `Accept-Encoding` value accepts gzip: `gzip` (or `x-gzip`) with a non-zero
+/// quality, or, when gzip is not named, `*` with a non-zero quality. `gzip;q=0` refuses it.
+pub fn accepts_gzip(accept_encoding: &str) -> bool {
+    let mut gzip = None;
+    let mut any = None;
+    for item in accept_encoding.split(',') {
+        let mut parts = item.split(';').map(str::trim);
+        let coding = parts.next().unwrap_or_default();
+        let quality = parts
+            .filter_map(|p| p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")))
+            .find_map(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        if coding.eq_ignore_ascii_case("gzip") || coding.eq_ignore_ascii_case("x-gzip") {
+            gzip = Some(quality);
+        } else if coding == "*" {
+            any = Some(quality);
+        }
+    }
+    gzip.or(any).is_some_and(|q| q > 0.0)
+}
+
+async fn health() -> &'static str {
+    "OK\n"
+}
+
+async fn ready(State(st): State<AppState>) -> (StatusCode, String) {
+    let published = st.published.borrow().clone();
+    match published {
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no sample taken yet\n".into(),
+        ),
+        Some(p) if p.not_ready.is_some() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: {}\n",
+                p.not_ready.as_deref().unwrap_or_default()
+            ),
+        ),
+        Some(p) => {
+            let age = Instant::now().duration_since(p.at);
+            if age > st.interval * 3 {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "not ready: last sample is {:.1}s old (more than 3 intervals of {:.1}s)\n",
+                        age.as_secs_f64(),
+                        st.interval.as_secs_f64()
+                    ),
+                )
+            } else {
+                (StatusCode::OK, "ready\n".into())
+            }
+        }
+    }
+}
+
+async fn index() -> Html<&'static str> {
+    Html(concat!(
+        "<!doctype html><html><head><title>gpu-exporter</title></head><body>",
+        "<h1>gpu-exporter</h1><p>Prometheus exporter for NVIDIA GPUs (version ",
+        env!("CARGO_PKG_VERSION"),
+        ").</p><ul><li><a href=\"/metrics\">/metrics</a></li>",
+        "<li><a href=\"/health\">/health</a></li><li><a href=\"/ready\">/ready</a></li></ul>",
+        "</body></html>\n"
+    ))
+}
+
+/// Connection and request limits. Each one is meant to bound what a hostile client can hold
+/// without ever turning a flood into a denial of service for the scraper: a new connection is
+/// always admitted (something else gives way), and every phase of a connection has its own
+/// deadline. docs/security.md has the rationale and the measured figures.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Time from accepting a TLS connection to the end of its handshake.
+    pub handshake_timeout: Duration,
+    /// Time from accepting a connection (or from its TLS handshake) to the first byte of its
+    /// first request.
+    pub first_byte_timeout: Duration,
+    /// Time from a request's first byte to the end of its head (slowloris).
+    pub header_read_timeout: Duration,
+    /// Time a handler may take to produce a response; 503 after it.
+    pub request_timeout: Duration,
+    /// Time from a request head to the last byte of its response handed to the kernel (slow
+    /// readers); the connection is closed after it.
+    pub write_timeout: Duration,
+    /// Time a keep-alive connection may wait between requests. Longer than any scrape interval
+    /// in use (Prometheus keeps idle connections up to 5 minutes).
+    pub idle_timeout: Duration,
+    /// A connection answering one request for longer than this may be evicted at the limit.
+    pub busy_evictable_after: Duration,
+    /// Largest request head accepted; larger ones get 431. hyper's floor is 8192.
+    pub max_header_bytes: usize,
+    /// Connections open at once. At the limit a new connection evicts another one (see
+    /// [`conn`]); it is refused only when every open connection is busy answering a request.
+    /// Default: [`conn::connections_for_fd_limit`] of the process's descriptor limit.
+    pub max_connections: usize,
+    /// Connections past their first byte (holding buffers) at once; the bound on memory. At
+    /// the limit a connection whose first byte arrives evicts another active one.
+    pub max_active_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(3),
+            first_byte_timeout: Duration::from_secs(2),
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(330),
+            busy_evictable_after: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            max_connections: conn::connections_for_fd_limit(conn::fd_limit()),
+            max_active_connections: conn::DEFAULT_MAX_ACTIVE_CONNECTIONS,
+        }
+    }
+}
+
+/// Why a request was turned away before reaching a handler
+/// (`gpu_exporter_http_requests_rejected_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The client's `rate_limit` bucket was empty (429).
+    RateLimit,
+    /// Missing or wrong basic-auth credentials (401).
+    Unauthorized,
+    /// The client has used up its budget of failed password checks, or has one in progress
+    /// (429, no bcrypt run).
+    AuthThrottled,
+}
+
+impl RejectReason {
+    /// Every reason, in label order.
+    pub const ALL: [RejectReason; 3] = [
+        RejectReason::AuthThrottled,
+        RejectReason::RateLimit,
+        RejectReason::Unauthorized,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::RateLimit => "rate_limit",
+            RejectReason::Unauthorized => "unauthorized",
+            RejectReason::AuthThrottled => "auth_throttled",
+        }
+    }
+
+    /// Index into [`RejectReason::ALL`].
+    pub fn index(self) -> usize {
+        RejectReason::ALL
+            .iter()
+            .position(|&r| r == self)
+            .unwrap_or_default()
+    }
+}
+
+/// The listen backlog asked for; the kernel caps it at `net.core.somaxconn` (4096 by default
+/// since Linux 5.4). A long queue keeps a scraper's SYN from being dropped (and retried a second
+/// later) while the server works through a burst of new connections.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `addr` with [`LISTEN_BACKLOG`] and `SO_REUSEADDR` (as `TcpListener::bind` does).
+///
+/// # Errors
+/// The socket, bind or listen error.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Serves `router` on `listener` with default [`Limits`] and no web configuration, until
+/// `shutdown` resolves, then finishes in-flight requests.
+///
+/// # Errors
+/// None at present (accept errors are logged and retried); the type is kept for callers.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let metrics = Arc::new(SelfMetrics::default());
+    serve_with(listener, router, Limits::default(), None, metrics, shutdown).await
+}
+
+/// Serves `router` on `listener` applying `limits` and, when given, the web configuration
+/// (TLS, basic auth, rate limit, headers) until `shutdown` resolves; then lets open
+/// connections finish their current request. Connection figures go to `metrics.http`.
+///
+/// # Errors
+/// None at present (accept errors are logged and retried); the type is kept for callers.
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    web: Option<Arc<WebSecurity>>,
+    metrics: Arc<SelfMetrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let stop = CancellationToken::new();
+    let registry = Registry::new(&limits, Arc::clone(&metrics));
+    let limits = Arc::new(limits);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        registry.evictions_settled().await;
+        let active = web.as_ref().map(|w| w.current());
+        let tls = active.as_ref().is_some_and(|a| a.tls.is_some());
+        let Some(admitted) = registry.admit(peer.ip(), tls) else {
+            tracing::debug!(%peer, "every connection is busy; refusing the new one");
+            continue;
+        };
+        let ctx = Ctx {
+            router: router.clone(),
+            limits: Arc::clone(&limits),
+            active,
+            metrics: Arc::clone(&metrics),
+            peer,
+            stop: stop.clone(),
+        };
+        tokio::spawn(async move {
+            let mut admitted = admitted;
+            admitted.reason = serve_connection(stream, &admitted.conn, ctx).await;
+        });
+    }
+    stop.cancel();
+    registry.drained().await;
+    Ok(())
+}
+
+/// What one connection's tasks share.
+struct Ctx {
+    router: Router,
+    limits: Arc<Limits>,
+    active: Option<Arc<Active>>,
+    metrics: Arc<SelfMetrics>,
+    peer: SocketAddr,
+    stop: CancellationToken,
+}
+
+/// The byte stream after the first byte arrived (and the TLS handshake, if any).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> CloseReason {
+    let _ = stream.set_nodelay(true);
+    let tls = ctx.active.as_ref().and_then(|a| a.tls.clone());
+    // Nothing is allocated for the connection (no hyper buffers, no TLS state) until its
+    // first byte arrives.
+    let opening = async {
+        // `readable()` may report readiness before any byte arrives; `peek` really waits (and
+        // sees 0 at end of stream).
+        match stream.peek(&mut [0u8; 1]).await {
+            Ok(0) => return Err(CloseReason::Closed),
+            Ok(_) => {}
+            Err(_) => return Err(CloseReason::Error),
+        }
+        if !conn.activate() {
+            tracing::debug!(peer = %ctx.peer, "every active connection is busy; closing this one");
+            return Err(CloseReason::Refused);
+        }
+        match tls {
+            // Boxed, as is the HTTP stage below: an idle connection's task stays small.
+            Some(config) => {
+                let _slot = conn.handshake_slot().await;
+                match Box::pin(tokio_rustls::TlsAcceptor::from(config).accept(stream)).await {
+                    Ok(s) => {
+                        conn.handshake_done();
+                        Ok(Stream::Tls(Box::new(s)))
+                    }
+                    // The client went away during the handshake.
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        Err(CloseReason::Closed)
+                    }
+                    Err(e) => {
+                        tracing::debug!(peer = %ctx.peer, "TLS handshake failed: {e}");
+                        Err(CloseReason::TlsError)
+                    }
+                }
+            }
+            None => Ok(Stream::Plain(stream)),
+        }
+    };
+    let stream = tokio::select! {
+        s = opening => match s {
+            Ok(s) => s,
+            Err(reason) => return reason,
+        },
+        reason = conn.watchdog(&ctx.limits) => return reason,
+        () = ctx.stop.cancelled() => return CloseReason::Shutdown,
+    };
+    match stream {
+        Stream::Plain(s) => Box::pin(serve_http1(s, conn, ctx)).await,
+        Stream::Tls(s) => Box::pin(serve_http1(*s, conn, ctx)).await,
+    }
+}
+
+async fn serve_http1<I>(io: I, conn: &Arc<Conn>, ctx: Ctx) -> CloseReason
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Ctx {
+        router,
+        limits,
+        active,
+        metrics,
+        peer,
+        stop,
+    } = ctx;
+    let request_timeout = limits.request_timeout;
+    let service_conn = Arc::clone(conn);
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        service_conn.request_started();
+        let done = Arc::clone(&service_conn);
+        let work = handle(
+            router.clone(),
+            request_timeout,
+            active.clone(),
+            Arc::clone(&metrics),
+            peer.ip(),
+            req,
+        );
+        async move {
+            let response = work.await;
+            Ok::<_, Infallible>(response.map(|b| TrackedBody::new(b, done)))
+        }
+    });
+    let http = hyper::server::conn::http1::Builder::new()
+        // Deadlines are the watchdog's (hyper's header timer would also run while idle).
+        .header_read_timeout(None)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .serve_connection(TokioIo::new(Tracked::new(io, Arc::clone(conn))), service);
+    let mut http = std::pin::pin!(http);
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            r = http.as_mut() => return match r {
+                Ok(()) if stopping => CloseReason::Shutdown,
+                Ok(()) => CloseReason::Closed,
+                Err(e) => {
+                    tracing::debug!(%peer, "HTTP connection ended: {e}");
+                    CloseReason::Error
+                }
+            },
+            reason = conn.watchdog(&limits) => return reason,
+            () = stop.cancelled(), if !stopping => {
+                stopping = true;
+                http.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+fn plain(status: StatusCode, body: &'static str) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn handle(
+    router: Router,
+    request_timeout: Duration,
+    active: Option<Arc<Active>>,
+    metrics: Arc<SelfMetrics>,
+    client: IpAddr,
+    req: Request<hyper::body::Incoming>,
+) -> Response {
+    let work = async {
+        if let Some(a) = &active {
+            if a.rate_limit.as_ref().is_some_and(|r| !r.allow(client)) {
+                metrics.http.count_rejected(RejectReason::RateLimit);
+                return plain(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n");
+            }
+            if let Some(auth) = &a.auth {
+                let given = req
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .map(HeaderValue::as_bytes);
+                match auth.check(given, client).await {
+                    Verdict::Allowed => {}
+                    Verdict::Denied => {
+                        metrics.http.count_rejected(RejectReason::Unauthorized);
+                        let mut r = plain(StatusCode::UNAUTHORIZED, "unauthorized\n");
+                        r.headers_mut().insert(
+                            header::WWW_AUTHENTICATE,
+                            HeaderValue::from_static("Basic realm=\"gpu-exporter\""),
+                        );
+                        return r;
+                    }
+                    Verdict::Throttled => {
+                        metrics.http.count_rejected(RejectReason::AuthThrottled);
+                        return plain(
+                            StatusCode::TOO_MANY_REQUESTS,
+                            "too many failed logins from this client\n",
+                        );
+                    }
+                }
+            }
+        }
+        match router.oneshot(req.map(axum::body::Body::new)).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        }
+    };
+    let mut response = match tokio::time::timeout(request_timeout, work).await {
+        Ok(r) => r,
+        Err(_) => plain(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
+    };
+    if let Some(a) = &active {
+        for (k, v) in &a.headers {
+            response.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    response
+}
