@@ -10,6 +10,7 @@
 
 mod harness;
 mod node;
+mod processes;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -64,9 +64,36 @@
  *                               answer rc (the set is broken; a new one works)
  *   fail.<symbol> = rc          a function that takes no device answers rc
  *
+ * Processes (nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetMPSComputeRunningProcesses_v3,
+ * nvmlDeviceGetProcessUtilization; K: any index below 64):
+ *   gpu.N.proc.K = pid bytes [compute|mps|both]
+ *                               a process on GPU N (no MIG): its usedGpuMemory in bytes (`na`:
+ *                               NVML_VALUE_NOT_AVAILABLE), and which list has it (default compute;
+ *                               `both`: an MPS client that drivers also list as compute)
+ *   gpu.N.mig.S.proc.K = ...    the same on the MIG device of slot S (listed on its MIG handle,
+ *                               with its GPU and compute instance ids)
+ *   gpu.N.mig.aggregate_procs = 1    the physical handle of a MIG GPU lists every instance's
+ *                               processes (a privileged caller); otherwise NO_PERMISSION
+ *   race.<symbol> = n           the next n calls of a process list that pass a buffer answer
+ *                               INSUFFICIENT_SIZE asking for 6 more entries than listed, as when
+ *                               processes start between the count call and the fill call
+ *   gpu.N.putil.K = pid sm mem enc dec
+ *                               a process's utilisation (%), sampled by the "driver" every
+ *                               gpu.N.putil_period_us (default 100000) on wall-clock multiples,
+ *                               the last gpu.N.putil_depth (default 20) samples kept; a process
+ *                               whose four values are 0 has no samples (nvml.h: one sample per
+ *                               process that had non-zero utilisation). Samples newer than
+ *                               lastSeenTimeStamp are returned; none: NVML_ERROR_NOT_FOUND.
+ *   gpu.N.putil_old.K = pid timestamp_us sm mem enc dec    one fixed sample
+ *   gpu.N.putil_unfiltered = 1  lastSeenTimeStamp is ignored: every buffered sample is returned
+ *                               (a driver returning samples the caller has already seen)
+ * Process utilisation is not supported on MIG-enabled GPUs or MIG handles (nvml.h's note).
+ *
  * Status. NVML_STANDIN_STATUS names a file this library rewrites (atomically) with counters:
  * config_loads, sets_created, set.<id>.gpus, waits, wait_errors, events_delivered, and
- * calls.<symbol> for every call made, so tests can wait for what they need to observe.
+ * calls.<symbol> for every call made, so tests can wait for what they need to observe; and
+ * putil.N.last_seen (the lastSeenTimeStamp of the last nvmlDeviceGetProcessUtilization fill call
+ * on GPU N), putil.N.returned (samples returned by fill calls), race.<symbol>.left.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -237,6 +264,25 @@ typedef struct {
 
 #define GPM_METRIC_LIMIT 333 /* NVML_GPM_METRIC_MAX in CUDA 13.x */
 
+/* nvmlProcessInfo_v2_t (= nvmlProcessInfo_t), what the _v3 process lists fill. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory; /* bytes, or NVML_VALUE_NOT_AVAILABLE */
+    unsigned int gpuInstanceId;       /* 0xFFFFFFFF when MIG is off */
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp; /* CPU timestamp, µs */
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+#define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
+
 /* ---- configuration -------------------------------------------------------------------------- */
 
 #define MAX_GPUS 8
@@ -399,6 +445,19 @@ static struct counter calls[96];
 static size_t n_calls;
 static unsigned long long sets_created, waits, wait_errors, events_delivered;
 
+/* Per-process readings: what the status file reports about them. */
+static unsigned long long putil_last_seen[MAX_GPUS], putil_returned[MAX_GPUS];
+static int putil_asked[MAX_GPUS];
+struct race {
+    const char *sym;
+    char seen[32];
+    long long left;
+};
+static struct race races[] = {
+    {"nvmlDeviceGetComputeRunningProcesses_v3", "", 0},
+    {"nvmlDeviceGetMPSComputeRunningProcesses_v3", "", 0},
+};
+
 static void count_call(const char *name) {
     for (size_t i = 0; i < n_calls; i++) {
         if (strcmp(calls[i].name, name) == 0) {
@@ -459,6 +518,15 @@ static void write_status(void) {
     }
     for (size_t i = 0; i < n_calls; i++) {
         fprintf(f, "calls.%s=%llu\n", calls[i].name, calls[i].n);
+    }
+    for (int g = 0; g < MAX_GPUS; g++) {
+        if (putil_asked[g]) {
+            fprintf(f, "putil.%d.last_seen=%llu\nputil.%d.returned=%llu\n", g, putil_last_seen[g], g,
+                    putil_returned[g]);
+        }
+    }
+    for (size_t i = 0; i < sizeof races / sizeof races[0]; i++) {
+        fprintf(f, "race.%s.left=%lld\n", races[i].sym, races[i].left);
     }
     if (fclose(f) == 0) {
         rename(tmp, path);
@@ -1752,6 +1820,233 @@ EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
             *p = s->next;
             s->magic = 0;
             free(s);
+        }
+    }
+    write_status();
+    END();
+}
+
+/* ---- processes ------------------------------------------------------------------------------ */
+
+#define MAX_PROCS 64
+
+/* Parses `pid bytes [compute|mps|both]`; 1 if it is listed by the compute (mps = 0) or MPS list. */
+static int parse_proc(const char *v, int mps, nvmlProcessInfo_t *out) {
+    unsigned int pid = 0;
+    char mem[32] = "", kind[16] = "compute";
+    if (!v || sscanf(v, "%u %31s %15s", &pid, mem, kind) < 2) {
+        return 0;
+    }
+    int listed = strcmp(kind, "both") == 0 || strcmp(kind, mps ? "mps" : "compute") == 0;
+    if (!listed) {
+        return 0;
+    }
+    long long bytes;
+    out->pid = pid;
+    out->usedGpuMemory = strcmp(mem, "na") == 0 ? NVML_VALUE_NOT_AVAILABLE_ULL
+                         : parse_ll(mem, &bytes) ? (unsigned long long)bytes
+                                                 : NVML_VALUE_NOT_AVAILABLE_ULL;
+    out->gpuInstanceId = 0xFFFFFFFFu;
+    out->computeInstanceId = 0xFFFFFFFFu;
+    return 1;
+}
+
+/* Appends slot S's (or, with slot < 0, the GPU's own) processes of one list to out[*n]. */
+static void collect_procs(int gpu, int slot, int mps, nvmlProcessInfo_t *out, size_t *n) {
+    for (int k = 0; k < MAX_PROCS && *n < MAX_PROCS; k++) {
+        const char *v = slot < 0 ? cfg("gpu.%d.proc.%d", gpu, k) : cfg("gpu.%d.mig.%d.proc.%d", gpu, slot, k);
+        nvmlProcessInfo_t p;
+        if (!parse_proc(v, mps, &p)) {
+            continue;
+        }
+        if (slot >= 0) {
+            p.gpuInstanceId = (unsigned int)cfg_int_or(0, "gpu.%d.mig.%d.gi", gpu, slot);
+            p.computeInstanceId = (unsigned int)cfg_int_or(0, "gpu.%d.mig.%d.ci", gpu, slot);
+        }
+        out[(*n)++] = p;
+    }
+}
+
+/* Whether this fill call of `sym` loses a scripted race (race.<sym>). */
+static int race_lost(const char *sym) {
+    for (size_t i = 0; i < sizeof races / sizeof races[0]; i++) {
+        struct race *rc = &races[i];
+        if (strcmp(rc->sym, sym) != 0) {
+            continue;
+        }
+        const char *v = cfg("race.%s", sym);
+        if (v && strcmp(v, rc->seen) != 0) {
+            snprintf(rc->seen, sizeof rc->seen, "%s", v);
+            rc->left = strtoll(v, NULL, 0);
+        }
+        if (rc->left > 0) {
+            rc->left--;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/*
+ * nvml.h: "call this function with *infoCount = 0. The return code will be
+ * NVML_ERROR_INSUFFICIENT_SIZE, or NVML_SUCCESS if none are running", then with a buffer of
+ * *infoCount entries; on a smaller buffer INSUFFICIENT_SIZE with the size needed. In MIG mode
+ * the physical handle answers the aggregate only to privileged callers; MIG device handles
+ * answer their own instance's processes.
+ */
+static nvmlReturn_t process_list(const char *sym, nvmlDevice_t device, unsigned int *infoCount,
+                                 nvmlProcessInfo_t *infos, int mps) {
+    struct handle *h = NULL;
+    nvmlReturn_t r = resolve(device, sym, 1, &h);
+    if (r == NVML_SUCCESS && !infoCount) {
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (r != NVML_SUCCESS) {
+        return r;
+    }
+    nvmlProcessInfo_t found[MAX_PROCS];
+    size_t n = 0;
+    if (h->slot >= 0) {
+        collect_procs(h->gpu, h->slot, mps, found, &n);
+    } else if (cfg_int_or(0, "gpu.%d.mig", h->gpu)) {
+        if (!cfg_int_or(0, "gpu.%d.mig.aggregate_procs", h->gpu)) {
+            return NVML_ERROR_NO_PERMISSION;
+        }
+        long long slots = cfg_int_or(0, "gpu.%d.mig.slots", h->gpu);
+        for (int sl = 0; sl < slots && sl < MAX_SLOTS; sl++) {
+            if (slot_used(h->gpu, sl)) {
+                collect_procs(h->gpu, sl, mps, found, &n);
+            }
+        }
+    } else {
+        collect_procs(h->gpu, -1, mps, found, &n);
+    }
+    if (infos && race_lost(sym)) {
+        *infoCount = (unsigned int)n + 6;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (*infoCount < n) {
+        *infoCount = (unsigned int)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n > 0 && !infos) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (n > 0) {
+        memcpy(infos, found, n * sizeof found[0]);
+    }
+    *infoCount = (unsigned int)n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                            nvmlProcessInfo_t *infos) {
+    BEGIN("nvmlDeviceGetComputeRunningProcesses_v3");
+    if (r == NVML_SUCCESS) {
+        r = process_list(SYM, device, infoCount, infos, 0);
+    }
+    write_status();
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                               nvmlProcessInfo_t *infos) {
+    BEGIN("nvmlDeviceGetMPSComputeRunningProcesses_v3");
+    if (r == NVML_SUCCESS) {
+        r = process_list(SYM, device, infoCount, infos, 1);
+    }
+    write_status();
+    END();
+}
+
+#define MAX_SAMPLES 2048
+
+/* Parses `pid [timestamp] sm mem enc dec` into *out (with_ts: the timestamp is given). */
+static int parse_sample(const char *v, int with_ts, nvmlProcessUtilizationSample_t *out) {
+    unsigned long long ts = 0;
+    int got = with_ts ? sscanf(v, "%u %llu %u %u %u %u", &out->pid, &ts, &out->smUtil, &out->memUtil,
+                               &out->encUtil, &out->decUtil)
+                      : sscanf(v, "%u %u %u %u %u", &out->pid, &out->smUtil, &out->memUtil,
+                               &out->encUtil, &out->decUtil);
+    out->timeStamp = ts;
+    return got == (with_ts ? 6 : 5);
+}
+
+/* The samples the "driver" holds for GPU `gpu` now, newer than `last_seen` unless the GPU is
+ * scripted to ignore it, oldest first. */
+static size_t utilization_samples(int gpu, unsigned long long last_seen, nvmlProcessUtilizationSample_t *out) {
+    int unfiltered = cfg_int_or(0, "gpu.%d.putil_unfiltered", gpu) != 0;
+    long long period = cfg_int_or(100000, "gpu.%d.putil_period_us", gpu);
+    long long depth = cfg_int_or(20, "gpu.%d.putil_depth", gpu);
+    if (period <= 0) {
+        period = 100000;
+    }
+    size_t n = 0;
+    for (int k = 0; k < MAX_PROCS && n < MAX_SAMPLES; k++) {
+        nvmlProcessUtilizationSample_t s;
+        const char *v = cfg("gpu.%d.putil_old.%d", gpu, k);
+        if (v && parse_sample(v, 1, &s) && (unfiltered || s.timeStamp > last_seen)) {
+            out[n++] = s;
+        }
+    }
+    long long now = now_us();
+    long long newest = now - now % period;
+    for (long long d = depth - 1; d >= 0; d--) {
+        unsigned long long ts = (unsigned long long)(newest - d * period);
+        if (!unfiltered && ts <= last_seen) {
+            continue;
+        }
+        for (int k = 0; k < MAX_PROCS && n < MAX_SAMPLES; k++) {
+            nvmlProcessUtilizationSample_t s;
+            const char *v = cfg("gpu.%d.putil.%d", gpu, k);
+            if (!v || !parse_sample(v, 0, &s) || (s.smUtil | s.memUtil | s.encUtil | s.decUtil) == 0) {
+                continue;
+            }
+            s.timeStamp = ts;
+            out[n++] = s;
+        }
+    }
+    return n;
+}
+
+/*
+ * nvml.h: "first determine the size of buffer required to hold the samples by invoking the
+ * function with utilization set to NULL"; "If no valid sample entries are found since the
+ * lastSeenTimeStamp, NVML_ERROR_NOT_FOUND is returned"; "On MIG-enabled GPUs, querying process
+ * utilization is not currently supported." The buffer moves on between the two calls, so a fill
+ * call can need more room than the count call said (INSUFFICIENT_SIZE with the size needed).
+ */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                    nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount,
+                                                    unsigned long long lastSeenTimeStamp) {
+    BEGIN("nvmlDeviceGetProcessUtilization");
+    struct handle *h = NULL;
+    if (r == NVML_SUCCESS) {
+        r = resolve(device, SYM, 0, &h);
+    }
+    if (r == NVML_SUCCESS && !processSamplesCount) {
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (r == NVML_SUCCESS && cfg_int_or(0, "gpu.%d.mig", h->gpu)) {
+        r = NVML_ERROR_NOT_SUPPORTED;
+    }
+    if (r == NVML_SUCCESS) {
+        static nvmlProcessUtilizationSample_t found[MAX_SAMPLES];
+        size_t n = utilization_samples(h->gpu, lastSeenTimeStamp, found);
+        if (utilization) {
+            putil_asked[h->gpu] = 1;
+            putil_last_seen[h->gpu] = lastSeenTimeStamp;
+        }
+        if (n == 0) {
+            r = NVML_ERROR_NOT_FOUND;
+        } else if (!utilization || *processSamplesCount < n) {
+            *processSamplesCount = (unsigned int)n;
+            r = NVML_ERROR_INSUFFICIENT_SIZE;
+        } else {
+            memcpy(utilization, found, n * sizeof found[0]);
+            *processSamplesCount = (unsigned int)n;
+            putil_returned[h->gpu] += n;
         }
     }
     write_status();
