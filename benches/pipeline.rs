@@ -57,6 +57,7 @@ fn options() -> BuildOptions {
         virtual_gpus: false,
         xid_window_ms: 300_000,
         clock_window_ms: 300_000,
+        pod_uid: false,
         old_namespace: false,
     }
 }
@@ -105,6 +106,7 @@ fn holder(i: usize, vgpu: Option<usize>) -> Holder {
             container: "server".into(),
         },
         vgpu: vgpu.map(|v| v.to_string()),
+        dra: None,
     }
 }
 
@@ -138,7 +140,10 @@ fn attribution(devices: &[Device], pods: usize) -> Attribution {
     for list in holders.values_mut() {
         list.sort();
     }
-    Attribution { holders }
+    Attribution {
+        holders,
+        ..Default::default()
+    }
 }
 
 struct Case {
@@ -313,6 +318,7 @@ fn bench_pod_mapping(c: &mut Criterion) {
     let opts = MappingOptions {
         extra_resource_names: Vec::new(),
         id_type: GpuIdType::Uid,
+        enable_dra: false,
     };
     let mut group = c.benchmark_group("pod_mapping");
     let pods = 1000usize;

@@ -7,7 +7,7 @@
 # grafana-foundation-sdk build scripts/gen-dashboards.py pins. Steps, each must pass:
 #   1. generated files are up to date (dashboards, PrometheusRule, ConfigMap CSV copy)
 #   2. promtool check rules + promtool test rules
-#   3. kubectl kustomize deploy/ + scripts/validate-manifests.py
+#   3. kubectl kustomize deploy/ and overlays/process-usage/ + scripts/validate-manifests.py
 #   4. tests/e2e/run.sh (21 simulated nodes, real Prometheus + Alertmanager, fake kubelets;
 #      with GPU_EXPORTER_BIN set, fake-kubelet must be next to that binary)
 #   5. benches/fleet/run.sh --ci (50 simulated nodes, Prometheus remote-writing to
@@ -49,10 +49,12 @@ step "promtool check rules / test rules"
 promtool check rules alerts/gpu-exporter.rules.yml alerts/gpu-exporter.recording.yml
 promtool test rules alerts/gpu-exporter.rules.test.yml alerts/gpu-exporter.recording.test.yml
 
-step "kubectl kustomize deploy/ + schema validation"
+step "kubectl kustomize deploy/ and overlays/process-usage/ + schema validation"
 rendered="$(mktemp --suffix=.yaml)"
 trap 'rm -f "$rendered"' EXIT
 kubectl kustomize deploy/ > "$rendered"
+python3 scripts/validate-manifests.py "$rendered"
+kubectl kustomize overlays/process-usage/ > "$rendered"
 python3 scripts/validate-manifests.py "$rendered"
 
 step "end-to-end (real Prometheus + Alertmanager)"

@@ -23,7 +23,11 @@
 #      and prints a table. MIG-enabled GPUs export per-instance series only (-d f): their
 #      utilisation and memory rows are "n/a", power/temperature/clocks are compared on the
 #      instances' copies of the GPU's value;
-#   6. lists the default CSV's metrics missing from the body (informational: some GPUs lack
+#   6. checks what the driver quirks of docs/nvml.md would break: every `device` label is
+#      nvidia<gpu>; DCGM_FI_DEV_MEMORY_TEMP, where present, is a whole number of °C from 1 to 200
+#      (a mislabelled value reads as ~0); every GPU_I_PROFILE is DCGM's `<n>g.<m>gb` (no +me);
+#      no PCIe/NVLink GPM byte series carries GPU_I_ID;
+#   7. lists the default CSV's metrics missing from the body (informational: some GPUs lack
 #      ECC, NVLink or GPM).
 #
 # Environment: BACKEND (default nvml; `sim` only to dry-run this script without a GPU), PORT, READY_TIMEOUT, GAP, PROMTOOL (default: promtool on PATH; if absent the
@@ -198,7 +202,18 @@ cat "$WORK/table.txt"
 bad=$(grep -cE 'MISSING|OUT OF TOLERANCE' "$WORK/table.txt" || true)
 [[ "$bad" == 0 ]] || fail "$bad comparisons with nvidia-smi failed"
 
-# 6. Default metrics missing from the body (informational).
+# 6. What the driver quirks would break (docs/nvml.md, "Driver quirks").
+bad_device=$(grep -E '^DCGM_[A-Z0-9_]+\{' "$BODY" | grep -vE '(^|[{,])gpu="([0-9]+)".*,device="nvidia\2"' | head -3 || true)
+[[ -z "$bad_device" ]] || fail "device label is not nvidia<gpu>: $bad_device"
+bad_temp=$(grep -E '^DCGM_FI_DEV_MEMORY_TEMP\{' "$BODY" | awk '$NF !~ /^[0-9]+$/ || $NF < 1 || $NF > 200' | head -3 || true)
+[[ -z "$bad_temp" ]] || fail "memory temperature not a plausible whole °C: $bad_temp"
+bad_profile=$(grep -oE 'GPU_I_PROFILE="[^"]*"' "$BODY" | sort -u | grep -vE '^GPU_I_PROFILE="[0-9]+g\.[0-9]+gb"$' || true)
+[[ -z "$bad_profile" ]] || fail "GPU_I_PROFILE not named as DCGM names it: $bad_profile"
+bad_gpm=$(grep -E '^DCGM_FI_PROF_(PCIE|NVLINK)_(TX|RX)_BYTES\{[^}]*GPU_I_ID=' "$BODY" | head -3 || true)
+[[ -z "$bad_gpm" ]] || fail "GPU-level GPM bytes repeated on MIG instances: $bad_gpm"
+echo "quirk checks: $([[ -z "$bad_device$bad_temp$bad_profile$bad_gpm" ]] && echo OK || echo FAILED)"
+
+# 7. Default metrics missing from the body (informational).
 if [[ -f "$CSV" ]]; then
     : >"$WORK/missing.txt"
     while IFS=',' read -r name typ _; do

@@ -14,7 +14,7 @@ use clap::{Parser, ValueEnum};
 
 use crate::catalog::{self, Catalog, CatalogError, MetricSpec, Skipped};
 use crate::gpu::scenario::{self, Scenario, ScenarioError};
-use crate::snapshot::DeviceSelection;
+use crate::snapshot::{BuildOptions, DeviceSelection};
 
 /// The metrics CSV shipped with gpu-exporter, used when `--collectors` is not given and
 /// dcgm-exporter's default path does not exist.
@@ -125,9 +125,83 @@ pub struct Args {
     #[arg(long, env = "NVIDIA_RESOURCE_NAMES", value_delimiter = ',')]
     pub nvidia_resource_names: Vec<String>,
 
-    /// One copy of each series per pod sharing a GPU, with a `vgpu` label (as dcgm-exporter).
+    /// One copy of each series per pod sharing a GPU, with a `vgpu` label (as dcgm-exporter);
+    /// `DCGM_FI_DEV_GPU_UTIL` and `DCGM_FI_DEV_FB_USED` then carry each holder's own use.
+    /// Implies --kubernetes-process-usage.
     #[arg(long, env = "KUBERNETES_VIRTUAL_GPUS")]
     pub kubernetes_virtual_gpus: bool,
+
+    /// Add a `pod_uid` label wherever pod labels appear. Read from the container runtime
+    /// (--container-runtime-endpoint); no API server access.
+    #[arg(long, env = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID")]
+    pub kubernetes_enable_pod_uid: bool,
+
+    /// Copy each pod's Kubernetes labels (names sanitised) wherever its pod labels appear. Read
+    /// from the container runtime's sandbox labels; no API server access.
+    #[arg(long, env = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS")]
+    pub kubernetes_enable_pod_labels: bool,
+
+    /// Regexes (comma-separated) on pod label keys: only matching labels are copied. Empty:
+    /// every label. Needs --kubernetes-enable-pod-labels.
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX",
+        value_delimiter = ','
+    )]
+    pub kubernetes_pod_label_allowlist_regex: Vec<String>,
+
+    /// Per-container GPU use on every GPU and MIG instance (gpu_exporter_container_* series),
+    /// from per-process NVML readings, the processes' cgroups under --path.procfs and the
+    /// container runtime. Needs -k; see docs/pods.md for the mounts.
+    #[arg(long, env = "GPU_EXPORTER_KUBERNETES_PROCESS_USAGE")]
+    pub kubernetes_process_usage: bool,
+
+    /// The host's /proc, to map GPU processes (host PIDs) to containers: /proc with hostPID,
+    /// or the host's /proc mounted elsewhere (/host/proc in the shipped DaemonSet).
+    #[arg(
+        long = "path.procfs",
+        env = "GPU_EXPORTER_PATH_PROCFS",
+        default_value = "/proc"
+    )]
+    pub path_procfs: PathBuf,
+
+    /// The container runtime's CRI socket (read-only use: ListPodSandbox, ListContainers):
+    /// containerd unix:///run/containerd/containerd.sock, CRI-O unix:///run/crio/crio.sock,
+    /// cri-dockerd unix:///run/cri-dockerd.sock, k3s unix:///run/k3s/containerd/containerd.sock.
+    #[arg(
+        long,
+        env = "CONTAINER_RUNTIME_ENDPOINT",
+        default_value = crate::pods::cri::DEFAULT_ENDPOINT
+    )]
+    pub container_runtime_endpoint: String,
+
+    /// How often to list the container runtime's pods and containers, ms (never per scrape).
+    #[arg(long, env = "GPU_EXPORTER_CRI_REFRESH", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub cri_refresh: u64,
+
+    /// How long the last good container runtime answer is used while the runtime does not
+    /// answer, ms; then pod_uid, pod labels and per-container usage are dropped. At least the
+    /// refresh period.
+    #[arg(long, env = "GPU_EXPORTER_CRI_TTL", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    pub cri_ttl: u64,
+
+    /// Timeout of one container runtime call, ms.
+    #[arg(long, env = "GPU_EXPORTER_CRI_TIMEOUT", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub cri_timeout: u64,
+    /// With -k: attribute GPUs and MIG instances allocated through DRA ResourceClaims by
+    /// NVIDIA's DRA driver (gpu.nvidia.com), with `dra_*` labels. Resolved on the node; no API
+    /// server access.
+    #[arg(long, env = "KUBERNETES_ENABLE_DRA")]
+    pub kubernetes_enable_dra: bool,
+
+    /// Directory of HPC job mapping files (dcgm-exporter's format): one file per GPU named by its
+    /// index (`0`) or per MIG instance (`0.3`: GPU index . GPU_I_ID), one job id per line. Each
+    /// series of that GPU or instance gets an `hpc_job` label, one copy per job.
+    #[arg(long, env = "DCGM_HPC_JOB_MAPPING_DIR")]
+    pub hpc_job_mapping_dir: Option<PathBuf>,
 
     /// Devices to export: `f` (MIG instances where enabled, else GPUs), `g[:ids]` (GPUs),
     /// `i[:ids]` (MIG instances by GPU instance id). Ids: `0,2-4`.
@@ -235,6 +309,11 @@ pub struct Args {
     #[arg(long, env = "GPU_EXPORTER_SIM_SCENARIO")]
     pub sim_scenario: Option<PathBuf>,
 
+    /// Processes for the simulated fleet: a fake-kubelet assignments file whose `pids` run on
+    /// the devices their assignment lists (docs/pods.md).
+    #[arg(long, env = "GPU_EXPORTER_SIM_PROCESSES")]
+    pub sim_processes: Option<PathBuf>,
+
     /// Seed for the simulated fleet (default 1, or the scenario's seed).
     #[arg(long, env = "GPU_EXPORTER_SIM_SEED")]
     pub sim_seed: Option<u64>,
@@ -303,6 +382,23 @@ pub enum ConfigError {
         /// The refresh period, ms.
         refresh: u64,
     },
+    /// The container runtime TTL is shorter than its refresh period.
+    #[error("--cri-ttl {ttl}: must be at least --cri-refresh ({refresh} ms)")]
+    CriTtl {
+        /// The TTL, ms.
+        ttl: u64,
+        /// The refresh period, ms.
+        refresh: u64,
+    },
+    /// A pod label allowlist pattern is not a valid regex.
+    #[error("--kubernetes-pod-label-allowlist-regex {pattern:?}: not a valid regex")]
+    AllowlistRegex {
+        /// The pattern.
+        pattern: String,
+        /// The cause.
+        #[source]
+        cause: regex::Error,
+    },
     /// A flag names a feature that is not available.
     #[error("{flag}: {reason}")]
     Unsupported {
@@ -336,11 +432,33 @@ pub struct Config {
     pub scenario: Option<(Scenario, String)>,
     /// Notes about accepted-but-inert flags, logged once at startup.
     pub notices: Vec<String>,
+    /// Compiled `--kubernetes-pod-label-allowlist-regex`.
+    pub label_allowlist: Vec<regex::Regex>,
+    /// Per-process attribution is on (`--kubernetes-process-usage` or
+    /// `--kubernetes-virtual-gpus`, with `-k`).
+    pub process_usage: bool,
+    /// The container runtime client runs (`-k` with pod UIDs, pod labels or process usage).
+    pub cri: bool,
     /// The raw arguments.
     pub args: Args,
 }
 
 impl Config {
+    /// How snapshots are built: labels, selection and the label flags.
+    pub fn build_options(&self) -> BuildOptions {
+        BuildOptions {
+            hostname_label: self.args.hostname_label.clone(),
+            hostname: self.hostname.clone(),
+            replace_blanks_in_model_name: self.args.replace_blanks_in_model_name,
+            selection: self.selection.clone(),
+            virtual_gpus: self.args.kubernetes_virtual_gpus,
+            xid_window_ms: self.args.xid_count_window_size,
+            clock_window_ms: self.args.clock_events_count_window_size,
+            pod_uid: self.args.kubernetes_enable_pod_uid,
+            old_namespace: self.args.use_old_namespace,
+        }
+    }
+
     /// Resolves `args`, reading the CSV and scenario files.
     ///
     /// # Errors
@@ -358,6 +476,23 @@ impl Config {
                 refresh: args.pod_resources_refresh,
             });
         }
+        if args.cri_ttl < args.cri_refresh {
+            return Err(ConfigError::CriTtl {
+                ttl: args.cri_ttl,
+                refresh: args.cri_refresh,
+            });
+        }
+        let label_allowlist = args
+            .kubernetes_pod_label_allowlist_regex
+            .iter()
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| {
+                regex::Regex::new(p.trim()).map_err(|cause| ConfigError::AllowlistRegex {
+                    pattern: p.clone(),
+                    cause,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let (catalog, skipped, catalog_origin) = load_catalog(args.collectors.as_deref())?;
         let catalog_path = match &args.collectors {
             Some(p) => Some(p.clone()),
@@ -393,13 +528,48 @@ impl Config {
                 args.switch_devices
             ));
         }
+        if args.kubernetes_enable_dra && !args.kubernetes {
+            notices.push("--kubernetes-enable-dra has no effect without -k/--kubernetes: DRA allocations are read from the kubelet's pod-resources API".to_owned());
+        }
         if args.disable_startup_validate {
             notices.push(
                 "--disable-startup-validate has no effect: there is no libdcgm to validate"
                     .to_owned(),
             );
         }
+        let wants_process_usage = args.kubernetes_process_usage || args.kubernetes_virtual_gpus;
+        let process_usage = args.kubernetes && wants_process_usage;
+        let cri = args.kubernetes
+            && (process_usage
+                || args.kubernetes_enable_pod_uid
+                || args.kubernetes_enable_pod_labels);
+        if !args.kubernetes {
+            for (on, flag) in [
+                (
+                    args.kubernetes_enable_pod_uid,
+                    "--kubernetes-enable-pod-uid",
+                ),
+                (
+                    args.kubernetes_enable_pod_labels,
+                    "--kubernetes-enable-pod-labels",
+                ),
+                (args.kubernetes_process_usage, "--kubernetes-process-usage"),
+                (args.kubernetes_virtual_gpus, "--kubernetes-virtual-gpus"),
+            ] {
+                if on {
+                    notices.push(format!(
+                        "{flag} has no effect without -k/--kubernetes (DCGM_EXPORTER_KUBERNETES)"
+                    ));
+                }
+            }
+        }
+        if !label_allowlist.is_empty() && !args.kubernetes_enable_pod_labels {
+            notices.push("--kubernetes-pod-label-allowlist-regex has no effect without --kubernetes-enable-pod-labels".to_owned());
+        }
         Ok(Config {
+            label_allowlist,
+            process_usage,
+            cri,
             catalog,
             catalog_origin,
             catalog_path,
@@ -660,6 +830,26 @@ mod tests {
     }
 
     #[test]
+    fn dra_and_hpc_flags_use_dcgm_exporters_names() {
+        let a = args(&[]);
+        assert!(!a.kubernetes_enable_dra);
+        assert_eq!(a.hpc_job_mapping_dir, None);
+        let a = args(&[
+            "--kubernetes-enable-dra",
+            "--hpc-job-mapping-dir",
+            "/run/hpc-jobs",
+        ]);
+        assert!(a.kubernetes_enable_dra);
+        assert_eq!(a.hpc_job_mapping_dir, Some(PathBuf::from("/run/hpc-jobs")));
+        // DRA without -k is accepted but noticed; with -k it is not.
+        let c = Config::resolve(args(&["--kubernetes-enable-dra"])).unwrap();
+        assert_eq!(c.notices.len(), 1);
+        assert!(c.notices[0].starts_with("--kubernetes-enable-dra has no effect"));
+        let c = Config::resolve(args(&["-k", "--kubernetes-enable-dra"])).unwrap();
+        assert!(c.notices.is_empty());
+    }
+
+    #[test]
     fn pod_resources_flags_default_and_validate() {
         let a = args(&[]);
         assert_eq!(
@@ -682,6 +872,60 @@ mod tests {
             "1000"
         ]))
         .is_ok());
+    }
+
+    #[test]
+    fn attribution_flags_use_dcgm_exporters_names_and_need_kubernetes_mode() {
+        let c = Config::resolve(args(&[
+            "-k",
+            "--kubernetes-enable-pod-labels",
+            "--kubernetes-pod-label-allowlist-regex",
+            "^app$,team",
+        ]))
+        .unwrap();
+        assert_eq!(c.label_allowlist.len(), 2);
+        assert!(c.cri && !c.process_usage);
+        assert!(c.notices.is_empty(), "{:?}", c.notices);
+        assert_eq!(c.args.path_procfs, PathBuf::from("/proc"));
+        assert_eq!(
+            c.args.container_runtime_endpoint,
+            "unix:///run/containerd/containerd.sock"
+        );
+
+        // Virtual GPUs imply per-process usage, which needs the runtime.
+        let c = Config::resolve(args(&["-k", "--kubernetes-virtual-gpus"])).unwrap();
+        assert!(c.process_usage && c.cri);
+        // Holders only: no runtime client.
+        let c = Config::resolve(args(&["-k"])).unwrap();
+        assert!(!c.process_usage && !c.cri);
+        // Without -k they do nothing, and say so.
+        let c = Config::resolve(args(&[
+            "--kubernetes-enable-pod-uid",
+            "--kubernetes-process-usage",
+        ]))
+        .unwrap();
+        assert!(!c.cri && !c.process_usage);
+        assert_eq!(c.notices.len(), 2, "{:?}", c.notices);
+        let c =
+            Config::resolve(args(&["-k", "--kubernetes-pod-label-allowlist-regex", "x"])).unwrap();
+        assert!(c.notices[0].contains("--kubernetes-enable-pod-labels"));
+
+        let e = Config::resolve(args(&[
+            "-k",
+            "--kubernetes-enable-pod-labels",
+            "--kubernetes-pod-label-allowlist-regex",
+            "ok,(unclosed",
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--kubernetes-pod-label-allowlist-regex \"(unclosed\": not a valid regex"
+        );
+        let e = Config::resolve(args(&["--cri-refresh", "40000"])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--cri-ttl 30000: must be at least --cri-refresh (40000 ms)"
+        );
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! - [`config`]: command line and environment (dcgm-exporter's flag names) → resolved config.
 //! - [`catalog`]: the metrics CSV (dcgm-exporter's format) and the DCGM field dictionary.
 //! - [`gpu`]: the [`gpu::GpuSource`] seam and its implementations ([`gpu::sim`]).
-//! - [`pods`]: who holds which GPU: kubelet pod-resources client, id mapping, refresher.
+//! - [`pods`]: who holds which GPU (kubelet pod-resources client, id mapping with DRA,
+//!   refresher) and who uses it (container runtime client, cgroup parsing, per-container usage).
+//! - [`hpc`]: which HPC jobs run on which GPU (`--hpc-job-mapping-dir`).
 //! - [`health`]: XID / clock-event windows and health derivation (pure).
 //! - [`snapshot`]: samples + attribution → metric families with dcgm-exporter's labels (pure).
 //! - [`render`]: families → Prometheus text 0.0.4 (pure).
@@ -24,6 +26,7 @@ pub mod catalog;
 pub mod config;
 pub mod gpu;
 pub mod health;
+pub mod hpc;
 pub mod http;
 pub mod pods;
 pub mod reload;

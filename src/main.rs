@@ -13,21 +13,30 @@ use gpu_exporter::config::{Args, Backend, Config, LogFormat};
 use gpu_exporter::gpu::nvml::real::RealNvml;
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::scenario::Scenario;
-use gpu_exporter::gpu::sim::SimulatedSource;
+use gpu_exporter::gpu::sim::{SimProcess, SimulatedSource};
 use gpu_exporter::gpu::GpuSource;
+use gpu_exporter::hpc::{HpcJobs, HpcWatcher};
 use gpu_exporter::http::{self, AppState};
+use gpu_exporter::pods::cri::CriClient;
+use gpu_exporter::pods::cri_refresher::{CriOptions, CriRefresher};
+use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
+use gpu_exporter::pods::dra;
+use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::kubelet::KubeletPodResources;
 use gpu_exporter::pods::mapping::MappingOptions;
+use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::reload::CatalogReloader;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
-use gpu_exporter::snapshot::BuildOptions;
 use gpu_exporter::web::WebSecurity;
 
 /// How often the metrics CSV is checked for changes (SIGHUP reloads at once).
 const CSV_POLL: Duration = Duration::from_secs(5);
+/// The HPC job mapping directory is read every sampling interval, within these bounds.
+const HPC_POLL_MIN: Duration = Duration::from_secs(1);
+const HPC_POLL_MAX: Duration = Duration::from_secs(5);
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -160,23 +169,60 @@ fn sim_source(config: &Config) -> Result<SimulatedSource> {
         .sim_seed
         .or(scenario.seed)
         .unwrap_or_else(|| seed_from(&config.hostname));
-    SimulatedSource::new(&profile, seed, config.interval, scenario, &origin)
-        .context("--sim-profile / --sim-scenario")
+    let source = SimulatedSource::new(&profile, seed, config.interval, scenario, &origin)
+        .context("--sim-profile / --sim-scenario")?;
+    match &config.args.sim_processes {
+        None => Ok(source),
+        Some(path) => {
+            let processes = sim_processes(path, &source, config)
+                .with_context(|| format!("--sim-processes {}", path.display()))?;
+            tracing::info!(
+                processes = processes.len(),
+                file = %path.display(),
+                "simulated processes"
+            );
+            source
+                .with_processes(processes)
+                .with_context(|| format!("--sim-processes {}", path.display()))
+        }
+    }
 }
 
-/// `--list-devices`: what the backend finds, for writing fake-kubelet assignment files.
+/// The PIDs of a fake-kubelet assignments file, placed on the simulated devices their
+/// assignments name.
+fn sim_processes(
+    path: &std::path::Path,
+    source: &SimulatedSource,
+    config: &Config,
+) -> Result<Vec<SimProcess>> {
+    let devices = source.devices()?;
+    Ok(Assignments::load(path)?.sim_processes(&devices, config.args.kubernetes_gpu_id_type)?)
+}
+
+/// `--list-devices`: what the backend finds, for writing fake-kubelet assignment files: ids
+/// for the device plugin, GKE's device names, and the names of NVIDIA's DRA driver.
 fn list_devices(source: &impl GpuSource) -> Result<()> {
     let devices = source.devices().context("listing devices")?;
     for d in &devices {
         let id = &d.identity;
         println!(
-            "GPU {}\t{}\tdevice-name nvidia{}\t{}\t{}",
-            id.index, id.uuid, id.minor, id.pci_bus_id, id.model
+            "GPU {}\t{}\tdevice-name nvidia{}\t{}\t{}\tdra {}",
+            id.index,
+            id.uuid,
+            id.minor,
+            id.pci_bus_id,
+            id.model,
+            dra::gpu_device_name(id.minor)
         );
         for i in &d.instances {
             println!(
-                "  MIG GPU_I_ID {}\t{}\tdevice-name nvidia{}/gi{}\t{}",
-                i.gi_id, i.uuid, id.minor, i.gi_id, i.profile
+                "  MIG GPU_I_ID {}\t{}\tdevice-name nvidia{}/gi{}\t{}\tdra {}",
+                i.gi_id,
+                i.uuid,
+                id.minor,
+                i.gi_id,
+                i.profile,
+                dra::mig_device_name(id.minor, i).unwrap_or_else(|| "(no placement)".into())
             );
         }
     }
@@ -245,16 +291,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
     let opts = SamplerOptions {
         interval: config.interval,
         rediscover_every: Duration::from_secs(60).max(config.interval),
-        build: BuildOptions {
-            hostname_label: config.args.hostname_label.clone(),
-            hostname: config.hostname.clone(),
-            replace_blanks_in_model_name: config.args.replace_blanks_in_model_name,
-            selection: config.selection.clone(),
-            virtual_gpus: config.args.kubernetes_virtual_gpus,
-            xid_window_ms: config.args.xid_count_window_size,
-            clock_window_ms: config.args.clock_events_count_window_size,
-            old_namespace: config.args.use_old_namespace,
-        },
+        build: config.build_options(),
     };
     let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
     if config.args.kubernetes {
@@ -270,12 +307,14 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             mapping: MappingOptions {
                 extra_resource_names: config.args.nvidia_resource_names.clone(),
                 id_type: config.args.kubernetes_gpu_id_type,
+                enable_dra: config.args.kubernetes_enable_dra,
             },
         };
         tracing::info!(
             socket = %socket.display(),
             refresh_ms = config.args.pod_resources_refresh,
             ttl_ms = config.args.pod_resources_ttl,
+            dra = config.args.kubernetes_enable_dra,
             "pod attribution from the kubelet pod-resources API"
         );
         let refresher = Refresher::new(
@@ -286,6 +325,62 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             refresher_opts,
         );
         tokio::spawn(refresher.run(shutdown.clone()));
+        if config.cri {
+            let endpoint = &config.args.container_runtime_endpoint;
+            let runtime = CriClient::new(endpoint, Duration::from_millis(config.args.cri_timeout))
+                .context("--container-runtime-endpoint")?;
+            let (dir_tx, dir_rx) = watch::channel(Arc::new(PodDirectory::default()));
+            let cri = CriRefresher::new(
+                runtime,
+                dir_tx,
+                Arc::clone(&metrics),
+                CriOptions {
+                    refresh: Duration::from_millis(config.args.cri_refresh),
+                    ttl: Duration::from_millis(config.args.cri_ttl),
+                    labels: LabelOptions {
+                        enabled: config.args.kubernetes_enable_pod_labels,
+                        allowlist: config.label_allowlist.clone(),
+                    },
+                },
+            );
+            tracing::info!(
+                endpoint = %endpoint,
+                refresh_ms = config.args.cri_refresh,
+                ttl_ms = config.args.cri_ttl,
+                pod_uid = config.args.kubernetes_enable_pod_uid,
+                pod_labels = config.args.kubernetes_enable_pod_labels,
+                "pod metadata from the container runtime (CRI)"
+            );
+            sampler = sampler.with_directory(dir_rx, cri.waker());
+            tokio::spawn(cri.run(shutdown.clone()));
+        }
+        if config.process_usage {
+            let root = ProcRoot::new(&config.args.path_procfs);
+            if !root.root().is_dir() {
+                tracing::warn!(
+                    path = %root.root().display(),
+                    "--path.procfs is not a directory; GPU processes will not be attributed to containers until it is (mount the host's /proc there)"
+                );
+            }
+            tracing::info!(
+                procfs = %root.root().display(),
+                virtual_gpus = config.args.kubernetes_virtual_gpus,
+                "per-process GPU usage per container"
+            );
+            sampler = sampler.with_process_usage(root);
+        }
+    }
+    if let Some(dir) = &config.args.hpc_job_mapping_dir {
+        let (hpc_tx, hpc_rx) = watch::channel(Arc::new(HpcJobs::default()));
+        sampler = sampler.with_hpc_jobs(hpc_rx);
+        let every = config.interval.clamp(HPC_POLL_MIN, HPC_POLL_MAX);
+        tracing::info!(
+            dir = %dir.display(),
+            poll_ms = every.as_millis() as u64,
+            "HPC job labels from --hpc-job-mapping-dir"
+        );
+        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics));
+        tokio::spawn(watcher.run(hpc_tx, every, shutdown.clone()));
     }
     let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
 

@@ -1,11 +1,12 @@
-//! The sampling loop: tick → read every device on a blocking thread → record events → build the
-//! snapshot → render it once → publish the bytes.
+//! The sampling loop: tick → read every device on a blocking thread (with per-process
+//! attribution, also its processes and their cgroups) → record events → attribute processes to
+//! containers → build the snapshot → render it once → publish the bytes.
 //!
 //! Scrapes never reach this code: they clone the last published [`Published`] body. A slow
 //! source delays the next sample (ticks are skipped, not queued); a failing device only removes
 //! its own series and is counted in `gpu_exporter_sample_errors_total`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,12 +17,18 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{Catalog, Field};
-use crate::gpu::{Device, DeviceSample, GpuSource, SourceError, Value, XidEvent};
+use crate::gpu::{
+    Device, DeviceSample, FieldError, GpuProcess, GpuSource, SourceError, Value, XidEvent,
+};
 use crate::health::{History, Recent, Status};
+use crate::hpc::HpcJobs;
+use crate::pods::directory::PodDirectory;
+use crate::pods::procfs::ProcRoot;
+use crate::pods::usage::{self, Owner};
 use crate::pods::Attribution;
 use crate::render::render;
 use crate::self_metrics::{GpuStates, SampleStats, SelfMetrics};
-use crate::snapshot::{self, BuildOptions, DeviceOutcome};
+use crate::snapshot::{self, BuildOptions, DeviceOutcome, Workload};
 
 /// A rendered sample, as served by `/metrics`.
 #[derive(Debug, Clone)]
@@ -71,6 +78,16 @@ impl Published {
 
 /// One device and what reading it gave.
 type DeviceRead = (Device, Result<DeviceSample, SourceError>);
+
+/// What one tick read on the blocking thread: samples, per-process readings (per device, when
+/// on), the cgroup owner of every PID, one error text per failure reason, and XIDs.
+struct TickRead {
+    samples: Vec<DeviceRead>,
+    processes: Vec<Option<Result<Vec<GpuProcess>, FieldError>>>,
+    owners: HashMap<u32, Owner>,
+    examples: BTreeMap<&'static str, String>,
+    xids: Vec<(String, XidEvent)>,
+}
 
 /// Sampler settings.
 #[derive(Debug, Clone)]
@@ -134,6 +151,18 @@ pub struct Sampler<S: GpuSource> {
     inventory: Option<watch::Sender<Arc<Vec<Device>>>>,
     /// Label-type field values from each GPU's last good sample, by UUID.
     last_labels: HashMap<String, Vec<(Field, Value)>>,
+    /// The container runtime's directory (pod UIDs, labels, containers), when it runs.
+    directory: Option<watch::Receiver<Arc<PodDirectory>>>,
+    /// Asks the container runtime task to list again (a container it did not list was seen).
+    cri_waker: Option<Arc<tokio::sync::Notify>>,
+    /// Per-process attribution: the host's /proc. `None`: off.
+    proc_root: Option<ProcRoot>,
+    /// Per-process attribution problems logged and not yet cleared.
+    process_problems: BTreeSet<&'static str>,
+    /// HPC job mapping (`--hpc-job-mapping-dir`).
+    hpc_jobs: Option<watch::Receiver<Arc<HpcJobs>>>,
+    /// The last pod attribution and HPC jobs, and the two merged (reused while unchanged).
+    merged: Option<(Arc<Attribution>, Arc<HpcJobs>, Arc<Attribution>)>,
 }
 
 impl<S: GpuSource> Sampler<S> {
@@ -160,7 +189,66 @@ impl<S: GpuSource> Sampler<S> {
             started: Instant::now(),
             inventory: None,
             last_labels: HashMap::new(),
+            directory: None,
+            cri_waker: None,
+            proc_root: None,
+            process_problems: BTreeSet::new(),
+            hpc_jobs: None,
+            merged: None,
         }
+    }
+
+    /// Reads pod UIDs, pod labels and containers from the container runtime task's channel;
+    /// `waker` asks that task to list again when a tick meets a container it did not list.
+    #[must_use]
+    pub fn with_directory(
+        mut self,
+        rx: watch::Receiver<Arc<PodDirectory>>,
+        waker: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        self.directory = Some(rx);
+        self.cri_waker = Some(waker);
+        self
+    }
+
+    /// Turns on per-process attribution: each tick also reads every GPU's processes and their
+    /// cgroups under `root`. Turns on the `gpu_exporter_gpu_processes` and
+    /// `gpu_exporter_process_attribution_errors_total` families.
+    #[must_use]
+    pub fn with_process_usage(mut self, root: ProcRoot) -> Self {
+        self.metrics.processes.enable();
+        self.proc_root = Some(root);
+        self
+    }
+
+    /// Reads HPC job ids from `rx` at every tick (published by [`crate::hpc::HpcWatcher`]).
+    #[must_use]
+    pub fn with_hpc_jobs(mut self, rx: watch::Receiver<Arc<HpcJobs>>) -> Self {
+        self.hpc_jobs = Some(rx);
+        self
+    }
+
+    /// The current attribution: the pods', with the HPC jobs merged in.
+    fn attribution_now(&mut self) -> Arc<Attribution> {
+        let pods = self.attribution.borrow().clone();
+        let Some(rx) = &self.hpc_jobs else {
+            return pods;
+        };
+        let hpc = rx.borrow().clone();
+        if hpc.jobs.is_empty() {
+            return pods;
+        }
+        if let Some((p, h, merged)) = &self.merged {
+            if Arc::ptr_eq(p, &pods) && Arc::ptr_eq(h, &hpc) {
+                return Arc::clone(merged);
+            }
+        }
+        let merged = Arc::new(Attribution {
+            holders: pods.holders.clone(),
+            jobs: hpc.jobs.clone(),
+        });
+        self.merged = Some((pods, hpc, Arc::clone(&merged)));
+        merged
     }
 
     /// Publishes each newly discovered device list on `tx` (for pod attribution, which maps
@@ -196,24 +284,24 @@ impl<S: GpuSource> Sampler<S> {
     pub async fn tick(&mut self) -> Arc<Published> {
         let begun = Instant::now();
         let catalog = self.catalog.borrow().clone();
-        let attribution = self.attribution.borrow().clone();
+        let attribution = self.attribution_now();
         self.rediscover_if_due(begun).await;
 
         let source = Arc::clone(&self.source);
         let fields = fields_to_read(&catalog, |f| source.supports(f));
         let devices = self.devices.clone();
+        let proc_root = self.proc_root.clone();
         let read = tokio::task::spawn_blocking(move || {
-            let samples: Vec<_> = devices
-                .into_iter()
-                .map(|d| {
-                    let r = source.sample(&d, &fields);
-                    (d, r)
-                })
-                .collect();
-            (samples, source.drain_xids())
+            read_devices(&*source, devices, &fields, proc_root.as_ref())
         })
         .await;
-        let (samples, xids): (Vec<DeviceRead>, Vec<(String, XidEvent)>) = match read {
+        let TickRead {
+            samples,
+            processes,
+            owners,
+            examples,
+            xids,
+        } = match read {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "sampling thread failed; every device counts as unreadable this tick");
@@ -229,8 +317,23 @@ impl<S: GpuSource> Sampler<S> {
                         (d.clone(), Err(err))
                     })
                     .collect();
-                (failed, Vec::new())
+                TickRead {
+                    samples: failed,
+                    processes: Vec::new(),
+                    owners: HashMap::new(),
+                    examples: BTreeMap::new(),
+                    xids: Vec::new(),
+                }
             }
+        };
+        let directory = self
+            .directory
+            .as_ref()
+            .map(|rx| rx.borrow().clone())
+            .unwrap_or_default();
+        let workload = Workload {
+            usage: self.attribute_processes(&samples, &processes, &owners, &examples, &directory),
+            directory,
         };
 
         let now_ms = u64::try_from((begun - self.started).as_millis()).unwrap_or(u64::MAX);
@@ -276,7 +379,13 @@ impl<S: GpuSource> Sampler<S> {
             o.recent = self.history.recent(&o.device.identity.uuid);
         }
 
-        let snap = snapshot::build(&catalog, &outcomes, &attribution, &self.opts.build);
+        let snap = snapshot::build_with(
+            &catalog,
+            &outcomes,
+            &attribution,
+            &workload,
+            &self.opts.build,
+        );
         self.metrics.count_field_errors(&snap.field_errors);
         self.metrics.count_sample();
         let mut body = String::with_capacity(snap.series * 200 + 4096);
@@ -301,10 +410,78 @@ impl<S: GpuSource> Sampler<S> {
         ))
     }
 
+    /// Attributes this tick's processes to containers, records the outcome and logs each new
+    /// problem once. Empty when per-process attribution is off.
+    fn attribute_processes(
+        &mut self,
+        samples: &[DeviceRead],
+        processes: &[Option<Result<Vec<GpuProcess>, FieldError>>],
+        owners: &HashMap<u32, Owner>,
+        examples: &BTreeMap<&'static str, String>,
+        directory: &PodDirectory,
+    ) -> BTreeMap<crate::pods::EntityKey, usage::EntityUsage> {
+        let Some(root) = &self.proc_root else {
+            return BTreeMap::new();
+        };
+        let mut read: Vec<(&Device, &[GpuProcess])> = Vec::new();
+        let mut nvml_errors: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for ((device, _), p) in samples.iter().zip(processes) {
+            match p {
+                Some(Ok(list)) => read.push((device, list.as_slice())),
+                Some(Err(FieldError::NotSupported)) | None => {}
+                Some(Err(FieldError::NoPermission)) => {
+                    *nvml_errors.entry("nvml_no_permission").or_default() += 1;
+                }
+                Some(Err(_)) => *nvml_errors.entry("nvml_failed").or_default() += 1,
+            }
+        }
+        let mut result = usage::attribute(&read, owners, directory);
+        for (r, n) in nvml_errors {
+            *result.errors.entry(r).or_default() += n;
+        }
+        self.metrics
+            .processes
+            .record_tick(&result.outcomes, &result.errors);
+        if result.stale_directory {
+            if let Some(w) = &self.cri_waker {
+                w.notify_one();
+            }
+        }
+        // Transient (a pod started since the last listing; the runtime is asked again at once),
+        // or logged by the runtime task itself: debug only.
+        let quiet = |r: &&str| matches!(*r, "unknown_container" | "runtime_unavailable");
+        let now: BTreeSet<&'static str> = result
+            .errors
+            .keys()
+            .copied()
+            .filter(|r| !quiet(r))
+            .collect();
+        for reason in result.errors.keys().filter(|r| quiet(r)) {
+            tracing::debug!(reason, "GPU processes not attributed this tick");
+        }
+        for reason in now.difference(&self.process_problems) {
+            let example = examples.get(reason).map_or("", String::as_str);
+            tracing::warn!(
+                reason,
+                example,
+                "per-process GPU attribution incomplete: {}; the GPUs concerned keep holder-only attribution (gpu_exporter_process_attribution_errors_total)",
+                process_hint(reason, root)
+            );
+        }
+        if !self.process_problems.is_empty() && now.is_empty() {
+            tracing::info!("per-process GPU attribution complete again");
+        }
+        self.process_problems = now;
+        result.entities
+    }
+
     async fn rediscover_if_due(&mut self, now: Instant) {
-        let due = self
-            .discovered_at
-            .is_none_or(|t| now.duration_since(t) >= self.opts.rediscover_every);
+        // Asked first, so the request is consumed even when the periodic discovery is due.
+        let wanted = self.source.wants_rediscovery();
+        let due = wanted
+            || self
+                .discovered_at
+                .is_none_or(|t| now.duration_since(t) >= self.opts.rediscover_every);
         if !due {
             return;
         }
@@ -347,6 +524,63 @@ impl<S: GpuSource> Sampler<S> {
                 self.not_ready = Some(format!("device discovery thread failed: {e}"));
             }
         }
+    }
+}
+
+/// The blocking part of a tick: every device's sample (and, with per-process attribution, its
+/// processes and their cgroups), then the XIDs.
+fn read_devices<S: GpuSource>(
+    source: &S,
+    devices: Vec<Device>,
+    fields: &[Field],
+    proc_root: Option<&ProcRoot>,
+) -> TickRead {
+    let mut samples = Vec::with_capacity(devices.len());
+    let mut processes = Vec::with_capacity(devices.len());
+    for d in devices {
+        let r = source.sample(&d, fields);
+        let p = match (proc_root, &r) {
+            (Some(_), Ok(_)) => Some(source.processes(&d)),
+            _ => None,
+        };
+        samples.push((d, r));
+        processes.push(p);
+    }
+    let mut owners = HashMap::new();
+    let mut examples = BTreeMap::new();
+    if let Some(root) = proc_root {
+        for list in processes.iter().flatten().flatten() {
+            for p in list {
+                owners.entry(p.pid).or_insert_with(|| {
+                    root.owner(p.pid).map_err(|e| {
+                        examples
+                            .entry(e.reason())
+                            .or_insert_with(|| crate::error_chain(&e));
+                        e.reason()
+                    })
+                });
+            }
+        }
+    }
+    TickRead {
+        samples,
+        processes,
+        owners,
+        examples,
+        xids: source.drain_xids(),
+    }
+}
+
+/// What to do about a per-process attribution failure.
+fn process_hint(reason: &str, root: &ProcRoot) -> String {
+    let root = root.root().display();
+    match reason {
+        "proc_not_found" => format!("GPU processes have no entry under --path.procfs {root}: NVML reports host PIDs, so mount the host's /proc (hostPath /proc at /host/proc with --path.procfs /host/proc) or run the pod with hostPID: true"),
+        "proc_permission_denied" => format!("{root}/<pid>/cgroup may not be read: the host's /proc is mounted with hidepid, or a security profile denies it"),
+        "proc_unreadable" => format!("{root}/<pid>/cgroup could not be read"),
+        "cgroup_unrecognised" => format!("{root}/<pid>/cgroup is not in the cgroup file format: is --path.procfs a procfs?"),
+        "nvml_no_permission" => "NVML refuses to list the processes on a GPU (NVML_ERROR_NO_PERMISSION)".to_owned(),
+        _ => "NVML could not list the processes on a GPU".to_owned(),
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use crate::catalog::{Field, MetricType};
 use crate::gpu::{FieldError, Value};
 use crate::http::{CloseReason, RejectReason};
+use crate::pods::cri::CriError;
 use crate::pods::AttributionError;
 use crate::render::{push_label, Family, Series};
 
@@ -25,6 +26,12 @@ pub struct SelfMetrics {
     field_errors: Mutex<BTreeMap<(Field, FieldError), u64>>,
     /// Pod-resources (kubelet) health, rendered only in Kubernetes mode.
     pub pod_resources: PodResourcesStatus,
+    /// Container runtime (CRI) health, rendered only when the CRI client runs.
+    pub cri: CriStatus,
+    /// Per-process attribution, rendered only when it is on.
+    pub processes: ProcessStatus,
+    /// HPC job mapping health, rendered only with `--hpc-job-mapping-dir`.
+    pub hpc_jobs: HpcJobsStatus,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     last_reload_failed: AtomicBool,
@@ -200,6 +207,10 @@ pub struct PodResourcesState {
     pub unknown_devices: u64,
     /// GPUs and MIG instances with at least one holder in the published attribution.
     pub allocated_entities: u64,
+    /// Whether `--kubernetes-enable-dra` is on (the DRA family is rendered only then).
+    pub dra_enabled: bool,
+    /// Devices of NVIDIA's DRA driver in the last good reply that resolved to nothing, by reason.
+    pub dra_unresolved: BTreeMap<&'static str, u64>,
 }
 
 impl PodResourcesStatus {
@@ -226,6 +237,16 @@ impl PodResourcesStatus {
         let mut s = self.lock();
         s.up = false;
         *s.errors.entry(reason).or_default() += 1;
+    }
+
+    /// Turns the DRA family on (`--kubernetes-enable-dra`).
+    pub fn enable_dra(&self) {
+        self.lock().dra_enabled = true;
+    }
+
+    /// Records the DRA devices of the published attribution that resolved to nothing.
+    pub fn record_dra_unresolved(&self, by_reason: &BTreeMap<&'static str, usize>) {
+        self.lock().dra_unresolved = by_reason.iter().map(|(r, n)| (*r, *n as u64)).collect();
     }
 
     /// Records what was published: unknown device ids and allocated entities.
@@ -269,7 +290,7 @@ impl PodResourcesStatus {
                 }
             })
             .collect();
-        vec![
+        let mut families = vec![
             family(
                 "gpu_exporter_pod_resources_up",
                 "Whether the last kubelet pod-resources List call succeeded (1) or failed (0).",
@@ -300,7 +321,349 @@ impl PodResourcesStatus {
                 MetricType::Gauge,
                 one(count(s.allocated_entities)),
             ),
+        ];
+        if s.dra_enabled {
+            let unresolved = crate::pods::dra::Unresolved::REASONS
+                .iter()
+                .map(|r| {
+                    let mut labels = String::new();
+                    push_label(&mut labels, "reason", r);
+                    Series {
+                        labels: labels.into(),
+                        value: count(s.dra_unresolved.get(r).copied().unwrap_or(0)),
+                    }
+                })
+                .collect();
+            families.push(family(
+                "gpu_exporter_pod_resources_dra_unresolved_devices",
+                "Devices of NVIDIA's DRA driver (gpu.nvidia.com) in the last kubelet reply that resolve to no local GPU or MIG instance, by reason (no_match, unrecognised_name); they get no pod labels.",
+                MetricType::Gauge,
+                unresolved,
+            ));
+        }
+        families
+    }
+}
+
+/// The HPC job mapping's health, updated by [`crate::hpc::HpcWatcher`] and rendered with each
+/// sample as `gpu_exporter_hpc_job_*`.
+#[derive(Debug, Default)]
+pub struct HpcJobsStatus {
+    inner: Mutex<HpcJobsState>,
+}
+
+/// A copy of [`HpcJobsStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HpcJobsState {
+    /// Whether `--hpc-job-mapping-dir` is set (the families are rendered only then).
+    pub enabled: bool,
+    /// Mapping files read successfully at the last scan.
+    pub files_ok: u64,
+    /// Mapping files ignored at the last scan (unreadable or invalid).
+    pub files_bad: u64,
+    /// Problems seen, by reason (each counted when it appears).
+    pub errors: BTreeMap<&'static str, u64>,
+}
+
+impl HpcJobsStatus {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HpcJobsState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Turns the families on.
+    pub fn enable(&self) {
+        self.lock().enabled = true;
+    }
+
+    /// Records the file counts of a scan.
+    pub fn record_scan(&self, ok: usize, bad: usize) {
+        let mut s = self.lock();
+        s.files_ok = ok as u64;
+        s.files_bad = bad as u64;
+    }
+
+    /// Counts a new problem.
+    pub fn count_error(&self, reason: &'static str) {
+        *self.lock().errors.entry(reason).or_default() += 1;
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> HpcJobsState {
+        self.lock().clone()
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let s = self.state();
+        if !s.enabled {
+            return Vec::new();
+        }
+        let count = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
+        let labelled = |k: &str, v: &str, n: u64| {
+            let mut labels = String::new();
+            push_label(&mut labels, k, v);
+            Series {
+                labels: labels.into(),
+                value: count(n),
+            }
+        };
+        vec![
+            Family {
+                name: "gpu_exporter_hpc_job_files".to_owned(),
+                help: "HPC job mapping files at the last read of --hpc-job-mapping-dir: ok (in use), bad (ignored: unreadable or invalid).".to_owned(),
+                kind: MetricType::Gauge,
+                series: vec![
+                    labelled("state", "bad", s.files_bad),
+                    labelled("state", "ok", s.files_ok),
+                ],
+            },
+            Family {
+                name: "gpu_exporter_hpc_job_file_errors_total".to_owned(),
+                help: "Problems with the HPC job mapping directory or its files, by reason, each counted when it appears.".to_owned(),
+                kind: MetricType::Counter,
+                series: crate::hpc::HpcError::REASONS
+                    .iter()
+                    .map(|r| labelled("reason", r, s.errors.get(r).copied().unwrap_or(0)))
+                    .collect(),
+            },
         ]
+    }
+}
+
+/// The container-runtime client's health, updated by the CRI refresher and rendered with each
+/// sample as `gpu_exporter_cri_*`.
+#[derive(Debug, Default)]
+pub struct CriStatus {
+    inner: Mutex<CriState>,
+}
+
+/// A copy of [`CriStatus`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CriState {
+    /// Whether the CRI client runs (the families are rendered only then).
+    pub enabled: bool,
+    /// Whether the last listing succeeded.
+    pub up: bool,
+    /// Unix time of the last successful listing (0: never).
+    pub last_success_seconds: f64,
+    /// Failed listings by reason.
+    pub errors: BTreeMap<&'static str, u64>,
+    /// Pods in the published answer.
+    pub pods: u64,
+    /// Containers in the published answer.
+    pub containers: u64,
+}
+
+impl CriStatus {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CriState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Turns the families on.
+    pub fn enable(&self) {
+        self.lock().enabled = true;
+    }
+
+    /// Records a successful listing at `unix_seconds`.
+    pub fn record_success(&self, unix_seconds: f64) {
+        let mut s = self.lock();
+        s.up = true;
+        s.last_success_seconds = unix_seconds;
+    }
+
+    /// Records a failed listing.
+    pub fn record_failure(&self, reason: &'static str) {
+        let mut s = self.lock();
+        s.up = false;
+        *s.errors.entry(reason).or_default() += 1;
+    }
+
+    /// Records the size of what was published.
+    pub fn record_published(&self, pods: usize, containers: usize) {
+        let mut s = self.lock();
+        s.pods = pods as u64;
+        s.containers = containers as u64;
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> CriState {
+        self.lock().clone()
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let s = self.state();
+        if !s.enabled {
+            return Vec::new();
+        }
+        let errors = CriError::REASONS
+            .iter()
+            .map(|r| {
+                labelled(
+                    &[("reason", r)],
+                    count(s.errors.get(r).copied().unwrap_or(0)),
+                )
+            })
+            .collect();
+        vec![
+            family(
+                "gpu_exporter_cri_up",
+                "Whether the last container runtime (CRI) listing succeeded (1) or failed (0).",
+                MetricType::Gauge,
+                one(Value::Int(i64::from(s.up))),
+            ),
+            family(
+                "gpu_exporter_cri_last_success_timestamp_seconds",
+                "Unix time of the last successful container runtime (CRI) listing (0: never).",
+                MetricType::Gauge,
+                one(Value::Float(s.last_success_seconds)),
+            ),
+            family(
+                "gpu_exporter_cri_errors_total",
+                "Failed container runtime (CRI) listings, by reason.",
+                MetricType::Counter,
+                errors,
+            ),
+            family(
+                "gpu_exporter_cri_pods",
+                "Pods in the container runtime answer in use (0 when none is within the TTL).",
+                MetricType::Gauge,
+                one(count(s.pods)),
+            ),
+            family(
+                "gpu_exporter_cri_containers",
+                "Containers in the container runtime answer in use (0 when none is within the TTL).",
+                MetricType::Gauge,
+                one(count(s.containers)),
+            ),
+        ]
+    }
+}
+
+/// Per-process attribution: what became of the GPU processes of the last tick, and failures.
+#[derive(Debug, Default)]
+pub struct ProcessStatus {
+    inner: Mutex<ProcessState>,
+}
+
+/// A copy of [`ProcessStatus`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProcessState {
+    /// Whether per-process attribution is on (the families are rendered only then).
+    pub enabled: bool,
+    /// GPU processes of the last tick by outcome ([`ProcessStatus::OUTCOMES`]).
+    pub outcomes: BTreeMap<&'static str, u64>,
+    /// Failures by reason ([`ProcessStatus::REASONS`]).
+    pub errors: BTreeMap<&'static str, u64>,
+}
+
+impl ProcessStatus {
+    /// Every `outcome` label value of `gpu_exporter_gpu_processes`.
+    pub const OUTCOMES: &'static [&'static str] = &[
+        "attributed",
+        "outside_pods",
+        "unknown_container",
+        "unreadable",
+    ];
+
+    /// Every `reason` label value of `gpu_exporter_process_attribution_errors_total`.
+    pub const REASONS: &'static [&'static str] = &[
+        "cgroup_unrecognised",
+        "nvml_failed",
+        "nvml_no_permission",
+        "proc_not_found",
+        "proc_permission_denied",
+        "proc_unreadable",
+        "runtime_unavailable",
+        "unknown_container",
+    ];
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProcessState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Turns the families on.
+    pub fn enable(&self) {
+        self.lock().enabled = true;
+    }
+
+    /// Records one tick: processes by outcome, and failures by reason.
+    pub fn record_tick(
+        &self,
+        outcomes: &BTreeMap<&'static str, u64>,
+        errors: &BTreeMap<&'static str, u64>,
+    ) {
+        let mut s = self.lock();
+        s.outcomes.clone_from(outcomes);
+        for (r, n) in errors {
+            *s.errors.entry(r).or_default() += n;
+        }
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> ProcessState {
+        self.lock().clone()
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let s = self.state();
+        if !s.enabled {
+            return Vec::new();
+        }
+        let by = |label: &str, keys: &[&str], m: &BTreeMap<&'static str, u64>| -> Vec<Series> {
+            keys.iter()
+                .map(|k| labelled(&[(label, k)], count(m.get(k).copied().unwrap_or(0))))
+                .collect()
+        };
+        vec![
+            family(
+                "gpu_exporter_gpu_processes",
+                "GPU processes seen at the last tick, by attribution outcome: attributed (to a container the runtime lists), outside_pods (host processes, non-Kubernetes containers), unknown_container (a pod's container the runtime does not list, or no runtime answer), unreadable (/proc/<pid>/cgroup unreadable).",
+                MetricType::Gauge,
+                by("outcome", Self::OUTCOMES, &s.outcomes),
+            ),
+            family(
+                "gpu_exporter_process_attribution_errors_total",
+                "Per-process attribution failures, by reason: NVML process reads (per GPU and tick), /proc reads (per process and tick), containers the runtime does not list, ticks without a runtime answer.",
+                MetricType::Counter,
+                by("reason", Self::REASONS, &s.errors),
+            ),
+        ]
+    }
+}
+
+fn count(n: u64) -> Value {
+    Value::Int(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+fn one(v: Value) -> Vec<Series> {
+    vec![Series {
+        labels: "".into(),
+        value: v,
+    }]
+}
+
+fn labelled(pairs: &[(&str, &str)], v: Value) -> Series {
+    let mut labels = String::new();
+    for (k, val) in pairs {
+        push_label(&mut labels, k, val);
+    }
+    Series {
+        labels: labels.into(),
+        value: v,
+    }
+}
+
+fn family(name: &str, help: &str, kind: MetricType, series: Vec<Series>) -> Family {
+    Family {
+        name: name.to_owned(),
+        help: help.to_owned(),
+        kind,
+        series,
     }
 }
 
@@ -497,6 +860,9 @@ impl SelfMetrics {
         ];
         families.extend(self.http.families());
         families.extend(self.pod_resources.families());
+        families.extend(self.cri.families());
+        families.extend(self.processes.families());
+        families.extend(self.hpc_jobs.families());
         families
     }
 }

@@ -2,17 +2,31 @@
 //!
 //! This is where dcgm-exporter's label contract lives: the label order `gpu, UUID, pci_bus_id,
 //! device, modelName, [GPU_I_PROFILE, GPU_I_ID], hostname`, then label-type CSV fields (sorted
-//! by name), then the per-series attributes (`err_code`, `xid`, pod labels, ...) sorted by name,
-//! as dcgm-exporter's templates emit them. Each entity's label prefix is escaped once per sample.
-//! A device that could not be read contributes no series except its health and XID series.
+//! by name), then the per-series attributes (`err_code`, `xid`, pod labels, `dra_*`, `hpc_job`,
+//! ...) sorted by name, as dcgm-exporter's templates emit them. Each entity's label prefix is
+//! escaped once per sample. A device that could not be read contributes no series except its
+//! health and XID series.
+//!
+//! Copies: an entity's series are emitted once per attribute set: one per DRA holder (with its
+//! claim's `dra_*` labels), else one per holder in `--kubernetes-virtual-gpus` mode, else once
+//! (with the pod labels of a sole holder); each of these once per HPC job (`hpc_job`). A copy for
+//! a holder also carries its `pod_uid` and pod labels when known and asked for, and, in
+//! `--kubernetes-virtual-gpus` mode, its own `DCGM_FI_DEV_GPU_UTIL` and `DCGM_FI_DEV_FB_USED`.
+//!
+//! The per-container families (`gpu_exporter_container_*`, from per-process readings) are not
+//! copies: one series per container running processes on an entity, with the entity's labels and
+//! the container's pod labels, never `vgpu`, `dra_*` or `hpc_job`, so that they sum honestly.
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use crate::catalog::field::MigScope;
 use crate::catalog::{Catalog, Field, MetricSpec, MetricType};
 use crate::gpu::{Device, DeviceSample, FieldError, LinkSample, MigInstance, Reading, Value};
 use crate::health::{self, Recent};
-use crate::pods::{Attribution, EntityKey, Holder};
+use crate::pods::directory::{PodDirectory, PodMeta};
+use crate::pods::usage::{ContainerUsage, EntityUsage};
+use crate::pods::{Attribution, DraClaim, EntityKey, Holder, PodRef};
 use crate::render::{push_label, Family, Series};
 
 /// Which entities are exported (`-d/--devices`).
@@ -77,7 +91,20 @@ pub struct BuildOptions {
     pub clock_window_ms: u64,
     /// dcgm-exporter's `-o/--use-old-namespace` (its 1.x label names): `uuid` instead of `UUID`,
     /// `pod_name`, `pod_namespace`, `container_name` instead of `pod`, `namespace`, `container`.
+    /// `pod_uid` has no old name and keeps its own.
     pub old_namespace: bool,
+    /// Add `pod_uid` to pod-labelled series (`--kubernetes-enable-pod-uid`).
+    pub pod_uid: bool,
+}
+
+/// Who *uses* the GPUs, beyond who holds them: the container runtime's pod metadata (`pod_uid`,
+/// pod labels) and per-container usage from per-process readings. The default adds nothing.
+#[derive(Debug, Clone, Default)]
+pub struct Workload {
+    /// Pods and containers as the container runtime lists them.
+    pub directory: Arc<PodDirectory>,
+    /// Per-container usage of each GPU and MIG instance whose processes were read this tick.
+    pub usage: BTreeMap<EntityKey, EntityUsage>,
 }
 
 /// The label names that `-o/--use-old-namespace` changes.
@@ -155,26 +182,148 @@ pub struct Snapshot {
 /// Name of the family joining shared GPUs to their holders.
 pub const POD_INFO: &str = "gpu_exporter_gpu_pod_info";
 
-/// The per-copy attributes of an entity's series (pod labels, `vgpu`): as pairs, to merge with
-/// per-series attributes in name order, and as the entity's whole label set, rendered once and
-/// shared by every series of the entity that has no other attributes (most of them).
+/// The per-container families, from per-process readings. Their own names, so that summing
+/// them never counts a device value twice, as dcgm-exporter's extra copies of
+/// `DCGM_FI_DEV_GPU_UTIL` and `DCGM_FI_DEV_FB_USED` do.
+pub const CONTAINER_PROCESSES: &str = "gpu_exporter_container_processes";
+/// Framebuffer used by a container's processes, bytes.
+pub const CONTAINER_FB_USED: &str = "gpu_exporter_container_fb_used_bytes";
+/// SM utilisation of a container's processes, %.
+pub const CONTAINER_SM_UTIL: &str = "gpu_exporter_container_sm_utilization_percent";
+/// Memory-controller utilisation of a container's processes, %.
+pub const CONTAINER_MEM_UTIL: &str = "gpu_exporter_container_memory_utilization_percent";
+/// Encoder utilisation of a container's processes, %.
+pub const CONTAINER_ENC_UTIL: &str = "gpu_exporter_container_encoder_utilization_percent";
+/// Decoder utilisation of a container's processes, %.
+pub const CONTAINER_DEC_UTIL: &str = "gpu_exporter_container_decoder_utilization_percent";
+
+/// Every per-container family, in exposition order.
+pub const CONTAINER_FAMILIES: &[&str] = &[
+    CONTAINER_PROCESSES,
+    CONTAINER_FB_USED,
+    CONTAINER_SM_UTIL,
+    CONTAINER_MEM_UTIL,
+    CONTAINER_ENC_UTIL,
+    CONTAINER_DEC_UTIL,
+];
+
+/// The labels of a DRA holder's copies (dcgm-exporter's), the last two on MIG instances only.
+const DRA_LABELS: [&str; 7] = [
+    "dra_claim_name",
+    "dra_claim_namespace",
+    "dra_device_name",
+    "dra_driver_name",
+    "dra_pool_name",
+    "dra_mig_device_uuid",
+    "dra_mig_profile",
+];
+
+/// Label names a pod label may not take: the identity labels (GPU and NVLink entities, both
+/// generations of names), every per-series attribute, and the attributes of pod, DRA and HPC
+/// attribution. A pod label with one of these names (or a label-type CSV field's, or the hostname
+/// label's) is left out, as dcgm-exporter never lets pod labels override its own.
+const RESERVED_LABELS: &[&str] = &[
+    "gpu",
+    "UUID",
+    "uuid",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "GPU_I_PROFILE",
+    "GPU_I_ID",
+    "hostname",
+    "Hostname",
+    "nvlink",
+    "gpu_uuid",
+    "model_name",
+    "container",
+    "namespace",
+    "pod",
+    "container_name",
+    "pod_namespace",
+    "pod_name",
+    "pod_uid",
+    "vgpu",
+    "err_code",
+    "err_msg",
+    "xid",
+    "window_size_in_ms",
+    "clock_event",
+    "health_error_code",
+    "health_watch",
+    "hpc_job",
+];
+
+/// A holder's own use of a shared entity, replacing the device value of
+/// `DCGM_FI_DEV_GPU_UTIL` and `DCGM_FI_DEV_FB_USED` in `--kubernetes-virtual-gpus` mode.
+#[derive(Debug, Clone, Copy, Default)]
+struct Own {
+    /// SM utilisation, % (capped at 100).
+    sm: Option<i64>,
+    /// Framebuffer, MiB.
+    fb_mib: Option<i64>,
+    /// Framebuffer, bytes (for `DCGM_FI_DEV_FB_USED_BYTES`).
+    fb_bytes: Option<i64>,
+}
+
+/// The per-copy attributes of an entity's series (pod attributes, `vgpu`): as pairs, to merge
+/// with per-series attributes in name order; the pod's labels, rendered, to follow them; and
+/// the entity's whole label set, rendered once and shared by every series of the entity that has
+/// no other attributes (most of them).
 struct Variant {
     attrs: Vec<(&'static str, String)>,
+    pod_labels: String,
     full: Arc<str>,
+    own: Option<Own>,
 }
 
 impl Variant {
-    fn new(prefix: &str, mut attrs: Vec<(&'static str, String)>) -> Self {
+    fn new(prefix: &str, mut attrs: Vec<(&'static str, String)>, pod_labels: String) -> Self {
         attrs.sort_by_key(|(k, _)| *k);
-        let mut full = String::with_capacity(prefix.len() + 96);
+        let mut full = String::with_capacity(prefix.len() + 96 + pod_labels.len());
         full.push_str(prefix);
         for (k, v) in &attrs {
             push_label(&mut full, k, v);
         }
+        full.push_str(&pod_labels);
         Self {
             attrs,
+            pod_labels,
             full: full.into(),
+            own: None,
         }
+    }
+
+    /// The value this copy carries for `field`: the holder's own for the per-process fields
+    /// (GPU utilisation and framebuffer used, in either naming generation's unit) when known,
+    /// else the device's.
+    fn value(&self, field: Field, device: &Value) -> Value {
+        let own = self.own.and_then(|o| match field {
+            Field::GpuUtil => o.sm.map(Value::Int),
+            // The newest generation's ratio: 0-1.
+            Field::GpuUtilRatio => o.sm.map(|p| Value::Float(p as f64 / 100.0)),
+            Field::FbUsed => o.fb_mib.map(Value::Int),
+            Field::FbUsedBytes => o.fb_bytes.map(Value::Int),
+            _ => None,
+        });
+        own.unwrap_or_else(|| device.clone())
+    }
+}
+
+/// Renders a pod's labels (`,name="value"` each, after the other labels), leaving out names
+/// in `reserved`.
+fn render_pod_labels(meta: Option<&PodMeta>, reserved: &HashSet<String>) -> String {
+    let mut out = String::new();
+    for (k, v) in meta.map_or(&[][..], |m| m.labels.as_slice()) {
+        if !reserved.contains(k.as_str()) {
+            push_label(&mut out, k, v);
+        }
+    }
+    // push_label separates pairs with commas; the suffix follows other labels.
+    if out.is_empty() {
+        out
+    } else {
+        format!(",{out}")
     }
 }
 
@@ -189,6 +338,8 @@ struct Entity<'a> {
     variants: Vec<Variant>,
     /// Who holds the entity.
     holders: &'a [Holder],
+    /// Who runs processes on it, when known.
+    usage: Option<&'a EntityUsage>,
 }
 
 impl Entity<'_> {
@@ -208,27 +359,54 @@ impl Entity<'_> {
                 let is = sample.instances.iter().find(|s| s.gi_id == inst.gi_id)?;
                 find(&is.readings).map(|i| &is.readings[i].1)
             }
-            (Some(_), MigScope::Unsupported | MigScope::Link) => None,
+            (Some(_), MigScope::Unsupported | MigScope::Gpu | MigScope::Link) => None,
         }
     }
 }
 
-/// Builds the snapshot.
+/// Builds the snapshot from who holds the GPUs only (no container runtime, no per-process
+/// readings).
 pub fn build(
     catalog: &Catalog,
     outcomes: &[DeviceOutcome],
     attribution: &Attribution,
     opts: &BuildOptions,
 ) -> Snapshot {
+    build_with(catalog, outcomes, attribution, &Workload::default(), opts)
+}
+
+/// Builds the snapshot.
+pub fn build_with(
+    catalog: &Catalog,
+    outcomes: &[DeviceOutcome],
+    attribution: &Attribution,
+    workload: &Workload,
+    opts: &BuildOptions,
+) -> Snapshot {
+    let mut reserved: HashSet<String> = RESERVED_LABELS
+        .iter()
+        .chain(&DRA_LABELS)
+        .map(|s| (*s).to_owned())
+        .collect();
+    reserved.insert(opts.hostname_label.clone());
+    reserved.extend(catalog.labels.iter().map(|l| l.name.clone()));
+    let ctx = Ctx {
+        catalog,
+        attribution,
+        workload,
+        opts,
+        names: Names::of(opts),
+        reserved: &reserved,
+    };
     let mut entities = Vec::new();
     for outcome in outcomes {
         let d = &outcome.device;
         if opts.selection.gpu_selected(d) {
-            entities.push(entity(catalog, outcome, None, attribution, opts));
+            entities.push(entity(&ctx, outcome, None));
         }
         for inst in &d.instances {
             if opts.selection.instance_selected(d, inst) {
-                entities.push(entity(catalog, outcome, Some(inst), attribution, opts));
+                entities.push(entity(&ctx, outcome, Some(inst)));
             }
         }
     }
@@ -241,7 +419,7 @@ pub fn build(
             }
             if let Ok(sample) = &outcome.sample {
                 for l in &sample.links {
-                    links.push(link_entity(catalog, outcome, l, attribution, opts));
+                    links.push(link_entity(&ctx, outcome, l));
                 }
             }
         }
@@ -271,31 +449,165 @@ pub fn build(
         snap.series += fam.series.len();
         snap.families.push(fam);
     }
-    if let Some(fam) = pod_info(&entities, Names::of(opts)) {
+    if let Some(fam) = pod_info(&ctx, &entities) {
+        snap.series += fam.series.len();
+        snap.families.push(fam);
+    }
+    for fam in container_families(&ctx, &entities) {
         snap.series += fam.series.len();
         snap.families.push(fam);
     }
     snap
 }
 
+/// What every entity's labels are built from.
+struct Ctx<'a> {
+    catalog: &'a Catalog,
+    attribution: &'a Attribution,
+    workload: &'a Workload,
+    opts: &'a BuildOptions,
+    names: Names,
+    reserved: &'a HashSet<String>,
+}
+
+impl Ctx<'_> {
+    fn meta(&self, pod: &PodRef) -> Option<&PodMeta> {
+        self.workload
+            .directory
+            .pod(&pod.namespace, &pod.pod)
+            .map(AsRef::as_ref)
+    }
+
+    /// `container`, `namespace`, `pod` (their old names under `-o`) and, when asked for and
+    /// known, `pod_uid` (which has no old name).
+    fn pod_attrs(&self, pod: &PodRef, uid: Option<&str>) -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            (self.names.container, pod.container.clone()),
+            (self.names.namespace, pod.namespace.clone()),
+            (self.names.pod, pod.pod.clone()),
+        ];
+        if self.opts.pod_uid {
+            if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+                v.push(("pod_uid", uid.to_owned()));
+            }
+        }
+        v
+    }
+
+    /// The copies of an entity (a GPU or MIG `instance`, or a link of a GPU) held by `holders`,
+    /// running `jobs`, with per-container `usage` when known: one per DRA holder (with its claim),
+    /// else one (possibly empty) set, or one per holder with `--kubernetes-virtual-gpus`; each of
+    /// these once per HPC job.
+    fn variants(
+        &self,
+        prefix: &str,
+        holders: &[Holder],
+        instance: Option<&MigInstance>,
+        jobs: &[String],
+        usage: Option<&EntityUsage>,
+    ) -> Vec<Variant> {
+        // As dcgm-exporter: one copy per DRA holder, with its claim, whatever the sharing mode.
+        let dra: Vec<&Holder> = holders.iter().filter(|h| h.dra.is_some()).collect();
+        // One container holding several replicas of a GPU is still a single holder.
+        let sole = holders
+            .first()
+            .filter(|first| holders.iter().all(|h| h.pod == first.pod));
+        let copies: Vec<Option<&Holder>> = match (holders, self.opts.virtual_gpus) {
+            _ if !dra.is_empty() => dra.into_iter().map(Some).collect(),
+            ([], _) => vec![None],
+            (_, false) => vec![sole],
+            (many, true) => many.iter().map(Some).collect(),
+        };
+        let mut out = Vec::with_capacity(copies.len() * jobs.len().max(1));
+        for (i, copy) in copies.iter().enumerate() {
+            let Some(h) = copy else {
+                out.push((Vec::new(), String::new(), None));
+                continue;
+            };
+            let meta = self.meta(&h.pod);
+            let mut attrs = self.pod_attrs(&h.pod, meta.map(|m| m.uid.as_str()));
+            match &h.dra {
+                Some(c) => attrs.extend(dra_attrs(c, instance)),
+                None if self.opts.virtual_gpus => {
+                    if let Some(r) = &h.vgpu {
+                        attrs.push(("vgpu", r.clone()));
+                    }
+                }
+                None => {}
+            }
+            // With --kubernetes-virtual-gpus, each holder's copy carries its own use when every
+            // process there was attributed. A container holding the entity several times (replicas,
+            // claims) gets its value on its first copy and 0 on the others, so that summing over
+            // copies counts it once.
+            let own = usage
+                .filter(|u| self.opts.virtual_gpus && u.complete)
+                .map(|u| {
+                    let repeat = copies[..i].iter().flatten().any(|e| e.pod == h.pod);
+                    own_use(u, &h.pod, repeat)
+                });
+            out.push((attrs, render_pod_labels(meta, self.reserved), own));
+        }
+        // HPC jobs multiply the copies: one per job (dcgm-exporter applies them after the pods).
+        if !jobs.is_empty() {
+            out = out
+                .into_iter()
+                .flat_map(|(attrs, labels, own)| {
+                    jobs.iter().map(move |j| {
+                        let mut attrs = attrs.clone();
+                        attrs.push(("hpc_job", j.clone()));
+                        (attrs, labels.clone(), own)
+                    })
+                })
+                .collect();
+        }
+        out.into_iter()
+            .map(|(attrs, labels, own)| {
+                let mut v = Variant::new(prefix, attrs, labels);
+                v.own = own;
+                v
+            })
+            .collect()
+    }
+}
+
+/// A DRA holder's claim as dcgm-exporter's `dra_*` labels; on a MIG `instance`, also its UUID
+/// and profile.
+fn dra_attrs(c: &DraClaim, instance: Option<&MigInstance>) -> Vec<(&'static str, String)> {
+    let [claim, claim_ns, device, driver, pool, mig_uuid, mig_profile] = DRA_LABELS;
+    let mut v = vec![
+        (claim, c.claim_name.clone()),
+        (claim_ns, c.claim_namespace.clone()),
+        (device, c.device.clone()),
+        (driver, c.driver.clone()),
+        (pool, c.pool.clone()),
+    ];
+    if let Some(i) = instance {
+        v.push((mig_uuid, i.uuid.clone()));
+        v.push((mig_profile, i.profile.clone()));
+    }
+    v
+}
+
 fn entity<'a>(
-    catalog: &Catalog,
+    ctx: &Ctx<'a>,
     outcome: &'a DeviceOutcome,
     instance: Option<&'a MigInstance>,
-    attribution: &'a Attribution,
-    opts: &BuildOptions,
 ) -> Entity<'a> {
     let key = EntityKey {
         gpu: outcome.device.identity.index,
         gi_id: instance.map(|i| i.gi_id),
     };
-    let holders = attribution.holders_of(key);
-    let mut prefix = identity_labels(outcome, instance, opts);
-    push_label_fields(&mut prefix, catalog, outcome, |_| true);
-    let variants = variants(holders, opts)
-        .into_iter()
-        .map(|attrs| Variant::new(&prefix, attrs))
-        .collect();
+    let holders = ctx.attribution.holders_of(key);
+    let usage = ctx.workload.usage.get(&key);
+    let mut prefix = identity_labels(outcome, instance, ctx.opts);
+    push_label_fields(&mut prefix, ctx.catalog, outcome, |_| true);
+    let variants = ctx.variants(
+        &prefix,
+        holders,
+        instance,
+        ctx.attribution.jobs_of(key),
+        usage,
+    );
     Entity {
         outcome,
         instance,
@@ -303,6 +615,7 @@ fn entity<'a>(
         prefix,
         variants,
         holders,
+        usage,
     }
 }
 
@@ -310,14 +623,10 @@ fn entity<'a>(
 /// dcgm-exporter numbers a GPU's links from 1), then the parent GPU as `gpu`, `gpu_uuid`,
 /// `pci_bus_id`, `device`, `model_name` (these names, and a lowercase `hostname`, whatever the
 /// GPU series use), then the system-wide label-type fields (driver version), then the pod
-/// labels of the pods holding the whole GPU.
-fn link_entity<'a>(
-    catalog: &Catalog,
-    outcome: &'a DeviceOutcome,
-    link: &'a LinkSample,
-    attribution: &'a Attribution,
-    opts: &BuildOptions,
-) -> Entity<'a> {
+/// labels (with `pod_uid` and the pod's labels) of the pods holding the whole GPU and its HPC
+/// jobs. Links carry no per-process values.
+fn link_entity<'a>(ctx: &Ctx<'a>, outcome: &'a DeviceOutcome, link: &'a LinkSample) -> Entity<'a> {
+    let opts = ctx.opts;
     let id = &outcome.device.identity;
     let mut prefix = String::with_capacity(256);
     push_label(
@@ -328,20 +637,19 @@ fn link_entity<'a>(
     push_label(&mut prefix, "gpu", &id.index.to_string());
     push_label(&mut prefix, "gpu_uuid", &id.uuid);
     push_label(&mut prefix, "pci_bus_id", &id.pci_bus_id);
-    push_label(&mut prefix, "device", &format!("nvidia{}", id.minor));
+    push_label(&mut prefix, "device", &format!("nvidia{}", id.index));
     push_label(&mut prefix, "model_name", &id.model);
     if !opts.hostname.is_empty() {
         push_label(&mut prefix, "hostname", &opts.hostname);
     }
-    push_label_fields(&mut prefix, catalog, outcome, Field::is_system);
-    let holders = attribution.holders_of(EntityKey {
+    push_label_fields(&mut prefix, ctx.catalog, outcome, Field::is_system);
+    let gpu = EntityKey {
         gpu: id.index,
         gi_id: None,
-    });
-    let variants = variants(holders, opts)
-        .into_iter()
-        .map(|attrs| Variant::new(&prefix, attrs))
-        .collect();
+    };
+    let holders = ctx.attribution.holders_of(gpu);
+    // As dcgm-exporter, links carry their GPU's job labels (its `<gpu>` file).
+    let variants = ctx.variants(&prefix, holders, None, ctx.attribution.jobs_of(gpu), None);
     Entity {
         outcome,
         instance: None,
@@ -350,37 +658,31 @@ fn link_entity<'a>(
         variants,
         // Shared GPUs are joined through the GPU's own pod-info series.
         holders: &[],
+        usage: None,
     }
 }
 
-/// The pod attribute sets of an entity held by `holders`: one (possibly empty) set, or one per
-/// holder with `--kubernetes-virtual-gpus`.
-fn variants(holders: &[Holder], opts: &BuildOptions) -> Vec<Vec<(&'static str, String)>> {
-    let names = Names::of(opts);
-    let pod_attrs = |h: &Holder, with_vgpu: bool| {
-        let mut v = vec![
-            (names.container, h.pod.container.clone()),
-            (names.namespace, h.pod.namespace.clone()),
-            (names.pod, h.pod.pod.clone()),
-        ];
-        if with_vgpu {
-            if let Some(r) = &h.vgpu {
-                v.push(("vgpu", r.clone()));
-            }
-        }
-        v
+/// A holder's own use of an entity whose processes were all attributed.
+fn own_use(usage: &EntityUsage, pod: &PodRef, repeat: bool) -> Own {
+    let util_known = usage.containers.iter().all(|c| c.utilization.is_some());
+    let nothing = Own {
+        sm: util_known.then_some(0),
+        fb_mib: Some(0),
+        fb_bytes: Some(0),
     };
-    // One container holding several replicas of a GPU is still a single holder.
-    let sole = holders
-        .first()
-        .filter(|first| holders.iter().all(|h| h.pod == first.pod));
-    match (holders, opts.virtual_gpus) {
-        ([], _) => vec![vec![]],
-        (_, false) => match sole {
-            Some(one) => vec![pod_attrs(one, false)],
-            None => vec![vec![]],
+    match usage.of(pod) {
+        _ if repeat => nothing,
+        Some(c) => Own {
+            sm: c
+                .utilization
+                .map(|u| i64::try_from(u.sm.min(100)).unwrap_or(100)),
+            fb_mib: c.fb_used_mib.map(|m| i64::try_from(m).unwrap_or(i64::MAX)),
+            fb_bytes: c
+                .fb_used_bytes
+                .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
         },
-        (many, true) => many.iter().map(|h| pod_attrs(h, true)).collect(),
+        // No process of the holder runs here: it uses nothing.
+        None => nothing,
     }
 }
 
@@ -407,7 +709,8 @@ fn identity_labels(
     push_label(&mut s, "gpu", &id.index.to_string());
     push_label(&mut s, Names::of(opts).uuid, &id.uuid);
     push_label(&mut s, "pci_bus_id", &id.pci_bus_id);
-    push_label(&mut s, "device", &format!("nvidia{}", id.minor));
+    // dcgm-exporter writes `nvidia<DCGM GPU index>`, not the minor number of /dev/nvidiaN.
+    push_label(&mut s, "device", &format!("nvidia{}", id.index));
     if opts.replace_blanks_in_model_name {
         push_label(&mut s, "modelName", &id.model.replace(' ', "-"));
     } else {
@@ -436,6 +739,7 @@ fn labels(prefix: &str, extras: &[(&'static str, String)], variant: &Variant) ->
     for (k, v) in attrs {
         push_label(&mut s, k, v);
     }
+    s.push_str(&variant.pod_labels);
     s.into()
 }
 
@@ -491,7 +795,14 @@ fn entity_series(
             }
         }
         field => match e.reading(field) {
-            Some(Ok(v @ (Value::Int(_) | Value::Float(_)))) => push(&[], v.clone()),
+            Some(Ok(v @ (Value::Int(_) | Value::Float(_)))) => {
+                for variant in &e.variants {
+                    fam.series.push(Series {
+                        labels: Arc::clone(&variant.full),
+                        value: variant.value(field, v),
+                    });
+                }
+            }
             Some(Ok(Value::Text(_))) | None => {}
             Some(Err(FieldError::NotSupported)) => {}
             Some(Err(err)) => errors.push((field, *err)),
@@ -522,7 +833,8 @@ fn health_series(
     }
 }
 
-fn pod_info(entities: &[Entity<'_>], names: Names) -> Option<Family> {
+fn pod_info(ctx: &Ctx<'_>, entities: &[Entity<'_>]) -> Option<Family> {
+    let names = ctx.names;
     let mut fam = Family {
         name: POD_INFO.to_owned(),
         help: "Pods holding each GPU or MIG instance (one series per holder; join on UUID and GPU_I_ID)."
@@ -532,7 +844,14 @@ fn pod_info(entities: &[Entity<'_>], names: Names) -> Option<Family> {
     };
     for e in entities {
         let id = &e.outcome.device.identity;
+        let mut last: Option<&Holder> = None;
         for h in e.holders {
+            // One series per container and replica, however many claims it holds the entity by.
+            if last.is_some_and(|l| l.pod == h.pod && l.vgpu == h.vgpu) {
+                continue;
+            }
+            last = Some(h);
+            let meta = ctx.meta(&h.pod);
             let mut s = String::new();
             push_label(&mut s, "gpu", &id.index.to_string());
             push_label(&mut s, names.uuid, &id.uuid);
@@ -543,6 +862,12 @@ fn pod_info(entities: &[Entity<'_>], names: Names) -> Option<Family> {
             push_label(&mut s, names.namespace, &h.pod.namespace);
             push_label(&mut s, names.container, &h.pod.container);
             push_label(&mut s, "vgpu", h.vgpu.as_deref().unwrap_or(""));
+            if ctx.opts.pod_uid {
+                if let Some(uid) = meta.map(|m| m.uid.as_str()).filter(|u| !u.is_empty()) {
+                    push_label(&mut s, "pod_uid", uid);
+                }
+            }
+            s.push_str(&render_pod_labels(meta, ctx.reserved));
             fam.series.push(Series {
                 labels: s.into(),
                 value: Value::Int(1),
@@ -552,12 +877,85 @@ fn pod_info(entities: &[Entity<'_>], names: Names) -> Option<Family> {
     (!fam.series.is_empty()).then_some(fam)
 }
 
+/// One family per per-container measure, over every exported entity whose processes were read:
+/// the entity's labels, then the container's `container`, `namespace`, `pod` (old names under
+/// `-o`), `pod_uid` and pod labels. Not copied per holder, DRA claim or HPC job: one series per
+/// container, so that sums over them count each process once.
+fn container_families(ctx: &Ctx<'_>, entities: &[Entity<'_>]) -> Vec<Family> {
+    type Measure = fn(&ContainerUsage) -> Option<Value>;
+    let measures: [(&str, &str, Measure); 6] = [
+        (
+            CONTAINER_PROCESSES,
+            "Processes of the container running on this GPU or MIG instance.",
+            |c| Some(Value::Int(i64::from(c.processes))),
+        ),
+        (
+            CONTAINER_FB_USED,
+            "Framebuffer used by the container's processes on this GPU or MIG instance, in bytes (NVML per-process used memory, summed).",
+            |c| c.fb_used_bytes.map(|b| Value::Int(i64::try_from(b).unwrap_or(i64::MAX))),
+        ),
+        (
+            CONTAINER_SM_UTIL,
+            "SM utilisation of the container's processes on this GPU since the previous sample (in %; NVML per-process samples, averaged per process, summed over processes).",
+            |c| c.utilization.map(|u| Value::Int(i64::try_from(u.sm).unwrap_or(i64::MAX))),
+        ),
+        (
+            CONTAINER_MEM_UTIL,
+            "Memory-controller utilisation of the container's processes on this GPU since the previous sample (in %).",
+            |c| c.utilization.map(|u| Value::Int(i64::try_from(u.memory).unwrap_or(i64::MAX))),
+        ),
+        (
+            CONTAINER_ENC_UTIL,
+            "Video encoder utilisation of the container's processes on this GPU since the previous sample (in %).",
+            |c| c.utilization.map(|u| Value::Int(i64::try_from(u.encoder).unwrap_or(i64::MAX))),
+        ),
+        (
+            CONTAINER_DEC_UTIL,
+            "Video decoder utilisation of the container's processes on this GPU since the previous sample (in %).",
+            |c| c.utilization.map(|u| Value::Int(i64::try_from(u.decoder).unwrap_or(i64::MAX))),
+        ),
+    ];
+    // One label set per (entity, container), shared by the families.
+    let mut rows: Vec<(Arc<str>, &ContainerUsage)> = Vec::new();
+    for e in entities {
+        let Some(u) = e.usage else { continue };
+        for c in &u.containers {
+            let mut s = String::with_capacity(e.prefix.len() + 128);
+            s.push_str(&e.prefix);
+            let mut attrs = ctx.pod_attrs(&c.pod, Some(&c.meta.uid));
+            attrs.sort_by_key(|(k, _)| *k);
+            for (k, v) in attrs {
+                push_label(&mut s, k, &v);
+            }
+            s.push_str(&render_pod_labels(Some(&c.meta), ctx.reserved));
+            rows.push((s.into(), c));
+        }
+    }
+    measures
+        .iter()
+        .map(|(name, help, measure)| Family {
+            name: (*name).to_owned(),
+            help: (*help).to_owned(),
+            kind: MetricType::Gauge,
+            series: rows
+                .iter()
+                .filter_map(|(labels, c)| {
+                    measure(c).map(|value| Series {
+                        labels: Arc::clone(labels),
+                        value,
+                    })
+                })
+                .collect(),
+        })
+        .filter(|f| !f.series.is_empty())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::catalog;
     use crate::gpu::{GpuIdentity, InstanceSample};
-    use crate::pods::PodRef;
 
     fn device(index: u32, model: &str, instances: &[(u32, &str)]) -> Device {
         Device {
@@ -576,6 +974,7 @@ mod tests {
                     ci_id: 0,
                     profile: profile.to_owned(),
                     uuid: format!("MIG-{index}-{gi_id}"),
+                    placement: None,
                 })
                 .collect(),
         }
@@ -616,6 +1015,7 @@ mod tests {
             xid_window_ms: 300_000,
             clock_window_ms: 300_000,
             old_namespace: false,
+            pod_uid: false,
         }
     }
 
@@ -648,7 +1048,52 @@ mod tests {
                 container: "c".into(),
             },
             vgpu: vgpu.map(str::to_owned),
+            dra: None,
         }
+    }
+
+    #[test]
+    fn gpu_level_gpm_readings_stay_on_the_gpu_and_parent_readings_repeat_on_instances() {
+        let (cat, _) = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_PROF_PCIE_TX_BYTES, gauge, p\n",
+            "t.csv",
+        )
+        .unwrap();
+        let mut o = outcome(device(0, "G", &[(1, "1g.10gb"), (2, "1g.10gb")]), 40, 100);
+        if let Ok(s) = o.sample.as_mut() {
+            s.readings
+                .push((Field::ProfPcieTxBytes, Ok(Value::Float(1_048_576.0))));
+        }
+        let flex = build(
+            &cat,
+            std::slice::from_ref(&o),
+            &Attribution::default(),
+            &opts(),
+        );
+        assert_eq!(lines(&flex, "DCGM_FI_DEV_GPU_TEMP").len(), 2);
+        assert!(lines(&flex, "DCGM_FI_PROF_PCIE_TX_BYTES").is_empty());
+        let mut whole = opts();
+        whole.selection = DeviceSelection::Gpus(None);
+        let whole = build(&cat, &[o], &Attribution::default(), &whole);
+        assert_eq!(lines(&whole, "DCGM_FI_PROF_PCIE_TX_BYTES").len(), 1);
+    }
+
+    #[test]
+    fn the_device_label_names_the_gpu_index_not_the_minor_number() {
+        let mut d = device(1, "G", &[(3, "1g.10gb")]);
+        d.identity.minor = 7;
+        let s = build(
+            &cat(),
+            &[outcome(d, 40, 100)],
+            &Attribution::default(),
+            &opts(),
+        );
+        let temps = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temps.len(), 1);
+        assert!(
+            temps[0].contains(r#"gpu="1""#) && temps[0].contains(r#"device="nvidia1""#),
+            "{temps:?}"
+        );
     }
 
     #[test]
@@ -745,7 +1190,10 @@ mod tests {
             },
             vec![holder("solo", None)],
         );
-        let att = Attribution { holders };
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
         let outcomes = [
             outcome(device(0, "H100", &[]), 50, 1),
             outcome(device(1, "H100", &[]), 51, 2),
@@ -794,7 +1242,10 @@ mod tests {
             },
             vec![holder("a", Some("0")), holder("b", Some("1"))],
         );
-        let att = Attribution { holders };
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
         let outcomes = [
             outcome(device(0, "H100", &[]), 50, 1),
             outcome(device(1, "H100", &[]), 51, 2),
@@ -860,7 +1311,10 @@ mod tests {
             },
             vec![holder("solo", None)],
         );
-        let att = Attribution { holders };
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
         let mut o = opts();
         // The GPU series' options do not change the link labels' names.
         o.hostname_label = "Hostname".into();
@@ -929,5 +1383,700 @@ mod tests {
             .iter()
             .any(|l| l
                 .contains(r#"health_error_code="DCGM_FR_FALLEN_OFF_BUS",health_watch="ALL"} 20"#)));
+    }
+
+    fn dra_holder(pod: &str, claim: &str, device: &str) -> Holder {
+        Holder {
+            dra: Some(DraClaim {
+                claim_name: claim.into(),
+                claim_namespace: "ns".into(),
+                driver: "gpu.nvidia.com".into(),
+                pool: "n1".into(),
+                device: device.into(),
+            }),
+            ..holder(pod, None)
+        }
+    }
+
+    fn key(gpu: u32, gi_id: Option<u32>) -> EntityKey {
+        EntityKey { gpu, gi_id }
+    }
+
+    #[test]
+    fn dra_holders_get_one_copy_each_with_sorted_dra_labels_and_mig_details() {
+        let mut holders = std::collections::BTreeMap::new();
+        // GPU 1: a DRA claim shared by two pods, plus a device-plugin holder.
+        holders.insert(
+            key(1, None),
+            vec![
+                holder("classic", None),
+                dra_holder("a", "shared", "gpu-1"),
+                dra_holder("b", "shared", "gpu-1"),
+            ],
+        );
+        // GPU 0's MIG instance 2.
+        holders.insert(
+            key(0, Some(2)),
+            vec![dra_holder("m", "mig-claim", "gpu-0-mig-3g40gb-9-4")],
+        );
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let outcomes = [
+            outcome(device(0, "A100", &[(2, "3g.40gb"), (9, "1g.10gb")]), 50, 1),
+            outcome(device(1, "A100", &[]), 51, 2),
+        ];
+        let s = build(&cat(), &outcomes, &att, &opts());
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 4, "{temp:#?}");
+        assert!(
+            temp[0].ends_with(r#"GPU_I_PROFILE="3g.40gb",GPU_I_ID="2",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",dra_claim_name="mig-claim",dra_claim_namespace="ns",dra_device_name="gpu-0-mig-3g40gb-9-4",dra_driver_name="gpu.nvidia.com",dra_mig_device_uuid="MIG-0-2",dra_mig_profile="3g.40gb",dra_pool_name="n1",namespace="ns",pod="m"} 50"#),
+            "{}",
+            temp[0]
+        );
+        // The unallocated instance is untouched.
+        assert!(temp[1].contains(r#"GPU_I_ID="9""#) && !temp[1].contains("pod="));
+        // The DRA holders of GPU 1 get a copy each; the device-plugin holder none.
+        assert!(
+            temp[2].ends_with(r#"DCGM_FI_DRIVER_VERSION="570.1",container="c",dra_claim_name="shared",dra_claim_namespace="ns",dra_device_name="gpu-1",dra_driver_name="gpu.nvidia.com",dra_pool_name="n1",namespace="ns",pod="a"} 51"#),
+            "{}",
+            temp[2]
+        );
+        assert!(temp[3].contains(r#"pod="b"} 51"#), "{}", temp[3]);
+        // Everyone is in the info family, once per container.
+        let info = lines(&s, POD_INFO);
+        assert_eq!(info.len(), 4, "{info:#?}");
+        assert!(info[0].contains(r#"GPU_I_ID="2",pod="m""#));
+        assert!(info[1].contains(r#"pod="classic""#));
+    }
+
+    #[test]
+    fn a_container_holding_one_entity_through_two_claims_has_one_info_series() {
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(
+            key(0, None),
+            vec![
+                dra_holder("p", "one", "gpu-0"),
+                dra_holder("p", "two", "gpu-0"),
+            ],
+        );
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let s = build(
+            &cat(),
+            &[outcome(device(0, "H100", &[]), 40, 1)],
+            &att,
+            &opts(),
+        );
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 2);
+        assert!(temp[0].contains(r#"dra_claim_name="one""#));
+        assert!(temp[1].contains(r#"dra_claim_name="two""#));
+        assert_eq!(lines(&s, POD_INFO).len(), 1);
+    }
+
+    #[test]
+    fn hpc_jobs_multiply_every_copy_and_sort_among_the_attributes() {
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(key(0, None), vec![holder("solo", None)]);
+        let mut jobs = std::collections::BTreeMap::new();
+        jobs.insert(key(0, None), vec!["1001".to_owned(), "1002".to_owned()]);
+        // A plain file for a MIG GPU does not reach its instances, and vice versa.
+        jobs.insert(key(1, None), vec!["x".to_owned()]);
+        jobs.insert(key(1, Some(9)), vec!["77".to_owned()]);
+        let att = Attribution { holders, jobs };
+        let cat = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_XID_ERRORS, gauge, x\nDCGM_EXP_GPU_HEALTH_STATUS, gauge, h\nDCGM_FI_DRIVER_VERSION, label, d\n",
+            "t.csv",
+        )
+        .unwrap()
+        .0;
+        let outcomes = [
+            outcome(device(0, "H100", &[]), 40, 1),
+            outcome(device(1, "A100", &[(2, "3g.40gb"), (9, "1g.10gb")]), 41, 1),
+        ];
+        let s = build(&cat, &outcomes, &att, &opts());
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 4, "{temp:#?}");
+        assert!(
+            temp[0].ends_with(r#"container="c",hpc_job="1001",namespace="ns",pod="solo"} 40"#),
+            "{}",
+            temp[0]
+        );
+        assert!(temp[1].ends_with(r#"container="c",hpc_job="1002",namespace="ns",pod="solo"} 40"#));
+        assert!(!temp[2].contains("hpc_job"), "{}", temp[2]);
+        assert!(temp[3].contains(r#"GPU_I_ID="9""#) && temp[3].ends_with(r#"hpc_job="77"} 41"#));
+        // Per-series attributes merge in name order.
+        let xid = lines(&s, "DCGM_FI_DEV_XID_ERRORS");
+        assert!(xid[0].ends_with(r#"container="c",err_code="0",err_msg="No Error",hpc_job="1001",namespace="ns",pod="solo"} 0"#), "{}", xid[0]);
+        // Health series are about the hardware: no workload labels.
+        assert!(lines(&s, "DCGM_EXP_GPU_HEALTH_STATUS")
+            .iter()
+            .all(|l| !l.contains("hpc_job") && !l.contains("pod=")));
+    }
+
+    #[test]
+    fn links_carry_their_gpus_jobs_and_dra_claims_and_old_names_apply_to_dra_copies() {
+        let cat = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL, counter, r\n",
+            "t.csv",
+        )
+        .unwrap()
+        .0;
+        let outcomes = [with_links(
+            outcome(device(0, "H100", &[]), 50, 1),
+            &[(2, 5)],
+        )];
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(key(0, None), vec![dra_holder("p", "claim", "gpu-0")]);
+        let mut jobs = std::collections::BTreeMap::new();
+        jobs.insert(key(0, None), vec!["42".to_owned()]);
+        let att = Attribution { holders, jobs };
+        let link = &lines(
+            &build(&cat, &outcomes, &att, &opts()),
+            "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL",
+        )[0];
+        assert!(
+            link.ends_with(r#"hostname="n1",container="c",dra_claim_name="claim",dra_claim_namespace="ns",dra_device_name="gpu-0",dra_driver_name="gpu.nvidia.com",dra_pool_name="n1",hpc_job="42",namespace="ns",pod="p"} 5"#),
+            "{link}"
+        );
+        let mut o = opts();
+        o.old_namespace = true;
+        let temp = &lines(&build(&cat, &outcomes, &att, &o), "DCGM_FI_DEV_GPU_TEMP")[0];
+        assert!(
+            temp.ends_with(r#"container_name="c",dra_claim_name="claim",dra_claim_namespace="ns",dra_device_name="gpu-0",dra_driver_name="gpu.nvidia.com",dra_pool_name="n1",hpc_job="42",pod_name="p",pod_namespace="ns"} 50"#),
+            "{temp}"
+        );
+    }
+
+    /// (pod name, UID, labels).
+    type TestPod<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+    fn workload(pods: &[TestPod<'_>]) -> Workload {
+        use crate::pods::cri_proto::PodSandbox;
+        use crate::pods::cri_proto::PodSandboxMetadata;
+        use crate::pods::directory::{LabelOptions, RuntimeSnapshot};
+        let sandboxes = pods
+            .iter()
+            .map(|(name, uid, labels)| PodSandbox {
+                id: format!("sb-{name}"),
+                metadata: Some(PodSandboxMetadata {
+                    name: (*name).into(),
+                    uid: (*uid).into(),
+                    namespace: "ns".into(),
+                    attempt: 0,
+                }),
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        let dir = PodDirectory::from_runtime(
+            &RuntimeSnapshot {
+                sandboxes,
+                containers: vec![],
+            },
+            &LabelOptions {
+                enabled: true,
+                allowlist: vec![],
+            },
+        );
+        Workload {
+            directory: Arc::new(dir),
+            usage: BTreeMap::new(),
+        }
+    }
+
+    fn usage(pod: &str, sm: Option<u64>, mib: u64, w: &Workload) -> ContainerUsage {
+        let meta = w.directory.pod("ns", pod).cloned().unwrap_or_default();
+        ContainerUsage {
+            pod: PodRef {
+                namespace: "ns".into(),
+                pod: pod.into(),
+                container: "c".into(),
+            },
+            meta,
+            processes: 1,
+            fb_used_bytes: Some(mib * 1_048_576 + 7),
+            fb_used_mib: Some(mib),
+            utilization: sm.map(|sm| crate::pods::usage::UtilizationSum {
+                sm,
+                memory: sm / 2,
+                encoder: 0,
+                decoder: 0,
+            }),
+        }
+    }
+
+    fn gpu0() -> EntityKey {
+        EntityKey {
+            gpu: 0,
+            gi_id: None,
+        }
+    }
+
+    #[test]
+    fn pod_uid_and_labels_follow_the_pod_attributes_and_never_override_labels() {
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(gpu0(), vec![holder("a", None)]);
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let w = workload(&[(
+            "a",
+            "uid-a",
+            &[
+                ("team", "search"),
+                ("app.kubernetes.io/name", "embed"),
+                // These would clash with labels the exporter sets: left out.
+                ("pod", "evil"),
+                ("gpu", "9"),
+                ("DCGM_FI_DRIVER_VERSION", "x"),
+            ],
+        )]);
+        let mut o = opts();
+        o.pod_uid = true;
+        let s = build_with(
+            &cat(),
+            &[outcome(device(0, "H100", &[]), 50, 1)],
+            &att,
+            &w,
+            &o,
+        );
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temp.len(), 1);
+        assert!(
+            temp[0].ends_with(r#"container="c",namespace="ns",pod="a",pod_uid="uid-a",app_kubernetes_io_name="embed",team="search"} 50"#),
+            "{}",
+            temp[0]
+        );
+        let info = lines(&s, POD_INFO);
+        assert!(
+            info[0].ends_with(
+                r#"vgpu="",pod_uid="uid-a",app_kubernetes_io_name="embed",team="search"} 1"#
+            ),
+            "{}",
+            info[0]
+        );
+        // Without the flag: no pod_uid; labels only if the directory has them.
+        let s = build_with(
+            &cat(),
+            &[outcome(device(0, "H100", &[]), 50, 1)],
+            &att,
+            &w,
+            &opts(),
+        );
+        assert!(!lines(&s, "DCGM_FI_DEV_GPU_TEMP")[0].contains("pod_uid"));
+        // A pod the runtime does not know: no uid, no labels.
+        let s = build_with(
+            &cat(),
+            &[outcome(device(0, "H100", &[]), 50, 1)],
+            &att,
+            &workload(&[]),
+            &o,
+        );
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")[0].ends_with(r#"pod="a"} 50"#));
+    }
+
+    #[test]
+    fn container_families_have_their_own_names_and_the_entity_labels() {
+        let mut w = workload(&[("a", "uid-a", &[("team", "t")]), ("b", "uid-b", &[])]);
+        let u = EntityUsage {
+            containers: vec![usage("a", Some(30), 100, &w), usage("b", Some(12), 50, &w)],
+            complete: true,
+        };
+        w.usage.insert(gpu0(), u);
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(gpu0(), vec![holder("a", Some("0")), holder("b", Some("1"))]);
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let mut o = opts();
+        o.pod_uid = true;
+        let s = build_with(
+            &cat(),
+            &[outcome(device(0, "H100", &[]), 50, 1)],
+            &att,
+            &w,
+            &o,
+        );
+        let sm = lines(&s, CONTAINER_SM_UTIL);
+        assert_eq!(
+            sm,
+            [
+                r#"gpu_exporter_container_sm_utilization_percent{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",namespace="ns",pod="a",pod_uid="uid-a",team="t"} 30"#,
+                r#"gpu_exporter_container_sm_utilization_percent{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",namespace="ns",pod="b",pod_uid="uid-b"} 12"#,
+            ]
+        );
+        let fb = lines(&s, CONTAINER_FB_USED);
+        assert!(
+            fb[0].ends_with(" 104857607") && fb[1].ends_with(" 52428807"),
+            "{fb:?}"
+        );
+        assert_eq!(lines(&s, CONTAINER_PROCESSES).len(), 2);
+        assert_eq!(lines(&s, CONTAINER_DEC_UTIL).len(), 2);
+        // Shared GPU, default mode: device series unlabelled and unchanged.
+        let fbd = lines(&s, "DCGM_FI_DEV_FB_USED");
+        assert_eq!(fbd.len(), 1);
+        assert!(fbd[0].ends_with("\"570.1\"} 1"), "{}", fbd[0]);
+        // Without utilisation (MIG): no utilisation families, memory still there.
+        let mut w2 = w.clone();
+        w2.usage.get_mut(&gpu0()).unwrap().containers[0].utilization = None;
+        w2.usage.get_mut(&gpu0()).unwrap().containers[1].utilization = None;
+        let s = build_with(
+            &cat(),
+            &[outcome(device(0, "H100", &[]), 50, 1)],
+            &att,
+            &w2,
+            &o,
+        );
+        assert!(lines(&s, CONTAINER_SM_UTIL).is_empty());
+        assert_eq!(lines(&s, CONTAINER_FB_USED).len(), 2);
+    }
+
+    #[test]
+    fn virtual_gpus_carry_each_holders_own_util_and_memory() {
+        let mut w = workload(&[
+            ("a", "uid-a", &[]),
+            ("b", "uid-b", &[]),
+            ("idle", "uid-i", &[]),
+        ]);
+        w.usage.insert(
+            gpu0(),
+            EntityUsage {
+                containers: vec![usage("a", Some(130), 100, &w), usage("b", Some(12), 50, &w)],
+                complete: true,
+            },
+        );
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(
+            gpu0(),
+            vec![
+                holder("a", Some("0")),
+                holder("a", Some("3")),
+                holder("b", Some("1")),
+                holder("idle", Some("2")),
+            ],
+        );
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let mut o = opts();
+        o.virtual_gpus = true;
+        let mut out = outcome(device(0, "H100", &[]), 50, 160);
+        if let Ok(sample) = &mut out.sample {
+            sample.readings.retain(|(f, _)| *f != Field::GpuUtil);
+            sample.readings.push((Field::GpuUtil, Ok(Value::Int(99))));
+        }
+        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
+        let value = |l: &str| l.rsplit(' ').next().unwrap().to_owned();
+        let util: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_UTIL")
+            .iter()
+            .map(|l| value(l))
+            .collect();
+        // a (capped at 100), a's second replica 0, b, the idle holder 0.
+        assert_eq!(util, ["100", "0", "12", "0"]);
+        let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED")
+            .iter()
+            .map(|l| value(l))
+            .collect();
+        assert_eq!(fb, ["100", "0", "50", "0"]);
+        // Other fields stay copies.
+        let temp: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_TEMP")
+            .iter()
+            .map(|l| value(l))
+            .collect();
+        assert_eq!(temp, ["50", "50", "50", "50"]);
+
+        // An incomplete entity (a process not attributed) keeps the device's value everywhere.
+        w.usage.get_mut(&gpu0()).unwrap().complete = false;
+        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
+        let util: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_UTIL")
+            .iter()
+            .map(|l| value(l))
+            .collect();
+        assert_eq!(util, ["99", "99", "99", "99"]);
+        // No usage at all (per-process attribution off or failed): copies too.
+        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &workload(&[]), &o);
+        let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED")
+            .iter()
+            .map(|l| value(l))
+            .collect();
+        assert_eq!(fb, ["160", "160", "160", "160"]);
+    }
+
+    fn with_util(mut o: DeviceOutcome, util: i64) -> DeviceOutcome {
+        if let Ok(sample) = &mut o.sample {
+            sample.readings.retain(|(f, _)| *f != Field::GpuUtil);
+            sample.readings.push((Field::GpuUtil, Ok(Value::Int(util))));
+        }
+        o
+    }
+
+    #[test]
+    fn old_names_apply_to_every_pod_labelled_series_and_pod_uid_keeps_its_name() {
+        let mut w = workload(&[("a", "uid-a", &[("team", "t"), ("pod_name", "clash")])]);
+        w.usage.insert(
+            gpu0(),
+            EntityUsage {
+                containers: vec![usage("a", Some(30), 100, &w)],
+                complete: true,
+            },
+        );
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(gpu0(), vec![holder("a", None)]);
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let mut o = opts();
+        o.old_namespace = true;
+        o.pod_uid = true;
+        let s = build_with(
+            &cat(),
+            &[outcome(device(0, "H100", &[]), 50, 1)],
+            &att,
+            &w,
+            &o,
+        );
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(
+            temp[0],
+            r#"DCGM_FI_DEV_GPU_TEMP{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",team="t"} 50"#
+        );
+        let info = lines(&s, POD_INFO);
+        assert!(
+            info[0].ends_with(r#"uuid="GPU-0",pod_name="a",pod_namespace="ns",container_name="c",vgpu="",pod_uid="uid-a",team="t"} 1"#),
+            "{}",
+            info[0]
+        );
+        // The per-container series join on the same names as the device series.
+        let sm = lines(&s, CONTAINER_SM_UTIL);
+        assert_eq!(
+            sm,
+            [
+                r#"gpu_exporter_container_sm_utilization_percent{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",team="t"} 30"#
+            ]
+        );
+        // Without -o the pod label `pod_name` clashes with nothing and is kept.
+        o.old_namespace = false;
+        let s = build_with(
+            &cat(),
+            &[outcome(device(0, "H100", &[]), 50, 1)],
+            &att,
+            &w,
+            &o,
+        );
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")[0].contains(r#"pod_uid="uid-a",team="t""#));
+    }
+
+    #[test]
+    fn dra_copies_carry_pod_uid_labels_and_in_virtual_mode_their_own_use() {
+        let mut w = workload(&[("a", "uid-a", &[("team", "t")]), ("b", "uid-b", &[])]);
+        w.usage.insert(
+            gpu0(),
+            EntityUsage {
+                containers: vec![usage("a", Some(30), 100, &w), usage("b", Some(12), 50, &w)],
+                complete: true,
+            },
+        );
+        let mut holders = std::collections::BTreeMap::new();
+        // A claim shared by a and b, and a second claim of a on the same GPU.
+        holders.insert(
+            gpu0(),
+            vec![
+                dra_holder("a", "shared", "gpu-0"),
+                dra_holder("a", "second", "gpu-0"),
+                dra_holder("b", "shared", "gpu-0"),
+            ],
+        );
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let mut o = opts();
+        o.pod_uid = true;
+        let out = with_util(outcome(device(0, "H100", &[]), 50, 160), 99);
+        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
+        let util = lines(&s, "DCGM_FI_DEV_GPU_UTIL");
+        assert_eq!(util.len(), 3);
+        assert!(
+            util[0].ends_with(r#"container="c",dra_claim_name="shared",dra_claim_namespace="ns",dra_device_name="gpu-0",dra_driver_name="gpu.nvidia.com",dra_pool_name="n1",namespace="ns",pod="a",pod_uid="uid-a",team="t"} 99"#),
+            "{}",
+            util[0]
+        );
+        // Without --kubernetes-virtual-gpus the copies carry the device's values.
+        assert!(util.iter().all(|l| l.ends_with(" 99")), "{util:#?}");
+        let value = |l: &String| l.rsplit(' ').next().unwrap().to_owned();
+        o.virtual_gpus = true;
+        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
+        let util: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_UTIL")
+            .iter()
+            .map(value)
+            .collect();
+        // a's first claim, a's second claim (counted once), b. No `vgpu` on DRA copies.
+        assert_eq!(util, ["30", "0", "12"]);
+        let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED").iter().map(value).collect();
+        assert_eq!(fb, ["100", "0", "50"]);
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")
+            .iter()
+            .all(|l| l.ends_with(" 50") && !l.contains("vgpu")));
+        // The per-container series: one per container, no claim, whatever the copies.
+        let sm = lines(&s, CONTAINER_SM_UTIL);
+        assert_eq!(sm.len(), 2);
+        assert!(sm.iter().all(|l| !l.contains("dra_")), "{sm:#?}");
+    }
+
+    #[test]
+    fn hpc_jobs_multiply_the_copies_but_not_the_per_container_series() {
+        let mut w = workload(&[("a", "uid-a", &[])]);
+        w.usage.insert(
+            gpu0(),
+            EntityUsage {
+                containers: vec![usage("a", Some(30), 100, &w)],
+                complete: true,
+            },
+        );
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(gpu0(), vec![holder("a", Some("0"))]);
+        let mut jobs = std::collections::BTreeMap::new();
+        jobs.insert(gpu0(), vec!["j1".to_owned(), "j2".to_owned()]);
+        let att = Attribution { holders, jobs };
+        let mut o = opts();
+        o.virtual_gpus = true;
+        o.pod_uid = true;
+        let out = with_util(outcome(device(0, "H100", &[]), 50, 160), 99);
+        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
+        let util = lines(&s, "DCGM_FI_DEV_GPU_UTIL");
+        assert_eq!(
+            util,
+            [
+                r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",hpc_job="j1",namespace="ns",pod="a",pod_uid="uid-a",vgpu="0"} 30"#,
+                r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",hpc_job="j2",namespace="ns",pod="a",pod_uid="uid-a",vgpu="0"} 30"#,
+            ]
+        );
+        for fam in CONTAINER_FAMILIES {
+            let l = lines(&s, fam);
+            assert_eq!(l.len(), 1, "{fam}: {l:#?}");
+            assert!(!l[0].contains("hpc_job"), "{}", l[0]);
+        }
+    }
+
+    #[test]
+    fn the_newest_generation_names_carry_own_use_in_their_units() {
+        let mut w = workload(&[("a", "uid-a", &[]), ("b", "uid-b", &[])]);
+        w.usage.insert(
+            gpu0(),
+            EntityUsage {
+                containers: vec![usage("a", Some(30), 100, &w)],
+                complete: true,
+            },
+        );
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(gpu0(), vec![holder("a", Some("0")), holder("b", Some("1"))]);
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let cat = catalog::parse(
+            "DCGM_FI_DEV_GPU_UTIL_RATIO, gauge, u\nDCGM_FI_DEV_FB_USED_BYTES, gauge, f\n",
+            "t.csv",
+        )
+        .unwrap()
+        .0;
+        let mut out = outcome(device(0, "H100", &[]), 50, 160);
+        if let Ok(sample) = &mut out.sample {
+            sample.readings = vec![
+                (Field::GpuUtilRatio, Ok(Value::Float(0.99))),
+                (Field::FbUsedBytes, Ok(Value::Int(160 << 20))),
+            ];
+        }
+        let mut o = opts();
+        o.virtual_gpus = true;
+        let s = build_with(&cat, std::slice::from_ref(&out), &att, &w, &o);
+        let value = |l: &String| l.rsplit(' ').next().unwrap().to_owned();
+        let util: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_UTIL_RATIO")
+            .iter()
+            .map(value)
+            .collect();
+        assert_eq!(util, ["0.3", "0"]);
+        let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED_BYTES")
+            .iter()
+            .map(value)
+            .collect();
+        assert_eq!(fb, [(100 * 1_048_576 + 7).to_string(), "0".to_owned()]);
+    }
+
+    #[test]
+    fn no_pod_label_can_take_a_name_the_exporter_uses() {
+        // Every label the exporter itself writes, in every mode, with DRA, HPC jobs and links,
+        // is reserved: a pod label by that name would never reach a series.
+        let mut w = workload(&[("a", "uid-a", &[])]);
+        w.usage.insert(
+            key(0, Some(2)),
+            EntityUsage {
+                containers: vec![usage("a", None, 100, &w)],
+                complete: true,
+            },
+        );
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(key(0, Some(2)), vec![dra_holder("a", "c", "gpu-0-mig-x")]);
+        holders.insert(key(1, None), vec![holder("a", Some("0"))]);
+        let mut jobs = std::collections::BTreeMap::new();
+        jobs.insert(key(1, None), vec!["j".to_owned()]);
+        let att = Attribution { holders, jobs };
+        let cat = catalog::parse(
+            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_XID_ERRORS, gauge, x\nDCGM_EXP_XID_ERRORS_COUNT, gauge, c\nDCGM_EXP_CLOCK_EVENTS_COUNT, gauge, e\nDCGM_EXP_GPU_HEALTH_STATUS, gauge, h\nDCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL, counter, r\nDCGM_FI_DRIVER_VERSION, label, d\n",
+            "t.csv",
+        )
+        .unwrap()
+        .0;
+        let outcomes = [
+            outcome(device(0, "A100", &[(2, "3g.40gb")]), 40, 1),
+            with_links(outcome(device(1, "H100", &[]), 41, 1), &[(0, 1)]),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for (old, virt, label) in [
+            (false, false, "hostname"),
+            (true, true, "Hostname"),
+            (false, true, "hostname"),
+        ] {
+            let mut o = opts();
+            o.old_namespace = old;
+            o.virtual_gpus = virt;
+            o.pod_uid = true;
+            o.hostname_label = label.into();
+            let s = build_with(&cat, &outcomes, &att, &w, &o);
+            for fam in &s.families {
+                for series in &fam.series {
+                    for pair in series.labels.split("\",") {
+                        let name = pair.split('=').next().unwrap_or_default();
+                        seen.insert(name.trim_start_matches(',').to_owned());
+                    }
+                }
+            }
+        }
+        seen.remove("DCGM_FI_DRIVER_VERSION"); // a CSV label field: reserved from the catalog
+        let reserved: std::collections::BTreeSet<String> = RESERVED_LABELS
+            .iter()
+            .chain(&DRA_LABELS)
+            .map(|s| (*s).to_owned())
+            .collect();
+        let unreserved: Vec<&String> = seen.difference(&reserved).collect();
+        assert!(
+            unreserved.is_empty(),
+            "labels a pod label could take: {unreserved:?}"
+        );
+        for dra in DRA_LABELS {
+            assert!(seen.contains(dra), "{dra} not rendered by the test");
+        }
     }
 }

@@ -5,6 +5,8 @@
 //! `metrics-config/default-counters.csv`, or a self-metric); dashboards must be importable
 //! anywhere (`${datasource}`, stable uids, current schema); the manifests must agree with the
 //! binary (port, metrics CSV) and keep the deployment rules (selector, read-only hostPath, ...).
+//! The process-usage overlay (`overlays/process-usage/`) must mount only what it documents,
+//! read-only, and set only the binary's own variables to values it accepts.
 //! `promtool`, `kubectl kustomize` and the end-to-end run live in `scripts/ci-artifacts.sh`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,13 +64,23 @@ fn known_metrics() -> BTreeSet<String> {
         "the shipped CSV names fields we skip: {skipped:?}"
     );
     let mut known: BTreeSet<String> = cat.metrics.iter().map(|m| m.name.clone()).collect();
+    // The self-metrics of every mode: the container runtime's and per-process attribution's
+    // families are only emitted when those run.
+    let all_modes = SelfMetrics::default();
+    all_modes.cri.enable();
+    all_modes.processes.enable();
     known.extend(
-        SelfMetrics::default()
+        all_modes
             .families(&SampleStats::default(), "sim")
             .into_iter()
             .map(|f| f.name),
     );
     known.insert(gpu_exporter::snapshot::POD_INFO.to_owned());
+    known.extend(
+        gpu_exporter::snapshot::CONTAINER_FAMILIES
+            .iter()
+            .map(|s| (*s).to_owned()),
+    );
     known.extend(POD_RESOURCES_METRICS.iter().map(|s| (*s).to_owned()));
     known.insert("up".to_owned());
     known
@@ -756,6 +768,25 @@ fn daemonset_matches_the_binary_and_the_deployment_rules() {
         env["DCGM_EXPORTER_LISTEN"]["value"].as_str(),
         Some(default_addr.as_str())
     );
+    // Every variable is one the binary reads (a typo would be silently ignored), except the two
+    // the NVIDIA container runtime reads; DRA attribution is on (it needs nothing more).
+    let cmd = <gpu_exporter::config::Args as clap::CommandFactory>::command();
+    let known: BTreeSet<String> = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .chain([
+            "NVIDIA_VISIBLE_DEVICES".into(),
+            "NVIDIA_DRIVER_CAPABILITIES".into(),
+        ])
+        .collect();
+    for name in env.keys() {
+        assert!(
+            known.contains(name),
+            "the DaemonSet sets {name}, which nothing reads"
+        );
+    }
+    assert_eq!(env["KUBERNETES_ENABLE_DRA"]["value"].as_str(), Some("true"));
 
     let sc = &c["securityContext"];
     assert_eq!(sc["readOnlyRootFilesystem"], true);
@@ -896,4 +927,77 @@ fn prometheusrule_is_generated_from_the_alert_rules() {
         pr["spec"]["groups"].as_sequence() == Some(&want),
         "deploy/prometheusrule.yaml is out of date: run scripts/gen-prometheusrule.sh"
     );
+}
+
+#[test]
+fn process_usage_overlay_mounts_proc_and_the_runtime_socket_read_only_for_the_binary() {
+    use clap::CommandFactory;
+    let k: Yaml = serde_yaml::from_str(&read("overlays/process-usage/kustomization.yaml"))
+        .expect("overlay kustomization");
+    assert_eq!(k["bases"][0], "../../deploy");
+    assert_eq!(k["patchesStrategicMerge"][0], "daemonset-patch.yaml");
+    let patch: Yaml = serde_yaml::from_str(&read("overlays/process-usage/daemonset-patch.yaml"))
+        .expect("overlay patch");
+    let all = manifests();
+    let ds = kind(&all, "DaemonSet");
+    assert_eq!(patch["kind"], "DaemonSet");
+    assert_eq!(patch["metadata"]["name"], ds["metadata"]["name"]);
+    let pod = &patch["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["name"],
+        ds["spec"]["template"]["spec"]["containers"][0]["name"]
+    );
+
+    // Every variable is one of the binary's, and together they parse.
+    let cmd = gpu_exporter::config::Args::command();
+    let mut argv = vec!["gpu-exporter".to_owned()];
+    for e in c["env"].as_sequence().expect("env") {
+        let name = e["name"].as_str().unwrap();
+        let value = e["value"].as_str().expect("plain values");
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_env().is_some_and(|v| v == name))
+            .unwrap_or_else(|| panic!("{name} is not one of the binary's variables"));
+        let long = arg.get_long().expect("long flag");
+        if value == "true" {
+            argv.push(format!("--{long}"));
+        } else {
+            argv.push(format!("--{long}={value}"));
+        }
+    }
+    argv.push("-k".into()); // the base DaemonSet sets DCGM_EXPORTER_KUBERNETES
+    let args = gpu_exporter::config::Args::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    assert!(args.kubernetes_process_usage && args.kubernetes_enable_pod_uid);
+    let cfg = gpu_exporter::config::Config::resolve(args.clone()).expect("resolves");
+    assert!(cfg.process_usage && cfg.cri);
+
+    // Exactly two hostPaths, both mounted read-only where the flags point.
+    let volumes = pod["volumes"].as_sequence().expect("volumes");
+    assert_eq!(volumes.len(), 2);
+    let mount_of = |vol: &str| -> String {
+        let m = c["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == vol)
+            .unwrap_or_else(|| panic!("mount of {vol}"));
+        assert_eq!(m["readOnly"], true, "{vol} must be read-only");
+        m["mountPath"].as_str().unwrap().to_owned()
+    };
+    let host = |vol: &str| -> String {
+        let v = volumes.iter().find(|v| v["name"] == vol).unwrap();
+        assert_eq!(v["hostPath"]["type"], "Directory");
+        v["hostPath"]["path"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(host("host-proc"), "/proc");
+    assert_eq!(PathBuf::from(mount_of("host-proc")), args.path_procfs);
+    let socket = args
+        .container_runtime_endpoint
+        .strip_prefix("unix://")
+        .expect("unix endpoint");
+    let dir = PathBuf::from(socket).parent().unwrap().to_path_buf();
+    assert_eq!(PathBuf::from(mount_of("container-runtime")), dir);
+    assert_eq!(PathBuf::from(host("container-runtime")), dir);
 }

@@ -6,8 +6,16 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use std::sync::Arc;
+
+use gpu_exporter::gpu::GpuSource;
+use gpu_exporter::hpc;
+use gpu_exporter::pods::fake::Assignments;
+use gpu_exporter::pods::mapping::{self, MappingOptions};
+use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::{Attribution, EntityKey, Holder, PodRef};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
+use tokio::sync::{watch, Notify};
 
 async fn render_case(
     profile: &str,
@@ -70,6 +78,7 @@ fn holder(ns: &str, pod: &str, container: &str, vgpu: Option<&str>) -> Holder {
             container: container.into(),
         },
         vgpu: vgpu.map(str::to_owned),
+        dra: None,
     }
 }
 
@@ -154,7 +163,10 @@ async fn pods_whole_shared_and_mig() {
         "4xA100-80GB-MIG",
         None,
         common::build_options(),
-        Attribution { holders },
+        Attribution {
+            holders,
+            ..Default::default()
+        },
     )
     .await;
     check("4xA100-80GB-MIG-pods", &body);
@@ -172,6 +184,46 @@ async fn legacy_hostname_label_and_gpu_selection() {
     check("4xA100-80GB-MIG-g0-Hostname", &body);
 }
 
+/// The fake node of tests/fixtures/pods/a100-mig-shared-seed1.toml: a GPU time-sliced by three
+/// pods, a MIG instance with a two-process pod, a time-sliced MIG instance with one busy and one
+/// idle holder; the PIDs' cgroups in tests/fixtures/proc; the runtime's pods with their UIDs and
+/// labels. Per-process attribution on, `pod_uid` and pod labels on.
+async fn render_processes(virtual_gpus: bool) -> String {
+    let node = common::shared_node();
+    let opts = BuildOptions {
+        virtual_gpus,
+        pod_uid: true,
+        ..common::build_options()
+    };
+    let source = common::sim_running("4xA100-80GB-MIG", &node);
+    let h = common::harness(source, common::shipped_catalog(), opts);
+    h.pods_tx
+        .send_replace(Arc::new(common::holders("4xA100-80GB-MIG", &node)));
+    let (_dir_tx, dir_rx) = watch::channel(Arc::new(common::directory(&node, true)));
+    let mut sampler = h
+        .sampler
+        .with_directory(dir_rx, Arc::new(Notify::new()))
+        .with_process_usage(ProcRoot::new(common::proc_fixture()));
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(sampler.tick().await);
+    }
+    common::normalise(&last.expect("three ticks").body)
+}
+
+#[tokio::test(start_paused = true)]
+async fn processes_on_shared_and_mig_gpus() {
+    check("4xA100-80GB-MIG-processes", &render_processes(false).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn processes_on_shared_and_mig_gpus_virtual() {
+    check(
+        "4xA100-80GB-MIG-processes-virtual",
+        &render_processes(true).await,
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn old_namespace_labels() {
     // `-o/--use-old-namespace`: uuid, pod_name, pod_namespace, container_name.
@@ -187,7 +239,16 @@ async fn old_namespace_labels() {
         old_namespace: true,
         ..common::build_options()
     };
-    let body = render_case("1xA100-40GB", None, opts, Attribution { holders }).await;
+    let body = render_case(
+        "1xA100-40GB",
+        None,
+        opts,
+        Attribution {
+            holders,
+            ..Default::default()
+        },
+    )
+    .await;
     assert!(!body.contains("UUID="), "UUID label under -o");
     check("1xA100-40GB-old-namespace", &body);
 }
@@ -222,4 +283,28 @@ async fn per_link_nvlink_series() {
     )
     .await;
     check("8xH100-SXM-nvlink", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dra_claims_and_hpc_jobs() {
+    // The attribution as the refresher would build it from the DRA fixture, and the HPC jobs as
+    // the watcher would read them from the fixture directory.
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let reply = Assignments::load(std::path::Path::new(&format!(
+        "{fixtures}/pods/a100-mig-dra-seed1.toml"
+    )))
+    .expect("DRA fixture")
+    .reply;
+    let devices = common::sim("4xA100-80GB-MIG", None)
+        .devices()
+        .expect("devices");
+    let opts = MappingOptions {
+        enable_dra: true,
+        ..MappingOptions::default()
+    };
+    let mut pods = mapping::attribution_from(&reply, &devices, &opts).attribution;
+    pods.jobs = hpc::scan(std::path::Path::new(&format!("{fixtures}/hpc/a100-mig"))).jobs;
+    assert_eq!(pods.jobs.len(), 3, "{:?}", pods.jobs);
+    let body = render_case("4xA100-80GB-MIG", None, common::build_options(), pods).await;
+    check("4xA100-80GB-MIG-dra-hpc", &body);
 }

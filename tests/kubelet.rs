@@ -298,11 +298,32 @@ fn fixture_ids_are_the_sims_real_devices() {
         let opts = MappingOptions {
             extra_resource_names: vec![],
             id_type,
+            ..Default::default()
         };
         let m = mapping::attribution_from(&a.reply, &devices(profile), &opts);
         assert_eq!(m.unknown_devices, 0, "{file}: {:?}", m.unknown_examples);
         assert_eq!(m.attribution.holders.len(), entities, "{file}");
     }
+}
+
+#[test]
+fn dra_fixture_names_are_the_sims_real_devices() {
+    let a = Assignments::load(&fixture("a100-mig-dra-seed1.toml")).expect("fixture parses");
+    let opts = MappingOptions {
+        enable_dra: true,
+        ..Default::default()
+    };
+    let m = mapping::attribution_from(&a.reply, &devices("4xA100-80GB-MIG"), &opts);
+    assert_eq!(m.unknown_devices, 0, "{:?}", m.unknown_examples);
+    // Everything resolves but the deliberate VFIO passthrough device.
+    assert_eq!(
+        m.dra_unresolved,
+        std::collections::BTreeMap::from([("unrecognised_name", 1)]),
+        "{:?}",
+        m.dra_unresolved_examples
+    );
+    assert_eq!(m.dra_unresolved_examples, ["node-a/gpu-vfio-0"]);
+    assert_eq!(m.attribution.holders.len(), 5);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -785,7 +806,9 @@ async fn fake_kubelet_binary_killed_and_restarted_labels_come_back() {
     assert!(!state.up);
     assert_eq!(state.errors.values().sum::<u64>(), 1, "{:?}", state.errors);
     assert!(
-        state.errors.contains_key("unavailable") || state.errors.contains_key("socket_missing")
+        state.errors.contains_key("unavailable") || state.errors.contains_key("socket_missing"),
+        "{:?}",
+        state.errors
     );
     // Within the TTL the last answer stays in use.
     let body = p.body().await;
@@ -810,6 +833,7 @@ async fn gke_device_names_through_the_binary() {
         mapping: MappingOptions {
             extra_resource_names: vec![],
             id_type: GpuIdType::DeviceName,
+            ..Default::default()
         },
         ..Default::default()
     };
@@ -822,15 +846,122 @@ async fn gke_device_names_through_the_binary() {
     assert_eq!(lines_for(&body, POD_INFO, 1, None).len(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubernetes_mode_body_passes_promtool() {
-    if !common::promtool_available() {
-        return;
+/// The `dra_*` labels of a DRA allocation (MIG instances add their profile and UUID).
+fn dra_labels(claim_ns: &str, claim: &str, device: &str, mig: Option<(&str, &str)>) -> String {
+    let mut s = format!(
+        "dra_claim_name=\"{claim}\",dra_claim_namespace=\"{claim_ns}\",dra_device_name=\"{device}\",dra_driver_name=\"gpu.nvidia.com\","
+    );
+    if let Some((uuid, profile)) = mig {
+        s.push_str(&format!(
+            "dra_mig_device_uuid=\"{uuid}\",dra_mig_profile=\"{profile}\","
+        ));
     }
+    s.push_str("dra_pool_name=\"node-a\"");
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_allocations_through_the_binary_are_attributed_and_unresolvable_ones_counted() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("kubelet.sock");
-    let a = Assignments::load(&fixture("a100-mig-seed1.toml")).unwrap();
-    let (server, _tx) = fake_kubelet(&sock, a.reply);
+    let file = dir.path().join("assignments.toml");
+    std::fs::copy(fixture("a100-mig-dra-seed1.toml"), &file).unwrap();
+    let fake = FakeKubeletProcess::start(&sock, &file);
+    let opts = RefresherOptions {
+        mapping: MappingOptions {
+            enable_dra: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut p = pipeline("4xA100-80GB-MIG", client(&sock), false, opts);
+    let before = p.body().await;
+    assert_eq!(p.refresher.refresh_once().await, RefreshOutcome::Fresh);
+    let body = p.body().await;
+    let inv = devices("4xA100-80GB-MIG");
+
+    // A whole GPU allocated through DRA.
+    let whole = lines_for(&body, UTIL, 3, None);
+    assert_eq!(whole.len(), 1, "{whole:#?}");
+    assert!(
+        whole[0].contains(&format!(
+            "container=\"main\",{},namespace=\"ml\",pod=\"dra-trainer\"}}",
+            dra_labels("ml", "dra-trainer-gpu", "gpu-3", None)
+        )),
+        "{}",
+        whole[0]
+    );
+    // A MIG instance, with its profile and MIG UUID.
+    let mig = &inv[0].instances.iter().find(|i| i.gi_id == 2).unwrap().uuid;
+    let etl = lines_for(&body, ENGINE, 0, Some(2));
+    assert_eq!(etl.len(), 1);
+    assert!(
+        etl[0].contains(&format!(
+            "container=\"worker\",{},namespace=\"batch\",pod=\"dra-etl\"}}",
+            dra_labels(
+                "batch",
+                "etl-mig",
+                "gpu-0-mig-3g40gb-9-4",
+                Some((mig, "3g.40gb"))
+            )
+        )),
+        "{}",
+        etl[0]
+    );
+    // A claim shared by two pods: a copy each. The older driver's names resolve too.
+    let shared = lines_for(&body, ENGINE, 0, Some(9));
+    assert_eq!(shared.len(), 2, "{shared:#?}");
+    assert!(shared[0].contains("pod=\"shell-a\"") && shared[1].contains("pod=\"shell-b\""));
+    assert!(lines_for(&body, ENGINE, 2, Some(1))[0].contains("dra_device_name=\"gpu-2-mig-5-0-4\""));
+    // The device-plugin holder next to them keeps its plain labels.
+    let finetune = lines_for(&body, ENGINE, 1, Some(0));
+    assert!(finetune[0].contains(&pod_labels("ml", "finetune-0", "main")));
+    assert!(!finetune[0].contains("dra_"));
+    // Unallocated instances and every other series are as before attribution.
+    assert!(!lines_for(&body, ENGINE, 0, Some(3))[0].contains("pod="));
+    assert_eq!(
+        series(&body, "DCGM_FI_DEV_FB_USED").len(),
+        series(&before, "DCGM_FI_DEV_FB_USED").len() + 1,
+        "one more series: the second holder of the shared claim"
+    );
+    // The VFIO device is counted and skipped.
+    assert!(body.contains(
+        "gpu_exporter_pod_resources_dra_unresolved_devices{reason=\"unrecognised_name\"} 1\n"
+    ));
+    assert!(
+        body.contains("gpu_exporter_pod_resources_dra_unresolved_devices{reason=\"no_match\"} 0\n")
+    );
+    assert!(body.contains("gpu_exporter_pod_resources_allocated_entities 5\n"));
+
+    // A MIG device the GPU does not have (e.g. created after the last discovery): counted,
+    // skipped, and every other attribution stays.
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.push_str("\n[[assignment]]\nnamespace = \"ml\"\npod = \"late\"\ncontainer = \"c\"\nclaim = \"late\"\npool = \"node-a\"\ndevices = [\"gpu-0-mig-1g10gb-19-5\"]\n");
+    std::fs::write(&file, text).unwrap();
+    let pid = fake.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    fake.wait_for_log("assignments reloaded");
+    assert_eq!(p.refresher.refresh_once().await, RefreshOutcome::Fresh);
+    let after = p.body().await;
+    assert!(after
+        .contains("gpu_exporter_pod_resources_dra_unresolved_devices{reason=\"no_match\"} 1\n"));
+    assert!(!after.contains("pod=\"late\""));
+    assert_eq!(
+        series(&after, "DCGM_FI_DEV_FB_USED").len(),
+        series(&body, "DCGM_FI_DEV_FB_USED").len()
+    );
+    assert!(lines_for(&after, UTIL, 3, None)[0].contains("pod=\"dra-trainer\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_dra_flag_dra_allocations_get_no_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("kubelet.sock");
+    let _fake = FakeKubeletProcess::start(&sock, &fixture("a100-mig-dra-seed1.toml"));
     let mut p = pipeline(
         "4xA100-80GB-MIG",
         client(&sock),
@@ -838,9 +969,41 @@ async fn kubernetes_mode_body_passes_promtool() {
         RefresherOptions::default(),
     );
     p.body().await;
+    assert_eq!(p.refresher.refresh_once().await, RefreshOutcome::Fresh);
+    let body = p.body().await;
+    assert!(!body.contains("dra_"), "no dra_ label nor DRA self-metric");
+    assert!(!lines_for(&body, UTIL, 3, None)[0].contains("pod="));
+    // The device-plugin holder is attributed as always.
+    assert!(
+        lines_for(&body, ENGINE, 1, Some(0))[0].contains(&pod_labels("ml", "finetune-0", "main"))
+    );
+    assert!(body.contains("gpu_exporter_pod_resources_allocated_entities 1\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_mode_body_passes_promtool() {
+    if !common::promtool_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("kubelet.sock");
+    // Device-plugin and DRA allocations, and the DRA self-metric.
+    let a = Assignments::load(&fixture("a100-mig-dra-seed1.toml")).unwrap();
+    let (server, _tx) = fake_kubelet(&sock, a.reply);
+    let opts = RefresherOptions {
+        mapping: MappingOptions {
+            enable_dra: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut p = pipeline("4xA100-80GB-MIG", client(&sock), false, opts);
+    p.body().await;
     p.refresher.refresh_once().await;
     let body = p.body().await;
     assert!(body.contains("gpu_exporter_pod_resources_errors_total"));
+    assert!(body.contains("gpu_exporter_pod_resources_dra_unresolved_devices{"));
+    assert!(body.contains("dra_mig_device_uuid="));
     let (_, findings) = common::promtool_check(&body);
     // DCGM_* names carry findings inherent to dcgm-exporter's contract (see tests/promtool.rs);
     // anything else is ours and must be clean.

@@ -34,6 +34,7 @@ fn options() -> SamplerOptions {
             virtual_gpus: false,
             xid_window_ms: 300_000,
             clock_window_ms: 300_000,
+            pod_uid: false,
             old_namespace: false,
         },
     }

@@ -42,7 +42,6 @@ use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::{AttributionError, PodResolver};
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
-use gpu_exporter::snapshot::BuildOptions;
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -325,16 +324,7 @@ async fn run(args: Args) -> Result<()> {
         let opts = SamplerOptions {
             interval,
             rediscover_every: Duration::from_secs(60).max(interval),
-            build: BuildOptions {
-                hostname_label: config.args.hostname_label.clone(),
-                hostname: config.hostname.clone(),
-                replace_blanks_in_model_name: config.args.replace_blanks_in_model_name,
-                selection: config.selection.clone(),
-                virtual_gpus: config.args.kubernetes_virtual_gpus,
-                xid_window_ms: config.args.xid_count_window_size,
-                clock_window_ms: config.args.clock_events_count_window_size,
-                old_namespace: config.args.use_old_namespace,
-            },
+            build: config.build_options(),
         };
         let sampler = Sampler::new(
             Arc::new(source),

@@ -28,8 +28,13 @@ pub enum MigScope {
     /// Read per GPU instance (framebuffer, profiling activity).
     Instance,
     /// A property of the physical GPU, repeated on each of its instances (temperature, clocks,
-    /// power, ECC), as DCGM reports it for GPU-instance entities.
+    /// power, ECC), as DCGM reports it for GPU-instance entities: DCGM reads the parent GPU's
+    /// value for every NVML-backed field whose entity level is the GPU.
     Parent,
+    /// A GPU-level reading DCGM has no data for on GPU-instance entities: the GPM metrics of
+    /// the whole GPU (PCIe and NVLink bytes). Repeating them on each instance would make sums
+    /// over instances count the GPU's traffic once per instance.
+    Gpu,
     /// Not defined for MIG instances (utilization: NVML does not report it in MIG mode).
     Unsupported,
     /// Not a GPU or GPU-instance field at all: read per NVLink of the physical GPU and exported
@@ -224,13 +229,13 @@ fields! {
     /// Ratio of cycles the FP16 pipe is active.
     ProfPipeFp16Active = 1008, Float, Instance;
     /// PCIe transmit rate, bytes/s.
-    ProfPcieTxBytes = 1009, Float, Parent;
+    ProfPcieTxBytes = 1009, Float, Gpu;
     /// PCIe receive rate, bytes/s.
-    ProfPcieRxBytes = 1010, Float, Parent;
+    ProfPcieRxBytes = 1010, Float, Gpu;
     /// NVLink transmit rate, bytes/s.
-    ProfNvlinkTxBytes = 1011, Float, Parent;
+    ProfNvlinkTxBytes = 1011, Float, Gpu;
     /// NVLink receive rate, bytes/s.
-    ProfNvlinkRxBytes = 1012, Float, Parent;
+    ProfNvlinkRxBytes = 1012, Float, Gpu;
     /// SM clock, Hz (DCGM 4.6.1's base-unit field).
     SmClockHertz = 1603, Int, Parent;
     /// Memory clock, Hz.

@@ -61,7 +61,8 @@ pub struct GpuIdentity {
     pub uuid: String,
     /// PCI bus id, `00000000:8D:00.0` form.
     pub pci_bus_id: String,
-    /// Minor number: `/dev/nvidia<minor>` (the `device` label).
+    /// Minor number: `/dev/nvidia<minor>` (GKE device-plugin ids name GPUs by it; the `device`
+    /// label uses the index, as dcgm-exporter does).
     pub minor: u32,
     /// Product name (`modelName`).
     pub model: String,
@@ -78,6 +79,21 @@ pub struct MigInstance {
     pub profile: String,
     /// `MIG-…` UUID of the MIG device.
     pub uuid: String,
+    /// Where the GPU instance sits on its GPU, when NVML tells (`None`: unknown, e.g. the GPU
+    /// instance calls need privileges). NVIDIA's DRA driver names MIG devices by it.
+    pub placement: Option<MigPlacement>,
+}
+
+/// A GPU instance's profile id and placement (`nvmlGpuInstanceInfo_t`): which memory slices of
+/// its GPU it occupies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigPlacement {
+    /// GPU instance profile id (`NVML_GPU_INSTANCE_PROFILE_*`, e.g. 9 for 3g.40gb on an A100).
+    pub profile_id: u32,
+    /// First memory slice.
+    pub start: u32,
+    /// Number of memory slices.
+    pub size: u32,
 }
 
 /// A physical GPU and its MIG instances.
@@ -148,6 +164,35 @@ impl DeviceSample {
     }
 }
 
+/// Utilisation of one process over the time since the previous tick, % (NVML's per-process
+/// `smUtil`, `memUtil`, `encUtil`, `decUtil`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProcessUtilization {
+    /// Streaming multiprocessors (3D / compute).
+    pub sm: u32,
+    /// Memory controller (framebuffer bandwidth).
+    pub memory: u32,
+    /// Video encoder.
+    pub encoder: u32,
+    /// Video decoder.
+    pub decoder: u32,
+}
+
+/// One process with a compute context on a GPU, as read in one tick. PIDs are the host's (the
+/// driver does not know PID namespaces).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// Host PID.
+    pub pid: u32,
+    /// The MIG GPU instance it runs in; `None` on a GPU without MIG.
+    pub gi_id: Option<u32>,
+    /// Framebuffer it uses, bytes; `None` when the driver does not say.
+    pub used_memory_bytes: Option<u64>,
+    /// Its utilisation since the previous tick (zero when it had no sample: idle); `None` when
+    /// the GPU cannot report per-process utilisation (MIG, old GPUs).
+    pub utilization: Option<ProcessUtilization>,
+}
+
 /// A device-level failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -213,10 +258,29 @@ pub trait GpuSource: Send + Sync + 'static {
     /// read; per-field failures are recorded in the sample instead.
     fn sample(&self, device: &Device, fields: &[Field]) -> Result<DeviceSample, SourceError>;
 
+    /// Whether the source saw, since the last call, that its device list is out of date (a
+    /// MIG reconfiguration invalidates instance handles): the sampler then re-enumerates at
+    /// its next tick instead of waiting for the periodic discovery. Reading clears it.
+    fn wants_rediscovery(&self) -> bool {
+        false
+    }
+
     /// XID errors reported since the last call, keyed by GPU UUID. NVML delivers these through
     /// its event path, which keeps working when a GPU's reads fail (XID 79: fallen off the bus),
     /// so they are drained separately from [`GpuSource::sample`].
     fn drain_xids(&self) -> Vec<(String, XidEvent)>;
+
+    /// The processes running on `device` (and its MIG instances) with their memory and their
+    /// utilisation since the previous call for this device. Called once per tick after
+    /// [`GpuSource::sample`], only when per-process attribution is on; blocking like it.
+    ///
+    /// # Errors
+    /// Why the processes could not be listed; [`FieldError::NotSupported`] for sources without
+    /// processes (the default).
+    fn processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
+        let _ = device;
+        Err(FieldError::NotSupported)
+    }
 }
 
 impl fmt::Display for Value {

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use super::scenario::{Action, Pattern, Scenario};
 use super::{
-    Device, DeviceSample, FieldError, GpuIdentity, GpuSource, InstanceSample, LinkSample,
-    MigInstance, Reading, SourceError, Value, XidEvent,
+    Device, DeviceSample, FieldError, GpuIdentity, GpuProcess, GpuSource, InstanceSample,
+    LinkSample, MigInstance, MigPlacement, ProcessUtilization, Reading, SourceError, Value,
+    XidEvent,
 };
 use crate::catalog::field::MigScope;
 use crate::catalog::Field;
@@ -71,13 +72,14 @@ const H100_SXM: Model = Model {
     pcie_gen: 5,
 };
 
-/// A fleet profile: a model, a GPU count and, per GPU, its MIG layout (profile names).
+/// A fleet profile: a model, a GPU count and, per GPU, its MIG layout.
 #[derive(Debug, Clone, Copy)]
 struct Profile {
     name: &'static str,
     model: Model,
     gpus: u32,
-    mig: &'static [&'static [(&'static str, u32)]],
+    /// Per GPU: (profile name, GPU instance id, first memory slice), as on a real A100 80GB.
+    mig: &'static [&'static [(&'static str, u32, u32)]],
 }
 
 /// The profiles `--sim-profile` accepts.
@@ -92,15 +94,16 @@ pub const PROFILES: &[&str] = &[
     "8xA100-80GB-7xMIG",
 ];
 
-/// Seven 1g.10gb instances, the most an A100 80GB can hold (GPU instance ids 7-13).
-const SEVEN_1G_10GB: &[(&str, u32)] = &[
-    ("1g.10gb", 7),
-    ("1g.10gb", 8),
-    ("1g.10gb", 9),
-    ("1g.10gb", 10),
-    ("1g.10gb", 11),
-    ("1g.10gb", 12),
-    ("1g.10gb", 13),
+/// Seven 1g.10gb instances, the most an A100 80GB can hold (GPU instance ids 7-13, on memory
+/// slices 0-6).
+const SEVEN_1G_10GB: &[(&str, u32, u32)] = &[
+    ("1g.10gb", 7, 0),
+    ("1g.10gb", 8, 1),
+    ("1g.10gb", 9, 2),
+    ("1g.10gb", 10, 3),
+    ("1g.10gb", 11, 4),
+    ("1g.10gb", 12, 5),
+    ("1g.10gb", 13, 6),
 ];
 
 fn profile(name: &str) -> Option<Profile> {
@@ -121,16 +124,16 @@ fn profile(name: &str) -> Option<Profile> {
             name: "4xA100-80GB-MIG",
             model: A100_80GB,
             gpus: 4,
-            // (profile, GPU instance id); GPU 3 has MIG disabled.
+            // (profile, GPU instance id, first memory slice); GPU 3 has MIG disabled.
             mig: &[
                 &[
-                    ("3g.40gb", 2),
-                    ("2g.20gb", 3),
-                    ("1g.10gb", 9),
-                    ("1g.10gb", 10),
+                    ("3g.40gb", 2, 4),
+                    ("2g.20gb", 3, 0),
+                    ("1g.10gb", 9, 2),
+                    ("1g.10gb", 10, 3),
                 ],
-                &[("7g.80gb", 0)],
-                &[("4g.40gb", 1), ("3g.40gb", 2)],
+                &[("7g.80gb", 0, 0)],
+                &[("4g.40gb", 1, 0), ("3g.40gb", 2, 4)],
                 &[],
             ],
         },
@@ -150,6 +153,20 @@ fn profile(name: &str) -> Option<Profile> {
     })
 }
 
+/// GPU instance profile id and size in memory slices of an A100 80GB profile, as NVML reports
+/// them (`nvidia-smi mig -lgip`).
+fn mig_profile_id_and_size(profile: &str) -> (u32, u32) {
+    match profile {
+        "1g.10gb" => (19, 1),
+        "1g.10gb+me" => (20, 1),
+        "1g.20gb" => (15, 2),
+        "2g.20gb" => (14, 2),
+        "3g.40gb" => (9, 4),
+        "4g.40gb" => (5, 4),
+        _ => (0, 8),
+    }
+}
+
 /// MIG profile memory in MiB, as NVML reports it for an A100 80GB.
 fn mig_memory_mib(profile: &str) -> i64 {
     match profile {
@@ -166,6 +183,16 @@ pub enum SimError {
     /// The profile name is unknown.
     #[error("unknown simulation profile {0:?}; known profiles: {list}", list = PROFILES.join(", "))]
     UnknownProfile(String),
+    /// A simulated process names a GPU or MIG instance the profile does not have.
+    #[error("simulated process {pid}: {what} does not exist in profile {profile}")]
+    NoSuchEntity {
+        /// The PID.
+        pid: u32,
+        /// The GPU or instance named.
+        what: String,
+        /// The profile.
+        profile: String,
+    },
     /// A scenario event names a GPU the profile does not have.
     #[error("{origin}:{line}: GPU {gpu} does not exist in profile {profile} ({count} GPUs)")]
     NoSuchGpu {
@@ -210,6 +237,32 @@ struct GpuState {
     utilization: Option<(Pattern, Duration, Option<Duration>)>,
     pending_xids: Vec<XidEvent>,
     next_event: usize,
+    /// What the last sample read, for the processes of the same tick.
+    last: Option<LastTick>,
+}
+
+/// The values of a GPU's last sample that its processes share.
+#[derive(Debug, Default, Clone)]
+struct LastTick {
+    util: f64,
+    mem_util: f64,
+    fb_used_mib: i64,
+    /// Framebuffer used per MIG instance, MiB.
+    instances: Vec<(u32, i64)>,
+}
+
+/// A simulated process: `pid` on GPU `gpu` (MIG instance `gi_id`), using a `weight` share of
+/// what the GPU or instance does against the other processes there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimProcess {
+    /// Host PID.
+    pub pid: u32,
+    /// GPU index.
+    pub gpu: u32,
+    /// MIG GPU instance id, on MIG-enabled GPUs.
+    pub gi_id: Option<u32>,
+    /// Relative share.
+    pub weight: f64,
 }
 
 /// A simulated GPU fleet.
@@ -220,6 +273,7 @@ pub struct SimulatedSource {
     interval: Duration,
     scenario: Scenario,
     state: Vec<Mutex<GpuState>>,
+    processes: Vec<SimProcess>,
 }
 
 impl SimulatedSource {
@@ -267,7 +321,45 @@ impl SimulatedSource {
             interval,
             scenario,
             state,
+            processes: Vec::new(),
         })
+    }
+
+    /// Runs `processes` on the fleet: each tick they share their GPU's (or MIG instance's)
+    /// utilisation and framebuffer by weight, so they add up to the device's values (memory
+    /// exactly, in MiB; utilisation within the rounding of each share to whole percent). Per-process
+    /// utilisation is not reported on MIG instances, as NVML does not report it there.
+    ///
+    /// # Errors
+    /// [`SimError::NoSuchEntity`] for a GPU or MIG instance the profile does not have, or an
+    /// instance named on a GPU without MIG.
+    pub fn with_processes(mut self, processes: Vec<SimProcess>) -> Result<Self, SimError> {
+        let devices = self.devices().unwrap_or_default();
+        for p in &processes {
+            let err = |what: String| SimError::NoSuchEntity {
+                pid: p.pid,
+                what,
+                profile: self.profile.name.to_owned(),
+            };
+            let d = devices
+                .iter()
+                .find(|d| d.identity.index == p.gpu)
+                .ok_or_else(|| err(format!("GPU {}", p.gpu)))?;
+            match p.gi_id {
+                Some(gi) if !d.instances.iter().any(|i| i.gi_id == gi) => {
+                    return Err(err(format!("MIG instance {gi} of GPU {}", p.gpu)))
+                }
+                None if d.mig_enabled => {
+                    return Err(err(format!(
+                        "GPU {} without a MIG instance (it has MIG enabled)",
+                        p.gpu
+                    )))
+                }
+                _ => {}
+            }
+        }
+        self.processes = processes;
+        Ok(self)
     }
 
     fn identity(&self, index: u32) -> GpuIdentity {
@@ -543,6 +635,12 @@ impl SimulatedSource {
             .filter(|f| !f.is_link())
             .collect();
         let readings = gpu_fields.iter().map(|&f| (f, value(f))).collect();
+        let instance_used = |inst: &MigInstance| {
+            let mem = mig_memory_mib(&inst.profile);
+            let share = hash(self.seed, index, u64::from(inst.gi_id), 60);
+            let iu = (util * (0.5 + share)).min(100.0) / 100.0;
+            (mem as f64 * (0.2 + 0.7 * share) * iu.max(0.05)) as i64
+        };
         let instances = device
             .instances
             .iter()
@@ -550,7 +648,7 @@ impl SimulatedSource {
                 let mem = mig_memory_mib(&inst.profile);
                 let share = hash(self.seed, index, u64::from(inst.gi_id), 60);
                 let iu = (util * (0.5 + share)).min(100.0) / 100.0;
-                let used = (mem as f64 * (0.2 + 0.7 * share) * iu.max(0.05)) as i64;
+                let used = instance_used(inst);
                 let readings = fields
                     .iter()
                     .filter(|f| f.mig_scope() == MigScope::Instance)
@@ -586,6 +684,16 @@ impl SimulatedSource {
                 }
             })
             .collect();
+        st.last = Some(LastTick {
+            util,
+            mem_util: (util * 0.6).round(),
+            fb_used_mib: fb_used,
+            instances: device
+                .instances
+                .iter()
+                .map(|inst| (inst.gi_id, instance_used(inst)))
+                .collect(),
+        });
         // NVLinks: all of the model's links are up, except in MIG mode. A GPU's NVLink errors
         // all happen on one link (its "bad cable"), so the per-link counters add up to the GPU's
         // totals; the throughput is spread evenly, so the per-link rates add up to its total.
@@ -647,11 +755,19 @@ impl GpuSource for SimulatedSource {
                 let layout = self.profile.mig.get(i as usize).copied().unwrap_or(&[]);
                 let mut instances: Vec<MigInstance> = layout
                     .iter()
-                    .map(|&(profile, gi_id)| MigInstance {
-                        gi_id,
-                        ci_id: 0,
-                        profile: profile.to_owned(),
-                        uuid: uuid("MIG", self.seed, i, u64::from(gi_id) + 1),
+                    .map(|&(profile, gi_id, start)| {
+                        let (profile_id, size) = mig_profile_id_and_size(profile);
+                        MigInstance {
+                            gi_id,
+                            ci_id: 0,
+                            profile: profile.to_owned(),
+                            uuid: uuid("MIG", self.seed, i, u64::from(gi_id) + 1),
+                            placement: Some(MigPlacement {
+                                profile_id,
+                                start,
+                                size,
+                            }),
+                        }
                     })
                     .collect();
                 instances.sort_by_key(|m| m.gi_id);
@@ -690,6 +806,56 @@ impl GpuSource for SimulatedSource {
         Ok(sample)
     }
 
+    fn processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
+        let index = device.identity.index;
+        let cell = self.state.get(index as usize).ok_or(FieldError::Failed)?;
+        let st = cell
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if st.lost {
+            return Err(FieldError::Failed);
+        }
+        let Some(last) = &st.last else {
+            return Ok(Vec::new());
+        };
+        let mut groups: Vec<(Option<u32>, Vec<&SimProcess>)> = Vec::new();
+        for p in self.processes.iter().filter(|p| p.gpu == index) {
+            match groups.iter_mut().find(|(gi, _)| *gi == p.gi_id) {
+                Some((_, v)) => v.push(p),
+                None => groups.push((p.gi_id, vec![p])),
+            }
+        }
+        let mut out = Vec::new();
+        for (gi, procs) in groups {
+            let total: f64 = procs.iter().map(|p| p.weight).sum();
+            let fb = match gi {
+                None => last.fb_used_mib,
+                Some(g) => last
+                    .instances
+                    .iter()
+                    .find(|(i, _)| *i == g)
+                    .map_or(0, |(_, used)| *used),
+            };
+            let mib = split(fb.max(0) as u64, procs.iter().map(|p| p.weight / total));
+            for (p, mib) in procs.iter().zip(mib) {
+                let share = p.weight / total;
+                let pct = |v: f64| (v * share).round().clamp(0.0, 100.0) as u32;
+                out.push(GpuProcess {
+                    pid: p.pid,
+                    gi_id: gi,
+                    used_memory_bytes: Some(mib * 1024 * 1024),
+                    utilization: gi.is_none().then(|| ProcessUtilization {
+                        sm: pct(last.util),
+                        memory: pct(last.mem_util),
+                        encoder: 0,
+                        decoder: 0,
+                    }),
+                });
+            }
+        }
+        Ok(out)
+    }
+
     fn drain_xids(&self) -> Vec<(String, XidEvent)> {
         let mut out = Vec::new();
         for (i, cell) in self.state.iter().enumerate() {
@@ -701,6 +867,21 @@ impl GpuSource for SimulatedSource {
         }
         out
     }
+}
+
+/// Splits `total` by `shares` (summing to 1) into whole parts that add up to `total` exactly:
+/// each part rounded down, the remainder given one by one from the first part on.
+fn split(total: u64, shares: impl Iterator<Item = f64>) -> Vec<u64> {
+    let mut parts: Vec<u64> = shares.map(|s| (total as f64 * s).floor() as u64).collect();
+    let mut rest = total.saturating_sub(parts.iter().sum());
+    let n = parts.len();
+    let mut i = 0;
+    while rest > 0 && n > 0 {
+        parts[i % n] += 1;
+        rest -= 1;
+        i += 1;
+    }
+    parts
 }
 
 fn to_i64(v: u64) -> i64 {
@@ -927,5 +1108,94 @@ mod tests {
         let u = uuid("GPU", 1, 0, 0);
         assert_eq!(u.len(), 40);
         assert_eq!(u.matches('-').count(), 5);
+    }
+
+    #[test]
+    fn processes_share_their_gpus_use_by_weight() {
+        let proc = |pid, gpu, gi_id, weight| SimProcess {
+            pid,
+            gpu,
+            gi_id,
+            weight,
+        };
+        let s = fleet("4xA100-80GB-MIG", "")
+            .with_processes(vec![
+                proc(1, 3, None, 3.0),
+                proc(2, 3, None, 2.0),
+                proc(3, 3, None, 1.0),
+                proc(4, 0, Some(2), 1.0),
+                proc(5, 0, Some(2), 1.0),
+            ])
+            .unwrap();
+        let d = s.devices().unwrap();
+        // Before the first sample there is nothing to share.
+        assert!(s.processes(&d[3]).unwrap().is_empty());
+        for _ in 0..5 {
+            let x = s.sample(&d[3], Field::ALL).unwrap();
+            let ps = s.processes(&d[3]).unwrap();
+            assert_eq!(ps.len(), 3);
+            let mib: i64 = ps
+                .iter()
+                .map(|p| (p.used_memory_bytes.unwrap() / 1_048_576) as i64)
+                .sum();
+            assert_eq!(mib, int(&x, Field::FbUsed));
+            let sm: i64 = ps
+                .iter()
+                .map(|p| i64::from(p.utilization.unwrap().sm))
+                .sum();
+            assert!(
+                (sm - int(&x, Field::GpuUtil)).abs() <= 2,
+                "{sm} vs {}",
+                int(&x, Field::GpuUtil)
+            );
+            // 3:2:1.
+            let a = ps[0].utilization.unwrap().sm;
+            let c = ps[2].utilization.unwrap().sm;
+            assert!(a + 1 >= 3 * c && a <= 3 * c + 3, "{a} vs {c}");
+        }
+        let x = s.sample(&d[0], Field::ALL).unwrap();
+        let ps = s.processes(&d[0]).unwrap();
+        assert_eq!(
+            ps.iter().map(|p| p.gi_id).collect::<Vec<_>>(),
+            [Some(2), Some(2)]
+        );
+        assert!(ps.iter().all(|p| p.utilization.is_none()));
+        let inst = x.instances.iter().find(|i| i.gi_id == 2).unwrap();
+        let Some((_, Ok(Value::Int(used)))) =
+            inst.readings.iter().find(|(f, _)| *f == Field::FbUsed)
+        else {
+            panic!()
+        };
+        let total: u64 = ps
+            .iter()
+            .map(|p| p.used_memory_bytes.unwrap() / 1_048_576)
+            .sum();
+        assert_eq!(total as i64, *used);
+        // GPUs without processes have none.
+        s.sample(&d[1], Field::ALL).unwrap();
+        assert!(s.processes(&d[1]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn processes_must_name_real_entities() {
+        let p = |gpu, gi_id| SimProcess {
+            pid: 9,
+            gpu,
+            gi_id,
+            weight: 1.0,
+        };
+        let e = |procs| {
+            fleet("4xA100-80GB-MIG", "")
+                .with_processes(procs)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            e(vec![p(7, None)]),
+            "simulated process 9: GPU 7 does not exist in profile 4xA100-80GB-MIG"
+        );
+        assert!(e(vec![p(0, Some(4))]).contains("MIG instance 4 of GPU 0"));
+        assert!(e(vec![p(0, None)]).contains("has MIG enabled"));
+        assert!(e(vec![p(3, Some(0))]).contains("MIG instance 0 of GPU 3"));
     }
 }

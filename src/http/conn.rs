@@ -606,11 +606,13 @@ impl Registry {
         self.metrics.http.count_closed(reason);
     }
 
-    /// Waits while more than [`MAX_PENDING_EVICTIONS`] evicted connections are still closing.
+    /// Waits while [`MAX_PENDING_EVICTIONS`] evicted connections are still closing, so that the
+    /// admission that follows (which may evict one more) keeps at most that many closing, and
+    /// at most `limit + MAX_PENDING_EVICTIONS` connections open.
     pub async fn evictions_settled(&self) {
         loop {
             let gone = self.victim_gone.notified();
-            if self.lock().evicting <= MAX_PENDING_EVICTIONS {
+            if self.lock().evicting < MAX_PENDING_EVICTIONS {
                 return;
             }
             gone.await;

@@ -6,13 +6,12 @@
 //! own client limit; tonic's default of 4 MiB is too small for a full node). This is the only
 //! file that uses the generated client.
 
-use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
-use tonic::Code;
+use tonic::transport::Channel;
 
+use super::grpc::{self, Failure};
 use super::proto::pod_resources_lister_client::PodResourcesListerClient;
 use super::proto::{ListPodResourcesRequest, ListPodResourcesResponse};
 use super::{AttributionError, PodResolver};
@@ -38,21 +37,13 @@ impl KubeletPodResources {
     /// # Errors
     /// [`AttributionError::InvalidPath`] if `path` cannot form an endpoint.
     pub fn new(path: &Path, timeout: Duration) -> Result<Self, AttributionError> {
-        let invalid =
-            |cause: Box<dyn std::error::Error + Send + Sync>| AttributionError::InvalidPath {
+        let channel =
+            grpc::unix_channel(path, timeout).map_err(|cause| AttributionError::InvalidPath {
                 path: path.to_owned(),
                 cause,
-            };
-        let abs = std::path::absolute(path).map_err(|e| invalid(e.into()))?;
-        let text = abs
-            .to_str()
-            .ok_or_else(|| invalid("the path is not valid UTF-8".into()))?;
-        let endpoint = Endpoint::from_shared(format!("unix://{text}"))
-            .map_err(|e| invalid(e.into()))?
-            .connect_timeout(timeout)
-            .timeout(timeout);
-        let client = PodResourcesListerClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(MAX_REPLY_BYTES);
+            })?;
+        let client =
+            PodResourcesListerClient::new(channel).max_decoding_message_size(MAX_REPLY_BYTES);
         Ok(Self {
             client,
             path: path.to_owned(),
@@ -62,61 +53,24 @@ impl KubeletPodResources {
 
     fn classify(&self, status: &tonic::Status) -> AttributionError {
         let path = self.path.clone();
-        let cause = || -> super::Cause { Box::new(status.clone()) };
-        match status.code() {
-            Code::ResourceExhausted => AttributionError::RateLimited {
-                path,
-                cause: cause(),
-            },
-            Code::OutOfRange if status.message().contains("too large") => {
-                AttributionError::TooLarge {
-                    path,
-                    limit: MAX_REPLY_BYTES,
-                    cause: cause(),
-                }
-            }
-            Code::Internal if status.message().contains("decode") => AttributionError::Malformed {
-                path,
-                cause: cause(),
-            },
-            Code::DeadlineExceeded => AttributionError::Timeout {
+        match grpc::classify(status, &self.path) {
+            Failure::SocketMissing => AttributionError::SocketMissing { path },
+            Failure::PermissionDenied(cause) => AttributionError::PermissionDenied { path, cause },
+            Failure::Unavailable(cause) => AttributionError::Unavailable { path, cause },
+            Failure::Timeout => AttributionError::Timeout {
                 path,
                 after: self.timeout,
             },
-            Code::Cancelled if status.message().contains("Timeout") => AttributionError::Timeout {
+            Failure::RateLimited(cause) => AttributionError::RateLimited { path, cause },
+            Failure::TooLarge(cause) => AttributionError::TooLarge {
                 path,
-                after: self.timeout,
+                limit: MAX_REPLY_BYTES,
+                cause,
             },
-            Code::Unavailable | Code::Unknown | Code::Internal => match io_kind(status) {
-                Some(io::ErrorKind::NotFound) => AttributionError::SocketMissing { path },
-                Some(io::ErrorKind::PermissionDenied) => AttributionError::PermissionDenied {
-                    path,
-                    cause: cause(),
-                },
-                _ if !self.path.exists() => AttributionError::SocketMissing { path },
-                _ => AttributionError::Unavailable {
-                    path,
-                    cause: cause(),
-                },
-            },
-            _ => AttributionError::Rejected {
-                path,
-                cause: cause(),
-            },
+            Failure::Malformed(cause) => AttributionError::Malformed { path, cause },
+            Failure::Rejected(cause) => AttributionError::Rejected { path, cause },
         }
     }
-}
-
-/// The kind of the first I/O error in `status`'s cause chain.
-fn io_kind(status: &tonic::Status) -> Option<io::ErrorKind> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
-    while let Some(e) = cur {
-        if let Some(io) = e.downcast_ref::<io::Error>() {
-            return Some(io.kind());
-        }
-        cur = e.source();
-    }
-    None
 }
 
 impl PodResolver for KubeletPodResources {

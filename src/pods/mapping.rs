@@ -20,6 +20,11 @@
 //! Ids that match nothing are skipped and counted (a stale inventory, another vendor's plugin
 //! reusing a listed resource name, or the wrong id-type mode).
 //!
+//! With `--kubernetes-enable-dra`, the devices of NVIDIA's DRA driver (`gpu.nvidia.com`) in each
+//! container's `dynamic_resources` are attributed too, with the claim they came from (see
+//! [`super::dra`] for how their names are resolved). Other drivers' devices are ignored; devices
+//! that resolve to nothing are skipped and counted by reason.
+//!
 //! Unlike dcgm-exporter, where the pod listed last wins a shared GPU, the holders of every entity
 //! are sorted and deduplicated, so the same reply always gives the same attribution.
 
@@ -27,8 +32,9 @@ use std::collections::BTreeMap;
 
 use crate::config::GpuIdType;
 use crate::gpu::Device;
-use crate::pods::proto::ListPodResourcesResponse;
-use crate::pods::{Attribution, EntityKey, Holder, PodRef};
+use crate::pods::dra::{self, NVIDIA_GPU_DRIVER};
+use crate::pods::proto::{ContainerResources, ListPodResourcesResponse};
+use crate::pods::{Attribution, DraClaim, EntityKey, Holder, PodRef};
 
 /// The resource name of whole GPUs (and of MIG devices with the `single` MIG strategy).
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -42,6 +48,8 @@ pub struct MappingOptions {
     pub extra_resource_names: Vec<String>,
     /// `--kubernetes-gpu-id-type`.
     pub id_type: GpuIdType,
+    /// `--kubernetes-enable-dra`: attribute devices of NVIDIA's DRA driver.
+    pub enable_dra: bool,
 }
 
 impl Default for MappingOptions {
@@ -49,6 +57,7 @@ impl Default for MappingOptions {
         Self {
             extra_resource_names: Vec::new(),
             id_type: GpuIdType::Uid,
+            enable_dra: false,
         }
     }
 }
@@ -71,6 +80,13 @@ pub struct Mapped {
     pub unknown_devices: usize,
     /// The first few of them, for the log.
     pub unknown_examples: Vec<String>,
+    /// Devices of NVIDIA's DRA driver that resolved to no GPU or MIG instance, by reason
+    /// ([`dra::Unresolved::reason`]); only with `enable_dra`.
+    pub dra_unresolved: BTreeMap<&'static str, usize>,
+    /// The first few of them, for the log.
+    pub dra_unresolved_examples: Vec<String>,
+    /// Devices of NVIDIA's DRA driver seen while `enable_dra` is off (for a hint in the log).
+    pub dra_ignored: usize,
 }
 
 const UNKNOWN_EXAMPLES: usize = 3;
@@ -98,6 +114,7 @@ pub fn attribution_from(
                                 container: container.name.clone(),
                             },
                             vgpu,
+                            dra: None,
                         }),
                         None => {
                             mapped.unknown_devices += 1;
@@ -108,14 +125,73 @@ pub fn attribution_from(
                     }
                 }
             }
+            let holder = |dra: DraClaim| Holder {
+                pod: PodRef {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    container: container.name.clone(),
+                },
+                vgpu: None,
+                dra: Some(dra),
+            };
+            for (key, claim) in dra_devices(container, devices, opts, &mut mapped) {
+                holders.entry(key).or_default().push(holder(claim));
+            }
         }
     }
     for list in holders.values_mut() {
         list.sort();
         list.dedup();
     }
-    mapped.attribution = Attribution { holders };
+    mapped.attribution = Attribution {
+        holders,
+        ..Default::default()
+    };
     mapped
+}
+
+/// The devices of NVIDIA's DRA driver a container holds, resolved; counts the rest in `mapped`.
+/// Keyed by (driver, pool, device) only: the kubelet (1.34) also lists the CDI ids of a
+/// driver's earlier devices on each later one, so CDI ids are not used.
+fn dra_devices(
+    container: &ContainerResources,
+    devices: &[Device],
+    opts: &MappingOptions,
+    mapped: &mut Mapped,
+) -> Vec<(EntityKey, DraClaim)> {
+    let mut out = Vec::new();
+    for claim in &container.dynamic_resources {
+        for res in &claim.claim_resources {
+            if res.driver_name != NVIDIA_GPU_DRIVER {
+                continue;
+            }
+            if !opts.enable_dra {
+                mapped.dra_ignored += 1;
+                continue;
+            }
+            match dra::resolve(&res.device_name, devices) {
+                Ok(key) => out.push((
+                    key,
+                    DraClaim {
+                        claim_name: claim.claim_name.clone(),
+                        claim_namespace: claim.claim_namespace.clone(),
+                        driver: res.driver_name.clone(),
+                        pool: res.pool_name.clone(),
+                        device: res.device_name.clone(),
+                    },
+                )),
+                Err(why) => {
+                    *mapped.dra_unresolved.entry(why.reason()).or_default() += 1;
+                    if mapped.dra_unresolved_examples.len() < UNKNOWN_EXAMPLES {
+                        mapped
+                            .dra_unresolved_examples
+                            .push(format!("{}/{}", res.pool_name, res.device_name));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Resolves one device id to an entity and replica id.
@@ -244,8 +320,11 @@ fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::{GpuIdentity, MigInstance};
-    use crate::pods::proto::{ContainerDevices, ContainerResources, PodResources};
+    use crate::gpu::{GpuIdentity, MigInstance, MigPlacement};
+    use crate::pods::proto::{
+        CdiDevice, ClaimResource, ContainerDevices, ContainerResources, DynamicResource,
+        PodResources,
+    };
 
     const G0: &str = "GPU-11111111-2222-3333-4444-555555555555";
     const G1: &str = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";
@@ -276,12 +355,22 @@ mod tests {
                         ci_id: 0,
                         profile: "3g.40gb".to_owned(),
                         uuid: M1_GI3.to_owned(),
+                        placement: Some(MigPlacement {
+                            profile_id: 9,
+                            start: 4,
+                            size: 4,
+                        }),
                     },
                     MigInstance {
                         gi_id: 5,
                         ci_id: 0,
                         profile: "1g.10gb".to_owned(),
                         uuid: M1_GI5.to_owned(),
+                        placement: Some(MigPlacement {
+                            profile_id: 19,
+                            start: 2,
+                            size: 1,
+                        }),
                     },
                 ],
             },
@@ -418,6 +507,7 @@ mod tests {
                 container: c.into(),
             },
             vgpu: vgpu.map(Into::into),
+            dra: None,
         }
     }
 
@@ -463,6 +553,7 @@ mod tests {
         let opts = MappingOptions {
             extra_resource_names: vec!["nvidia.com/gpu.shared".into()],
             id_type: GpuIdType::Uid,
+            ..Default::default()
         };
         let m = attribution_from(&reply, &inventory(), &opts);
         assert_eq!(
@@ -515,6 +606,7 @@ mod tests {
         let opts = MappingOptions {
             extra_resource_names: vec![],
             id_type: GpuIdType::DeviceName,
+            ..Default::default()
         };
         let m = attribution_from(&reply, &inventory(), &opts);
         assert_eq!(
@@ -539,5 +631,188 @@ mod tests {
         let m = attribution_from(&reply, &[], &MappingOptions::default());
         assert!(m.attribution.holders.is_empty());
         assert_eq!(m.unknown_devices, 2);
+    }
+
+    fn claim(name: &str, ns: &str, devices: &[(&str, &str)]) -> DynamicResource {
+        let mut cdi = Vec::new();
+        DynamicResource {
+            claim_name: name.to_owned(),
+            claim_namespace: ns.to_owned(),
+            claim_resources: devices
+                .iter()
+                .map(|(driver, device)| {
+                    // As the 1.34 kubelet does: each device also lists the CDI ids of the
+                    // driver's earlier devices.
+                    cdi.push(CdiDevice {
+                        name: format!("k8s.gpu.nvidia.com/claim=0000-{device}"),
+                    });
+                    ClaimResource {
+                        cdi_devices: cdi.clone(),
+                        driver_name: (*driver).to_owned(),
+                        pool_name: "node-a".to_owned(),
+                        device_name: (*device).to_owned(),
+                        share_id: None,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn dra_pod(
+        ns: &str,
+        name: &str,
+        container: &str,
+        claims: Vec<DynamicResource>,
+    ) -> PodResources {
+        PodResources {
+            name: name.to_owned(),
+            namespace: ns.to_owned(),
+            containers: vec![ContainerResources {
+                name: container.to_owned(),
+                dynamic_resources: claims,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn dra_holder(ns: &str, pod: &str, c: &str, claim: &str, device: &str) -> Holder {
+        Holder {
+            dra: Some(DraClaim {
+                claim_name: claim.into(),
+                claim_namespace: ns.into(),
+                driver: NVIDIA_GPU_DRIVER.into(),
+                pool: "node-a".into(),
+                device: device.into(),
+            }),
+            ..holder(ns, pod, c, None)
+        }
+    }
+
+    fn dra_reply() -> ListPodResourcesResponse {
+        ListPodResourcesResponse {
+            pod_resources: vec![
+                // A whole GPU (minor 0) and a MIG instance of GPU 1 (minor 4) in one claim.
+                dra_pod(
+                    "ml",
+                    "trainer",
+                    "main",
+                    vec![claim(
+                        "trainer-gpus",
+                        "ml",
+                        &[
+                            (NVIDIA_GPU_DRIVER, "gpu-0"),
+                            (NVIDIA_GPU_DRIVER, "gpu-4-mig-3g40gb-9-4"),
+                        ],
+                    )],
+                ),
+                // The legacy MIG name form; and another vendor's driver, ignored.
+                dra_pod(
+                    "ml",
+                    "infer",
+                    "srv",
+                    vec![
+                        claim(
+                            "infer-mig",
+                            "ml",
+                            &[(NVIDIA_GPU_DRIVER, "gpu-4-mig-19-2-1")],
+                        ),
+                        claim("nic", "ml", &[("dra.example.com", "gpu-0")]),
+                    ],
+                ),
+                // Unresolvable: passthrough, a GPU this node lacks, an instance it lacks.
+                dra_pod(
+                    "dev",
+                    "odd",
+                    "c",
+                    vec![claim(
+                        "odd",
+                        "dev",
+                        &[
+                            (NVIDIA_GPU_DRIVER, "gpu-vfio-0"),
+                            (NVIDIA_GPU_DRIVER, "gpu-7"),
+                            (NVIDIA_GPU_DRIVER, "gpu-4-mig-1g10gb-19-6"),
+                        ],
+                    )],
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn dra_devices_map_to_gpus_and_mig_instances_with_their_claims() {
+        let opts = MappingOptions {
+            enable_dra: true,
+            ..Default::default()
+        };
+        let m = attribution_from(&dra_reply(), &inventory(), &opts);
+        assert_eq!(
+            m.attribution.holders_of(key(0, None)),
+            [dra_holder("ml", "trainer", "main", "trainer-gpus", "gpu-0")]
+        );
+        assert_eq!(
+            m.attribution.holders_of(key(1, Some(3))),
+            [dra_holder(
+                "ml",
+                "trainer",
+                "main",
+                "trainer-gpus",
+                "gpu-4-mig-3g40gb-9-4"
+            )]
+        );
+        assert_eq!(
+            m.attribution.holders_of(key(1, Some(5))),
+            [dra_holder(
+                "ml",
+                "infer",
+                "srv",
+                "infer-mig",
+                "gpu-4-mig-19-2-1"
+            )]
+        );
+        assert_eq!(m.attribution.holders.len(), 3);
+        // The other driver's device is not counted anywhere; the unresolvable ones are.
+        assert_eq!(m.unknown_devices, 0);
+        assert_eq!(
+            m.dra_unresolved,
+            BTreeMap::from([("no_match", 2), ("unrecognised_name", 1)])
+        );
+        assert_eq!(
+            m.dra_unresolved_examples,
+            [
+                "node-a/gpu-vfio-0",
+                "node-a/gpu-7",
+                "node-a/gpu-4-mig-1g10gb-19-6"
+            ]
+        );
+        assert_eq!(m.dra_ignored, 0);
+    }
+
+    #[test]
+    fn without_the_flag_dra_devices_are_ignored_but_noticed() {
+        let m = attribution_from(&dra_reply(), &inventory(), &MappingOptions::default());
+        assert!(m.attribution.holders.is_empty());
+        assert!(m.dra_unresolved.is_empty());
+        assert_eq!(m.dra_ignored, 6);
+    }
+
+    #[test]
+    fn device_plugin_and_dra_holders_of_one_entity_are_both_kept_sorted() {
+        let mut reply = dra_reply();
+        reply
+            .pod_resources
+            .push(pod("ml", "classic", &[("c", GPU_RESOURCE, &[G0])]));
+        let opts = MappingOptions {
+            enable_dra: true,
+            ..Default::default()
+        };
+        let m = attribution_from(&reply, &inventory(), &opts);
+        assert_eq!(
+            m.attribution.holders_of(key(0, None)),
+            [
+                holder("ml", "classic", "c", None),
+                dra_holder("ml", "trainer", "main", "trainer-gpus", "gpu-0"),
+            ]
+        );
     }
 }

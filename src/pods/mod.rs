@@ -7,13 +7,34 @@
 //!   and publishes [`Attribution`] on the `watch` channel the sampler reads. Nothing on the
 //!   scrape path waits for the kubelet.
 //!
+//! Who *uses* a GPU, node-local (no API server):
+//!
+//! - [`cri`]: the container runtime's CRI socket (`ListPodSandbox`, `ListContainers`), read by
+//!   [`cri_refresher`] on its own cadence into a [`directory::PodDirectory`]: container id →
+//!   pod and container, pod → UID and labels.
+//! - [`procfs`] and [`cgroup`]: a GPU process's PID → its pod UID and container id, from
+//!   `/proc/<pid>/cgroup` under `--path.procfs`.
+//! - [`usage`]: pure, NVML's per-process readings + owners + directory → per-container usage.
+//! - [`fake`] and [`fake_cri`]: the fake kubelet's assignments, pod-resources and CRI servers,
+//!   and proc tree, for running all of it without a cluster.
+//!
 //! The rest of the pipeline sees only the plain data below.
 
+pub mod cgroup;
+pub mod cri;
+pub mod cri_proto;
+pub mod cri_refresher;
+pub mod directory;
+pub mod dra;
 pub mod fake;
+pub mod fake_cri;
+mod grpc;
 pub mod kubelet;
 pub mod mapping;
+pub mod procfs;
 pub mod proto;
 pub mod refresher;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -40,6 +61,24 @@ pub struct Holder {
     pub pod: PodRef,
     /// Replica id for time-sliced or MPS GPUs (`GPU-…::3` gives `3`).
     pub vgpu: Option<String>,
+    /// The DRA claim the device was allocated through (`--kubernetes-enable-dra`); `None` for
+    /// device-plugin allocations.
+    pub dra: Option<DraClaim>,
+}
+
+/// A device allocated through a DRA ResourceClaim: dcgm-exporter's `dra_*` labels.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DraClaim {
+    /// The ResourceClaim's name (generated for claims made from a template).
+    pub claim_name: String,
+    /// The ResourceClaim's namespace.
+    pub claim_namespace: String,
+    /// The DRA driver (`gpu.nvidia.com`).
+    pub driver: String,
+    /// The driver's pool (the node's name for NVIDIA's driver).
+    pub pool: String,
+    /// The device's name in the pool (`gpu-0`, `gpu-0-mig-1g10gb-19-2`).
+    pub device: String,
 }
 
 /// An exported entity: a whole GPU (`gi_id: None`) or one of its MIG instances.
@@ -51,17 +90,25 @@ pub struct EntityKey {
     pub gi_id: Option<u32>,
 }
 
-/// Who holds what. Entities absent from the map are unallocated.
+/// Who uses what. Entities absent from the maps are unallocated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attribution {
-    /// Holders per entity, sorted and deduplicated.
+    /// Holders per entity, sorted and deduplicated (from the kubelet).
     pub holders: BTreeMap<EntityKey, Vec<Holder>>,
+    /// HPC job ids per entity, deduplicated, in file order (from `--hpc-job-mapping-dir`; see
+    /// [`crate::hpc`]). The sampler merges them in; the kubelet refresher leaves this empty.
+    pub jobs: BTreeMap<EntityKey, Vec<String>>,
 }
 
 impl Attribution {
     /// The holders of `key` (empty if unallocated).
     pub fn holders_of(&self, key: EntityKey) -> &[Holder] {
         self.holders.get(&key).map_or(&[], Vec::as_slice)
+    }
+
+    /// The HPC jobs running on `key` (empty if none).
+    pub fn jobs_of(&self, key: EntityKey) -> &[String] {
+        self.jobs.get(&key).map_or(&[], Vec::as_slice)
     }
 }
 

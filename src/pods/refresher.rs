@@ -83,6 +83,8 @@ pub struct Refresher<R: PodResolver> {
     problem: Option<&'static str>,
     dropped_logged: bool,
     unknown_logged: bool,
+    dra_unresolved_logged: bool,
+    dra_ignored_logged: bool,
     failures: u32,
 }
 
@@ -97,6 +99,9 @@ impl<R: PodResolver> Refresher<R> {
         opts: RefresherOptions,
     ) -> Self {
         metrics.pod_resources.enable();
+        if opts.mapping.enable_dra {
+            metrics.pod_resources.enable_dra();
+        }
         Self {
             resolver,
             devices,
@@ -107,6 +112,8 @@ impl<R: PodResolver> Refresher<R> {
             problem: None,
             dropped_logged: false,
             unknown_logged: false,
+            dra_unresolved_logged: false,
+            dra_ignored_logged: false,
             failures: 0,
         }
     }
@@ -196,6 +203,26 @@ impl<R: PodResolver> Refresher<R> {
                 "kubelet lists GPU device ids that match no local GPU or MIG instance; they get no pod labels. On GKE use --kubernetes-gpu-id-type device-name"
             );
         }
+        self.metrics
+            .pod_resources
+            .record_dra_unresolved(&mapped.dra_unresolved);
+        if mapped.dra_unresolved.is_empty() {
+            self.dra_unresolved_logged = false;
+        } else if !self.dra_unresolved_logged && !devices.is_empty() {
+            self.dra_unresolved_logged = true;
+            tracing::warn!(
+                by_reason = ?mapped.dra_unresolved,
+                examples = ?mapped.dra_unresolved_examples,
+                "kubelet lists devices of NVIDIA's DRA driver (pool/device) that match no local GPU or MIG instance; they get no pod labels. no_match: a MIG device created after the last device discovery (retried at the next one) or another node's pool; unrecognised_name: not a GPU or MIG device name (e.g. gpu-vfio-N passthrough)"
+            );
+        }
+        if mapped.dra_ignored > 0 && !self.dra_ignored_logged {
+            self.dra_ignored_logged = true;
+            tracing::info!(
+                count = mapped.dra_ignored,
+                "kubelet lists GPUs allocated through DRA (driver gpu.nvidia.com); pass --kubernetes-enable-dra to attribute them to their pods"
+            );
+        }
         let attribution = mapped.attribution;
         self.tx.send_if_modified(|cur| {
             if **cur == attribution {
@@ -209,13 +236,7 @@ impl<R: PodResolver> Refresher<R> {
 
     /// The delay before the next call.
     pub fn next_delay(&self) -> Duration {
-        if self.failures == 0 {
-            return self.opts.refresh;
-        }
-        let shift = (self.failures - 1).min(16);
-        FIRST_RETRY
-            .saturating_mul(1 << shift)
-            .min(self.opts.refresh)
+        backoff(self.failures, self.opts.refresh)
     }
 
     /// Runs until `shutdown`.
@@ -239,6 +260,16 @@ impl<R: PodResolver> Refresher<R> {
             }
         }
     }
+}
+
+/// The delay before the next call after `failures` consecutive failures: the refresh period
+/// while calls succeed, else 0.5 s doubling up to the refresh period.
+pub fn backoff(failures: u32, refresh: Duration) -> Duration {
+    if failures == 0 {
+        return refresh;
+    }
+    let shift = (failures - 1).min(16);
+    FIRST_RETRY.saturating_mul(1 << shift).min(refresh)
 }
 
 fn unix_now() -> f64 {

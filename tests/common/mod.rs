@@ -5,9 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_exporter::catalog::{self, Catalog};
+use gpu_exporter::config::GpuIdType;
 use gpu_exporter::gpu::scenario::{self, Scenario};
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::GpuSource;
+use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
+use gpu_exporter::pods::fake::Assignments;
+use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
@@ -43,6 +47,7 @@ pub fn build_options() -> BuildOptions {
         virtual_gpus: false,
         xid_window_ms: 300_000,
         clock_window_ms: 300_000,
+        pod_uid: false,
         old_namespace: false,
     }
 }
@@ -61,6 +66,50 @@ pub fn scenario_file(name: &str) -> (Scenario, String) {
 pub fn sim(profile: &str, scenario: Option<(Scenario, String)>) -> SimulatedSource {
     let (sc, origin) = scenario.unwrap_or_default();
     SimulatedSource::new(profile, 1, INTERVAL, sc, &origin).expect("sim source")
+}
+
+/// A file under tests/fixtures/pods.
+pub fn pods_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pods")
+        .join(name)
+}
+
+/// The host /proc fixture (tests/fixtures/proc).
+pub fn proc_fixture() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/proc")
+}
+
+/// The fake node of tests/fixtures/pods/a100-mig-shared-seed1.toml (profile 4xA100-80GB-MIG).
+pub fn shared_node() -> Assignments {
+    Assignments::load(&pods_fixture("a100-mig-shared-seed1.toml")).expect("fixture parses")
+}
+
+/// The simulated fleet (seed 1) running the PIDs of `a`.
+pub fn sim_running(profile: &str, a: &Assignments) -> SimulatedSource {
+    let s = sim(profile, None);
+    let devices = s.devices().expect("sim devices");
+    let procs = a
+        .sim_processes(&devices, GpuIdType::Uid)
+        .expect("fixture ids are the sim's");
+    s.with_processes(procs).expect("processes on real entities")
+}
+
+/// Who holds what, as the kubelet would answer with `a`.
+pub fn holders(profile: &str, a: &Assignments) -> Attribution {
+    let devices = sim(profile, None).devices().expect("sim devices");
+    mapping::attribution_from(&a.reply, &devices, &MappingOptions::default()).attribution
+}
+
+/// What the container runtime task publishes for `a`.
+pub fn directory(a: &Assignments, labels: bool) -> PodDirectory {
+    PodDirectory::from_runtime(
+        &a.runtime_snapshot(),
+        &LabelOptions {
+            enabled: labels,
+            allowlist: vec![],
+        },
+    )
 }
 
 pub struct Harness<S: GpuSource> {

@@ -16,6 +16,10 @@ What it does:
    whole GPU held by one pod, a MIG instance held by one pod (mixed-strategy resource name), a
    time-sliced GPU shared by two pods (`<uuid>::<n>`), and one idle GPU and one idle MIG instance
    held by pods (which must raise GPUUnderutilized). Every other GPU a pod holds is kept busy.
+   node-10 also has a whole GPU and a MIG instance allocated through DRA ResourceClaims (NVIDIA's
+   DRA driver's device names, `--kubernetes-enable-dra`).
+   HPC jobs: node-12 runs with `--hpc-job-mapping-dir`; one file names two jobs, one file is not
+   UTF-8 (ignored and counted), and one file is written while the exporter runs.
 3. Starts Alertmanager (webhook to a receiver in this process) and Prometheus (file_sd targets,
    2 s scrape/eval, the rules from alerts/ with every `for:` longer than 10 s rewritten to 10 s).
 4. Asserts that exactly the expected alerts are pending/firing in Prometheus, active in
@@ -23,7 +27,10 @@ What it does:
 5. Asserts the pod attribution through the Prometheus HTTP API: pod/namespace/container labels on
    the series of singly held GPUs and MIG instances (and on nothing else), no pod labels on the
    shared GPU, one gpu_exporter_gpu_pod_info series per holder (both replicas of the shared GPU),
-   gpu_exporter_pod_resources_up == 1 and no unknown device ids on the pods nodes.
+   gpu_exporter_pod_resources_up == 1 and no unknown device ids on the pods nodes; the dra_*
+   labels of the DRA-allocated GPU and MIG instance (and on nothing else), and no unresolved DRA
+   device. Then the hpc_job labels: one copy per job, on exactly the GPUs whose files say so,
+   the written-later file included, and the bad file counted.
 6. Runs every dashboard query (variables filled in) and NVIDIA's dashboard 12239 queries through the
    Prometheus HTTP API and asserts each returns data, the pod-label queries included.
 
@@ -49,6 +56,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented in README.md)
@@ -57,21 +65,66 @@ FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented i
 # (`gpu` and `gi`, its GPU_I_ID), through time-slicing replica `replica` when set. The scenario
 # keeps every held GPU at BUSY_UTIL % (a MIG instance follows its GPU), so GPUUnderutilized stays
 # quiet for it, except those held with busy=False: those idle at 0 % and must raise GPUUnderutilized.
-Holder = collections.namedtuple("Holder", "namespace pod container gpu gi replica busy",
-                                defaults=(None, None, True))
+# Per-process usage: the host PIDs each container runs on its device (`pids`, the sim runs them
+# and the fake kubelet writes their cgroups into a fake host /proc and lists their containers on
+# its fake CRI socket), their share of the device (`weight`), and the pod's labels.
+# With `claim` the GPU or MIG instance is allocated through that DRA ResourceClaim (NVIDIA's DRA
+# driver, gpu.nvidia.com) instead of the device plugin.
+Holder = collections.namedtuple("Holder", "namespace pod container gpu gi replica busy pids weight labels claim",
+                                defaults=(None, None, True, (), 1.0, None, None))
 POD_HOLDERS = {
     "node-09": [  # 8xH100-SXM
-        Holder("ml", "trainer-09", "main", gpu=0),                      # a whole GPU, one pod
-        Holder("infer", "embed-a", "server", gpu=1, replica=0),         # GPU 1 time-sliced,
-        Holder("infer", "embed-b", "server", gpu=1, replica=1),         # shared by two pods
-        Holder("dev", "notebook-09", "jupyter", gpu=2, busy=False),     # held, idle
+        Holder("ml", "trainer-09", "main", gpu=0, pids=(9001,),           # a whole GPU, one pod
+               labels={"app": "trainer", "team": "ml", "tier": "gold"}),
+        Holder("infer", "embed-a", "server", gpu=1, replica=0, pids=(9101,), weight=3.0,  # GPU 1
+               labels={"app": "embed", "team": "search"}),               # time-sliced, shared by
+        Holder("infer", "embed-b", "server", gpu=1, replica=1, pids=(9102, 9103), weight=2.0,
+               labels={"app": "embed", "team": "search"}),               # three pods, each using
+        Holder("infer", "embed-c", "server", gpu=1, replica=2, pids=(9104,),  # its own share
+               labels={"app": "embed", "team": "ranking"}),
+        Holder("dev", "notebook-09", "jupyter", gpu=2, busy=False),     # held, idle, no process
     ],
     "node-10": [  # 4xA100-80GB-MIG
-        Holder("batch", "etl-10", "worker", gpu=0, gi=2),               # MIG 3g.40gb, one pod
+        Holder("batch", "etl-10", "worker", gpu=0, gi=2, pids=(10001, 10002),  # MIG 3g.40gb
+               labels={"app": "etl"}),
         Holder("dev", "notebook-10", "jupyter", gpu=1, gi=0, busy=False),  # MIG 7g.80gb, idle
+        Holder("ml", "dra-train-10", "main", gpu=3, claim="dra-train-10-gpu",  # DRA, whole GPU,
+               pids=(10101,), labels={"app": "train", "team": "ml"}),        # its processes too
+        Holder("batch", "dra-etl-10", "worker", gpu=2, gi=1, claim="dra-etl-10-mig",  # DRA, MIG 4g.40gb
+               pids=(10201, 10202), labels={"app": "etl"}),
     ],
 }
+# How each pods node lays out cgroups in its fake /proc (another real-world form on each).
+CGROUPS = {
+    "node-09": {},  # the default: cgroup v2, systemd driver, containerd
+    "node-10": {"cgroup_driver": "cgroupfs", "cgroup_version": 1, "runtime": "crio"},
+}
+# Pod labels copied onto series (--kubernetes-pod-label-allowlist-regex): `tier` is left out.
+LABEL_ALLOWLIST = "^app$,^team$"
+# The documented tolerance of summed per-container utilisation against the device's (docs/pods.md).
+UTIL_TOLERANCE_PER_CONTAINER = 1
+# HPC jobs (--hpc-job-mapping-dir) on node-12 (8xH100-SXM, no fault, no pods): files written before
+# the exporter starts, a bad one (ignored), and one written once it runs (re-read on change).
+HPC_NODE = "node-12"
+HPC_FILES = {"0": b"slurm-1001\nslurm-1002\n", "3": b"\xff\xfe not text\n"}
+HPC_LATER = {"1": b"slurm-2001\n"}
+HPC_JOBS = {"0": ["slurm-1001", "slurm-1002"], "1": ["slurm-2001"]}
 BUSY_UTIL = 60
+
+
+def pod_uid(node, h):
+    """A fixed pod UID per holder, written into the assignments and expected on the series."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-exporter-e2e/{node}/{h.namespace}/{h.pod}"))
+
+
+# The panel proposed for the workloads dashboard ("GPU use per pod on shared GPUs"): each query,
+# with the dashboard's variables filled in, must return each pod's own use (docs/pods.md).
+USAGE_PANEL_QUERIES = [
+    'sum by (namespace, pod, container, hostname, gpu, GPU_I_ID) '
+    '(gpu_exporter_container_sm_utilization_percent{hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"})',
+    'sum by (namespace, pod, container, hostname, gpu, GPU_I_ID) '
+    '(gpu_exporter_container_fb_used_bytes{hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"})',
+]
 
 
 def pod_events(node):
@@ -274,7 +327,7 @@ def fill(expr, variables):
 
 
 def needs_pods(expr):
-    return ('pod!=""' in expr or "gpu_exporter_gpu_pod_info" in expr
+    return ('pod!=""' in expr or "gpu_exporter_gpu_pod_info" in expr or "gpu_exporter_container_" in expr
             or re.search(r",\s*(namespace|pod)\)\s*$", expr) is not None)
 
 
@@ -344,6 +397,10 @@ def run(args, work, procs):
         sim[node] = [args.binary, "--backend", "sim", "--sim-profile", profile, "--sim-seed", str(seed),
                      "--sim-scenario", str(scen)]
     devices = start_fake_kubelets(args, work, procs, sim) if pods_mode else {}
+    hpc_dir = work / f"{HPC_NODE}-hpc"
+    hpc_dir.mkdir()
+    for name, content in HPC_FILES.items():
+        (hpc_dir / name).write_bytes(content)
     newest_csv = work / "newest.csv"
     newest_csv.write_text(NEWEST_CSV.read_text() + PER_LINK_ROWS)
     sim[NEWEST] += ["-f", str(newest_csv)]
@@ -355,7 +412,15 @@ def run(args, work, procs):
         ports[node] = port
         argv = argv + ["-a", f"127.0.0.1:{port}", "-c", "1000"]
         if node in devices:
-            argv += ["-k", "--pod-resources-kubelet-socket", str(kubelet_socket(work, node))]
+            argv += ["-k", "--pod-resources-kubelet-socket", str(kubelet_socket(work, node)),
+                     "--container-runtime-endpoint", f"unix://{cri_socket(work, node)}",
+                     "--path.procfs", str(proc_root(work, node)),
+                     "--sim-processes", str(work / f"{node}-pods.toml"),
+                     "--kubernetes-process-usage", "--kubernetes-enable-pod-uid",
+                     "--kubernetes-enable-pod-labels", "--kubernetes-pod-label-allowlist-regex", LABEL_ALLOWLIST,
+                     "--kubernetes-enable-dra"]
+        if node == HPC_NODE:
+            argv += ["--hpc-job-mapping-dir", str(hpc_dir)]
         procs.start(node, argv, env={"NODE_NAME": node})
     for node, port in ports.items():
         wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready")[0] == 200, 30)
@@ -410,9 +475,14 @@ def run(args, work, procs):
     procs.stop(KILLED)
     log(f"stopped {KILLED} (exporter down)")
 
+    for name, content in HPC_LATER.items():  # a job starts while the exporter runs
+        (hpc_dir / name).write_bytes(content)
+
     check_alerts(prom, am_port, pods_mode)
     if pods_mode:
         check_pods(prom, devices)
+        check_usage(prom)
+    check_hpc(prom)
     check_dashboards(prom, pods_mode)
     check_newest_names(prom)
     report_memory(procs)
@@ -588,52 +658,74 @@ def kubelet_socket(work, node):
     return work / f"{node}-kubelet.sock"
 
 
+def cri_socket(work, node):
+    return work / f"{node}-cri.sock"
+
+
+def proc_root(work, node):
+    return work / f"{node}-proc"
+
+
 def list_devices(argv, node):
     """The node's GPUs and MIG instances as `gpu-exporter --list-devices` prints them, given the
-    node's own sim flags and NODE_NAME: {gpu: (uuid, {gi: (mig uuid, profile)})}."""
+    node's own sim flags and NODE_NAME: {gpu: (uuid, {gi: (mig uuid, profile, dra name)}, dra name)}."""
     r = subprocess.run(argv + ["--list-devices"], capture_output=True, text=True, timeout=30,
                        env=dict(os.environ, NODE_NAME=node))
     if r.returncode:
         raise Failure(f"{node}: --list-devices failed ({r.returncode}): {r.stderr.strip()}")
     gpus, last = {}, None
     for line in r.stdout.splitlines():
-        m = re.match(r"GPU (\d+)\t(GPU-[^\t]+)\t", line)
+        m = re.match(r"GPU (\d+)\t(GPU-[^\t]+)\t.*\tdra (\S+)$", line)
         if m:
             last = int(m.group(1))
-            gpus[last] = (m.group(2), {})
+            gpus[last] = (m.group(2), {}, m.group(3))
             continue
-        m = re.match(r"\s+MIG GPU_I_ID (\d+)\t(MIG-[^\t]+)\t[^\t]*\t(\S+)$", line)
+        m = re.match(r"\s+MIG GPU_I_ID (\d+)\t(MIG-[^\t]+)\t[^\t]*\t(\S+)\tdra (\S+)$", line)
         if m and last is not None:
-            gpus[last][1][int(m.group(1))] = (m.group(2), m.group(3))
+            gpus[last][1][int(m.group(1))] = (m.group(2), m.group(3), m.group(4))
         elif line.strip():
             raise Failure(f"{node}: unexpected --list-devices line {line!r}")
     return gpus
 
 
 def device_of(node, h, gpus):
-    """(resource or None for the default nvidia.com/gpu, device id) of holder h."""
+    """(resource or None for the default nvidia.com/gpu, device id) of holder h; for a DRA holder
+    (None, the DRA driver's device name)."""
     if h.gpu not in gpus:
         raise Failure(f"{node}: the sim has no GPU {h.gpu} (has {sorted(gpus)})")
-    uuid, migs = gpus[h.gpu]
+    uuid, migs, dra = gpus[h.gpu]
     resource = None
     if h.gi is not None:
         if h.gi not in migs:
             raise Failure(f"{node}: GPU {h.gpu} has no MIG instance GPU_I_ID {h.gi} (has {sorted(migs)})")
-        uuid, profile = migs[h.gi]
+        uuid, profile, dra = migs[h.gi]
         resource = f"nvidia.com/mig-{profile}"  # the device plugin's mixed MIG strategy
+    if h.claim:
+        return None, dra
     return resource, uuid if h.replica is None else f"{uuid}::{h.replica}"
 
 
 def assignments_toml(node, holders, gpus):
     out = [f"# fake-kubelet assignments for {node}, written by tests/e2e/e2e.py", ""]
+    out += [f"{k} = {json.dumps(v)}" for k, v in CGROUPS.get(node, {}).items()] + [""]
     for h in holders:
         resource, device = device_of(node, h, gpus)
         out.append("[[assignment]]")
         for k in ("namespace", "pod", "container"):
             out.append(f"{k} = {json.dumps(getattr(h, k))}")
+        out.append(f"pod_uid = {json.dumps(pod_uid(node, h))}")
+        if h.claim:  # NVIDIA's DRA driver: the pool is the node's name
+            out += [f"claim = {json.dumps(h.claim)}", f"pool = {json.dumps(node)}"]
         if resource:
             out.append(f"resource = {json.dumps(resource)}")
-        out += [f"devices = [{json.dumps(device)}]", ""]
+        out.append(f"devices = [{json.dumps(device)}]")
+        if h.pids:
+            out.append(f"pids = [{', '.join(str(p) for p in h.pids)}]")
+            out.append(f"weight = {h.weight}")
+        if h.labels:
+            out.append("labels = { " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}"
+                                                 for k, v in sorted(h.labels.items())) + " }")
+        out.append("")
     return "\n".join(out)
 
 
@@ -647,7 +739,8 @@ def start_fake_kubelets(args, work, procs, sim):
         assignments.write_text(assignments_toml(node, holders, gpus))
         sock = kubelet_socket(work, node)
         name = f"{node}-kubelet"
-        procs.start(name, [args.fake_kubelet, "--socket", str(sock), "--assignments", str(assignments)])
+        procs.start(name, [args.fake_kubelet, "--socket", str(sock), "--assignments", str(assignments),
+                           "--cri-socket", str(cri_socket(work, node)), "--proc-root", str(proc_root(work, node))])
         pods = len({(h.namespace, h.pod) for h in holders})
         want = f"fake-kubelet: serving {pods} pods on {sock}"
 
@@ -738,13 +831,153 @@ def check_pods(prom, devices):
         if got != want:
             out.append("gpu_exporter_gpu_pod_info: expected (node, gpu, UUID, GPU_I_ID, namespace, pod, "
                        f"container, vgpu)\n    {want}\n  found\n    {got}")
+        # DRA: the claim's labels on exactly the DRA-allocated GPUs and MIG instances (the pool is
+        # the node; a MIG instance adds its UUID), none unresolved.
+        dra_keys = ("hostname", "gpu", "GPU_I_ID", "namespace", "pod", "dra_claim_name", "dra_pool_name",
+                    "dra_device_name", "dra_driver_name", "dra_mig_device_uuid")
+        want = sorted((node, str(h.gpu), "" if h.gi is None else str(h.gi), h.namespace, h.pod, h.claim, node,
+                       device_of(node, h, devices[node])[1], "gpu.nvidia.com",
+                       "" if h.gi is None else devices[node][h.gpu][1][h.gi][0])
+                      for node, hs in POD_HOLDERS.items() for h in hs if h.claim)
+        got = sorted(tuple(s["metric"].get(k, "") for k in dra_keys)
+                     for s in prom.query('DCGM_FI_DEV_FB_USED{dra_claim_name!=""}'))
+        if got != want:
+            out.append(f'DCGM_FI_DEV_FB_USED{{dra_claim_name!=""}}: expected {dra_keys}\n    {want}\n  found\n    {got}')
+        for node in POD_HOLDERS:
+            q = f'gpu_exporter_pod_resources_dra_unresolved_devices{{node="{node}"}}'
+            got = sorted((s["metric"].get("reason", ""), s["value"][1]) for s in prom.query(q))
+            if got != [("no_match", "0"), ("unrecognised_name", "0")]:
+                out.append(f"{q}: expected 0 for no_match and unrecognised_name, found {got}")
         return out
 
     settle("pod attribution differs from the fake kubelets' assignments", problems, 30)
     shared = [k for k, holders in entities.items() if len(holders) > 1]
-    log(f"pod labels as assigned: {len(entities) - len(shared)} singly held GPUs/MIG instances labelled, "
+    dra = sum(1 for hs in POD_HOLDERS.values() for h in hs if h.claim)
+    log(f"pod labels as assigned: {len(entities) - len(shared)} singly held GPUs/MIG instances labelled "
+        f"({dra} through DRA claims, with dra_* labels), "
         f"{len(shared)} shared GPU(s) unlabelled with one gpu_exporter_gpu_pod_info per holder, "
         f"pod_resources_up == 1 on {', '.join(POD_HOLDERS)}")
+
+
+def check_usage(prom):
+    """Per-process usage as seen through Prometheus: every pod's own use of the GPU or MIG
+    instance it runs on, summing to the device's within the documented tolerance, with pod_uid
+    and the allowlisted pod labels; and the runtime's and /proc's self-metrics."""
+    def value(series):
+        return float(series["value"][1])
+
+    def problems():
+        out = []
+        for node, holders in POD_HOLDERS.items():
+            pids = sum(len(h.pids) for h in holders)
+            for metric, want in (("gpu_exporter_cri_up", 1.0),
+                                 ('gpu_exporter_gpu_processes{outcome="attributed"}', float(pids)),
+                                 ('gpu_exporter_gpu_processes{outcome="unknown_container"}', 0.0),
+                                 ('gpu_exporter_gpu_processes{outcome="unreadable"}', 0.0)):
+                q = metric.replace("}", f', node="{node}"}}') if "{" in metric else f'{metric}{{node="{node}"}}'
+                got = [value(x) for x in prom.query(q)]
+                if got != [want]:
+                    out.append(f"{q}: expected {want}, found {got}")
+            entities = {}
+            for h in holders:
+                entities.setdefault((h.gpu, h.gi), []).append(h)
+            for (gpu, gi), hs in sorted(entities.items(), key=str):
+                sel = f'hostname="{node}", gpu="{gpu}", GPU_I_ID="{"" if gi is None else gi}"'
+                running = sorted((h.namespace, h.pod) for h in hs if h.pids)
+                fb = prom.query(f"gpu_exporter_container_fb_used_bytes{{{sel}}}")
+                got = sorted((x["metric"].get("namespace"), x["metric"].get("pod")) for x in fb)
+                if got != running:
+                    out.append(f"gpu_exporter_container_fb_used_bytes{{{sel}}}: pods {got}, expected {running}")
+                    continue
+                for x in fb:
+                    m = x["metric"]
+                    h = next(h for h in hs if h.pod == m.get("pod"))
+                    if m.get("pod_uid") != pod_uid(node, h):
+                        out.append(f"{m.get('pod')}: pod_uid {m.get('pod_uid')!r}, expected {pod_uid(node, h)!r}")
+                    want_labels = {k: v for k, v in (h.labels or {}).items() if k in ("app", "team")}
+                    got_labels = {k: m[k] for k in ("app", "team", "tier") if k in m}
+                    if got_labels != want_labels:
+                        out.append(f"{m.get('pod')}: pod labels {got_labels}, expected {want_labels} (tier is not allowlisted)")
+                    if value(x) <= 0:
+                        out.append(f"{m.get('pod')} on {node} GPU {gpu}: no memory")
+                    if any(k.startswith("dra_") or k in ("hpc_job", "vgpu") for k in m):
+                        out.append(f"{m.get('pod')} on {node} GPU {gpu}: a per-container series is a copy: {m}")
+                # A DRA holder's copies carry its pod_uid and allowlisted labels too.
+                for h in hs:
+                    if not h.claim:
+                        continue
+                    copies = prom.query(f'DCGM_FI_DEV_FB_USED{{{sel}, dra_claim_name="{h.claim}"}}')
+                    want = {"pod_uid": pod_uid(node, h)} | {k: v for k, v in (h.labels or {}).items()
+                                                          if k in ("app", "team")}
+                    got = [{k: x["metric"].get(k) for k in want} for x in copies]
+                    if got != [want]:
+                        out.append(f"DRA copy of {h.pod} on {node} GPU {gpu} GI {gi}: {got}, expected [{want}]")
+                device_fb = [value(x) for x in prom.query(f"DCGM_FI_DEV_FB_USED{{{sel}}}")]
+                summed = sum(value(x) for x in fb) / 1048576
+                # Memory: the containers' sum is the device's, to the MiB (a copy per holder on a
+                # shared entity in virtual mode; one unlabelled series here).
+                if running and (not device_fb or summed != device_fb[0]):
+                    out.append(f"{node} GPU {gpu} GI {gi}: containers use {summed} MiB, device FB_USED {device_fb}")
+                if gi is None and len(running) > 1:
+                    sm = prom.query(f"gpu_exporter_container_sm_utilization_percent{{{sel}}}")
+                    util = [value(x) for x in prom.query(f"DCGM_FI_DEV_GPU_UTIL{{{sel}}}")]
+                    total = sum(value(x) for x in sm)
+                    tolerance = UTIL_TOLERANCE_PER_CONTAINER * len(running)
+                    if len(sm) != len(running) or not util or abs(total - util[0]) > tolerance:
+                        out.append(f"{node} GPU {gpu}: per-pod SM {[(x['metric'].get('pod'), value(x)) for x in sm]} "
+                                   f"sums to {total}, device GPU_UTIL {util} (tolerance {tolerance})")
+                    elif any(value(x) <= 0 for x in sm):
+                        out.append(f"{node} GPU {gpu}: a busy pod reads 0 % SM: {sm}")
+        variables = VARIABLES["gpu-exporter-workloads"]
+        for q in USAGE_PANEL_QUERIES:
+            got = {(x["metric"].get("hostname"), x["metric"].get("pod")) for x in prom.query(fill(q, variables))}
+            want = {(node, h.pod) for node, hs in POD_HOLDERS.items() for h in hs if h.pids
+                    and ("sm_utilization" not in q or h.gi is None)}
+            if got != want:
+                out.append(f"panel query {q}: pods {sorted(got)}, expected {sorted(want)}")
+        return out
+
+    settle("per-pod GPU usage differs from the simulated processes", problems, 30)
+    shared = [(n, h.gpu) for n, hs in POD_HOLDERS.items() for h in hs if h.replica is not None]
+    log(f"per-pod usage: every pod's own SM and memory on {len(POD_HOLDERS)} nodes, the {len(shared)} pods "
+        f"on the time-sliced GPU summing to the device within {UTIL_TOLERANCE_PER_CONTAINER} point each, "
+        "pod_uid and allowlisted labels present, the proposed panel's queries answer")
+
+
+def check_hpc(prom):
+    """hpc_job labels on HPC_NODE as its mapping files say (one copy per job, the file written
+    while the exporter ran included); the bad file ignored and counted; no other node affected."""
+    gpus_on_node = 8  # HPC_NODE is an 8xH100-SXM node
+
+    def problems():
+        out = []
+        want = sorted((HPC_NODE, gpu, job) for gpu, jobs in HPC_JOBS.items() for job in jobs)
+        got = sorted((s["metric"].get("hostname", ""), s["metric"].get("gpu", ""), s["metric"]["hpc_job"])
+                     for s in prom.query('DCGM_FI_DEV_FB_USED{hpc_job!=""}'))
+        if got != want:
+            out.append(f'DCGM_FI_DEV_FB_USED{{hpc_job!=""}}: expected (hostname, gpu, hpc_job) {want}, found {got}')
+        copies = collections.Counter(s["metric"]["gpu"] for s in prom.query(
+            f'DCGM_FI_DEV_FB_USED{{hostname="{HPC_NODE}"}}'))
+        want = {str(g): len(HPC_JOBS.get(str(g), [None])) for g in range(gpus_on_node)}
+        if dict(copies) != want:
+            out.append(f"series per GPU on {HPC_NODE}: expected {want}, found {dict(copies)}")
+        files = {s["metric"]["state"]: s["value"][1]
+                 for s in prom.query(f'gpu_exporter_hpc_job_files{{node="{HPC_NODE}"}}')}
+        if files != {"ok": str(len(HPC_JOBS)), "bad": "1"}:
+            out.append(f"gpu_exporter_hpc_job_files on {HPC_NODE}: expected ok={len(HPC_JOBS)}, bad=1, found {files}")
+        errors = {s["metric"]["reason"]: s["value"][1]
+                  for s in prom.query(f'gpu_exporter_hpc_job_file_errors_total{{node="{HPC_NODE}"}}')}
+        if errors.get("not_utf8") != "1" or any(v != "0" for r, v in errors.items() if r != "not_utf8"):
+            out.append(f"gpu_exporter_hpc_job_file_errors_total on {HPC_NODE}: expected not_utf8 1, the rest 0, "
+                       f"found {errors}")
+        nodes = {s["metric"].get("node") for s in prom.query("gpu_exporter_hpc_job_files")}
+        if nodes != {HPC_NODE}:
+            out.append(f"gpu_exporter_hpc_job_files: expected on {HPC_NODE} only, found on {sorted(nodes)}")
+        return out
+
+    settle("hpc_job labels differ from the mapping files", problems, 30)
+    log(f"hpc_job labels as the files on {HPC_NODE} say: {sum(len(j) for j in HPC_JOBS.values())} jobs on "
+        f"{len(HPC_JOBS)} GPUs (one written while running), the bad file ignored and counted")
 
 
 if __name__ == "__main__":

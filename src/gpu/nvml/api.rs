@@ -18,6 +18,10 @@ pub enum ApiError {
     /// `NVML_ERROR_NOT_FOUND` (an empty MIG slot, a GPU that went away).
     #[error("not found")]
     NotFound,
+    /// `NVML_ERROR_INVALID_ARGUMENT`: among others, a MIG device handle whose instance was
+    /// destroyed or recreated.
+    #[error("invalid argument")]
+    InvalidArgument,
     /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus.
     #[error("GPU is lost")]
     GpuLost,
@@ -39,7 +43,7 @@ pub struct FieldRequest {
     pub scope: u32,
 }
 
-/// A numeric field value as NVML typed it.
+/// A numeric field value, interpreted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FieldNum {
     /// `NVML_VALUE_TYPE_UNSIGNED_*`.
@@ -50,13 +54,117 @@ pub enum FieldNum {
     Float(f64),
 }
 
+/// `nvmlValueType_t` of a field-values entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueType {
+    /// `NVML_VALUE_TYPE_DOUBLE`.
+    Double,
+    /// `NVML_VALUE_TYPE_UNSIGNED_INT`.
+    UnsignedInt,
+    /// `NVML_VALUE_TYPE_UNSIGNED_LONG`.
+    UnsignedLong,
+    /// `NVML_VALUE_TYPE_UNSIGNED_LONG_LONG`.
+    UnsignedLongLong,
+    /// `NVML_VALUE_TYPE_SIGNED_LONG_LONG`.
+    SignedLongLong,
+    /// `NVML_VALUE_TYPE_SIGNED_INT`.
+    SignedInt,
+    /// `NVML_VALUE_TYPE_UNSIGNED_SHORT`.
+    UnsignedShort,
+    /// NVML answered `NVML_SUCCESS` but left `valueType` as the caller set it (NVML bug
+    /// 2032468, seen on ECC fields).
+    Unset,
+    /// A type this build does not know.
+    Unknown(u32),
+}
+
+impl ValueType {
+    /// The type of an `nvmlValueType_t` value.
+    pub fn from_raw(t: u32) -> Self {
+        match t {
+            0 => Self::Double,
+            1 => Self::UnsignedInt,
+            2 => Self::UnsignedLong,
+            3 => Self::UnsignedLongLong,
+            4 => Self::SignedLongLong,
+            5 => Self::SignedInt,
+            6 => Self::UnsignedShort,
+            other => Self::Unknown(other),
+        }
+    }
+}
+
+/// A filled field-values entry as NVML left it: its `valueType` and the 8 bytes of its `value`
+/// union, in memory order. Interpreting them is [`super::convert`]'s job, because some drivers
+/// label values wrongly (see [`super::convert::field_value`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldValue {
+    /// `valueType`.
+    pub value_type: ValueType,
+    /// The `value` union's bytes.
+    pub raw: [u8; 8],
+}
+
+impl FieldValue {
+    /// The union's `uiVal` member (its first four bytes).
+    pub fn ui_val(&self) -> u32 {
+        u32::from_ne_bytes([self.raw[0], self.raw[1], self.raw[2], self.raw[3]])
+    }
+
+    /// The union's `ullVal` member.
+    pub fn ull_val(&self) -> u64 {
+        u64::from_ne_bytes(self.raw)
+    }
+
+    /// The value as its `valueType` says; `None` when the type is unset or unknown.
+    pub fn typed(&self) -> Option<FieldNum> {
+        let r = &self.raw;
+        Some(match self.value_type {
+            ValueType::Double => FieldNum::Float(f64::from_ne_bytes(*r)),
+            ValueType::UnsignedInt => FieldNum::Unsigned(u64::from(self.ui_val())),
+            ValueType::UnsignedLong | ValueType::UnsignedLongLong => {
+                FieldNum::Unsigned(self.ull_val())
+            }
+            ValueType::SignedLongLong => FieldNum::Signed(i64::from_ne_bytes(*r)),
+            ValueType::SignedInt => {
+                FieldNum::Signed(i64::from(i32::from_ne_bytes([r[0], r[1], r[2], r[3]])))
+            }
+            ValueType::UnsignedShort => {
+                FieldNum::Unsigned(u64::from(u16::from_ne_bytes([r[0], r[1]])))
+            }
+            ValueType::Unset | ValueType::Unknown(_) => return None,
+        })
+    }
+}
+
+impl From<FieldNum> for FieldValue {
+    /// The entry a well-behaved driver writes for `n`.
+    fn from(n: FieldNum) -> Self {
+        match n {
+            FieldNum::Unsigned(u) => Self {
+                value_type: ValueType::UnsignedLongLong,
+                raw: u.to_ne_bytes(),
+            },
+            FieldNum::Signed(i) => Self {
+                value_type: ValueType::SignedLongLong,
+                raw: i.to_ne_bytes(),
+            },
+            FieldNum::Float(f) => Self {
+                value_type: ValueType::Double,
+                raw: f.to_ne_bytes(),
+            },
+        }
+    }
+}
+
 /// One entry of a batched field-values answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FieldResult {
     /// When the driver sampled the value, µs since the epoch.
     pub timestamp_us: i64,
-    /// The value, or the per-field error.
-    pub value: Result<FieldNum, ApiError>,
+    /// The value, or the per-field error. An entry NVML did not fill at all (NVML bug 2009232:
+    /// ECC fields with ECC disabled) is `NotSupported`.
+    pub value: Result<FieldValue, ApiError>,
 }
 
 /// `nvmlDeviceGetMemoryInfo_v2`, bytes.
@@ -70,6 +178,17 @@ pub struct MemoryInfo {
     pub used: u64,
     /// Reserved by the driver.
     pub reserved: u64,
+}
+
+/// A GPU instance profile, as NVML describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GiProfile {
+    /// `sliceCount` (`gpuInstanceSliceCount` for a MIG device).
+    pub slices: u32,
+    /// `memorySizeMB` (MiB).
+    pub memory_mib: u64,
+    /// NVML's profile name (`MIG 1g.10gb+me`); empty when it comes from device attributes.
+    pub name: String,
 }
 
 /// Which clock `nvmlDeviceGetClockInfo` reads.
@@ -140,10 +259,41 @@ pub enum NvlinkErrorCounter {
 /// An XID reported through the event set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XidReport {
-    /// UUID of the GPU it happened on (`GPU-…`).
-    pub uuid: String,
-    /// The XID.
+    /// The GPU it happened on: its position in the slice given to [`NvmlApi::xid_events`].
+    pub device: usize,
+    /// The XID (`eventData`; 999 for an XID the driver does not know).
     pub xid: u64,
+}
+
+/// A process with a compute context (`nvmlProcessInfo_t`, v2 layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// Host PID.
+    pub pid: u32,
+    /// `usedGpuMemory`, bytes; `None` for `NVML_VALUE_NOT_AVAILABLE` (and the all-ones value some
+    /// drivers return instead).
+    pub used_memory: Option<u64>,
+    /// `gpuInstanceId`; `None` when MIG is off (`0xFFFFFFFF`).
+    pub gpu_instance_id: Option<u32>,
+    /// `computeInstanceId`; `None` when MIG is off.
+    pub compute_instance_id: Option<u32>,
+}
+
+/// One per-process utilisation sample (`nvmlProcessUtilizationSample_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessUtilSample {
+    /// Host PID.
+    pub pid: u32,
+    /// When the driver took it, CPU µs since the epoch.
+    pub timestamp_us: u64,
+    /// SM %.
+    pub sm: u32,
+    /// Memory controller %.
+    pub memory: u32,
+    /// Encoder %.
+    pub encoder: u32,
+    /// Decoder %.
+    pub decoder: u32,
 }
 
 /// An event set and the devices (by position in the request) that could not register, with why.
@@ -151,7 +301,8 @@ pub type Registered<E> = (E, Vec<(usize, ApiError)>);
 
 /// A registered NVML event set (`nvmlEventSetWait_v2`). `Send`, used from one thread.
 pub trait EventWait: Send + 'static {
-    /// Waits up to `timeout_ms` for the next critical XID. `Ok(None)` on timeout.
+    /// Waits up to `timeout_ms` for the next critical XID. `Ok(None)` on timeout or another
+    /// kind of event. Names the device without any further NVML call.
     ///
     /// # Errors
     /// The NVML error that stopped waiting.
@@ -186,8 +337,8 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn minor_number(&self, d: &Self::Device) -> Result<u32, ApiError>;
     /// `nvmlDeviceGetName`.
     fn name(&self, d: &Self::Device) -> Result<String, ApiError>;
-    /// `nvmlDeviceGetBrand`, as a display string.
-    fn brand(&self, d: &Self::Device) -> Result<String, ApiError>;
+    /// `nvmlDeviceGetBrand`: the `nvmlBrandType_t` value (see [`super::convert::brand_name`]).
+    fn brand(&self, d: &Self::Device) -> Result<u32, ApiError>;
     /// `nvmlDeviceGetSerial`.
     fn serial(&self, d: &Self::Device) -> Result<String, ApiError>;
     /// `nvmlDeviceGetVbiosVersion`.
@@ -209,14 +360,25 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn gpu_instance_id(&self, mig: &Self::Device) -> Result<u32, ApiError>;
     /// `nvmlDeviceGetComputeInstanceId` of a MIG device.
     fn compute_instance_id(&self, mig: &Self::Device) -> Result<u32, ApiError>;
-    /// The GPU instance profile name NVML reports for GPU instance `gi_id` of `parent`
-    /// (`nvmlDeviceGetGpuInstanceById` → `nvmlGpuInstanceGetInfo` →
-    /// `nvmlDeviceGetGpuInstanceProfileInfoByIdV`), e.g. `MIG 3g.40gb`.
-    fn gpu_instance_profile_name(
+    /// The profile of GPU instance `gi_id` of `parent` (`nvmlDeviceGetGpuInstanceById` →
+    /// `nvmlGpuInstanceGetInfo` → `nvmlDeviceGetGpuInstanceProfileInfoByIdV`). Needs
+    /// privileges on some drivers.
+    fn gpu_instance_profile(
         &self,
         parent: &Self::Device,
         gi_id: u32,
-    ) -> Result<String, ApiError>;
+    ) -> Result<GiProfile, ApiError>;
+    /// `nvmlDeviceGetAttributes_v2` of a MIG device: its GPU instance's slice count and memory
+    /// size, as a profile without a name. Needs no privileges.
+    fn mig_attributes(&self, mig: &Self::Device) -> Result<GiProfile, ApiError>;
+    /// Where GPU instance `gi_id` of `parent` sits: its profile id and placement
+    /// (`nvmlDeviceGetGpuInstanceById` → `nvmlGpuInstanceGetInfo`). Needs privileges on some
+    /// drivers. NVIDIA's DRA driver names MIG devices by it.
+    fn gpu_instance_placement(
+        &self,
+        parent: &Self::Device,
+        gi_id: u32,
+    ) -> Result<crate::gpu::MigPlacement, ApiError>;
 
     /// `nvmlDeviceGetFieldValues`: one call for the whole batch. The outer error is the call's;
     /// per-field errors are inside, in request order.
@@ -225,6 +387,8 @@ pub trait NvmlApi: Send + Sync + 'static {
         d: &Self::Device,
         requests: &[FieldRequest],
     ) -> Result<Vec<FieldResult>, ApiError>;
+    /// `nvmlDeviceGetEccMode`: whether ECC is currently enabled.
+    fn ecc_enabled(&self, d: &Self::Device) -> Result<bool, ApiError>;
     /// `nvmlDeviceGetMemoryInfo_v2` (works on MIG device handles).
     fn memory_info(&self, d: &Self::Device) -> Result<MemoryInfo, ApiError>;
     /// `nvmlDeviceGetUtilizationRates`: (gpu %, memory %).
@@ -281,6 +445,20 @@ pub trait NvmlApi: Send + Sync + 'static {
     ) -> Result<Vec<Result<f64, ApiError>>, ApiError>;
 
     /// `nvmlEventSetCreate` + `nvmlDeviceRegisterEvents(nvmlEventTypeXidCriticalError)` for
-    /// each device. Devices that cannot register are skipped and returned with their error.
+    /// each device. Devices that cannot register are skipped and returned (by position) with
+    /// their error. Events name devices by their position in `devices`.
     fn xid_events(&self, devices: &[Self::Device]) -> Result<Registered<Self::Events>, ApiError>;
+
+    /// `nvmlDeviceGetComputeRunningProcesses_v3`: on a MIG device handle, that instance's
+    /// processes.
+    fn compute_processes(&self, d: &Self::Device) -> Result<Vec<ProcessInfo>, ApiError>;
+    /// `nvmlDeviceGetMPSComputeRunningProcesses_v3`: MPS clients (Volta and newer).
+    fn mps_compute_processes(&self, d: &Self::Device) -> Result<Vec<ProcessInfo>, ApiError>;
+    /// `nvmlDeviceGetProcessUtilization`: the samples newer than `last_seen_us` (0: every sample
+    /// the driver holds). `Err(NotFound)` when there is none (every process idle since then).
+    fn process_utilization(
+        &self,
+        d: &Self::Device,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessUtilSample>, ApiError>;
 }

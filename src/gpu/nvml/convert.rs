@@ -1,17 +1,20 @@
 //! Pure translation between NVML and DCGM: which NVML call serves each [`Field`], the unit
-//! conversions DCGM applies, and the `NVML_FI_*` renumbering of drivers ≥ 580.82.
+//! conversions DCGM applies, the way DCGM reads the field values some drivers get wrong, and
+//! the `NVML_FI_*` renumberings of ids 251–273.
 //!
 //! Nothing here calls NVML; every function is a plain function of its arguments.
 
 use crate::catalog::Field;
 use crate::gpu::{FieldError, Reading, Value};
 
-use super::api::{ApiError, ClockKind, FieldNum, GpmMetric, InforomObject};
+use super::api::{ApiError, ClockKind, FieldNum, FieldValue, GpmMetric, InforomObject, ValueType};
 
 /// `NVML_FI_*` ids used here, V12 numbering (nvml-wrapper-sys 0.10 / CUDA ≤ 13.0).
 pub mod fi {
     /// `NVML_FI_DEV_ECC_CURRENT`.
     pub const ECC_CURRENT: u32 = 1;
+    /// `NVML_FI_DEV_ECC_DBE_AGG_CBU`: the last ECC counter id (29–31 are retired pages).
+    pub const ECC_LAST: u32 = 28;
     /// `NVML_FI_DEV_ECC_SBE_VOL_TOTAL`.
     pub const ECC_SBE_VOL_TOTAL: u32 = 3;
     /// `NVML_FI_DEV_ECC_DBE_VOL_TOTAL`.
@@ -73,48 +76,73 @@ pub mod fi {
 /// `scopeId` meaning "summed over all links" for NVLink fields.
 pub const ALL_LINKS: u32 = u32::MAX;
 
-/// The `NVML_FI_*` numbering a driver uses.
+/// The `NVML_FI_*` numbering of ids 251–273 a driver uses. NVIDIA moved these ids twice; the
+/// layouts below are those of the `nvml.h` shipped with each CUDA release (checked against
+/// the headers of CUDA 12.6, 12.8, 12.9, 13.0, 13.0 Update 1 and later):
+///
+/// | driver | CUDA | 251–255 | 256–268 | 269–273 |
+/// |---|---|---|---|---|
+/// | < 570 | ≤ 12.6 | — | — | — |
+/// | 570.x | 12.8 | power smoothing | power smoothing | — |
+/// | 575.x – 580.81 | 12.9, 13.0 | clock events, power sync | power smoothing | power smoothing |
+/// | ≥ 580.82 | 13.0 U1+ | power smoothing | power smoothing | clock events, power sync |
+///
+/// ("—": the id does not exist; `NVML_FI_MAX` was 230 in CUDA 12.6 and 269 in 12.8.)
+/// [`fi`] and every id this crate requests use the 12.9 / 13.0 numbering ([`Self::V12`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FieldIdScheme {
-    /// CUDA ≤ 13.0 numbering (drivers before 580.82), the one [`fi`] uses.
+    /// Drivers before R570: no field ids from 251 on.
+    Before570,
+    /// R570 (CUDA 12.8): the power-smoothing block at 251–268 (where CUDA 13.0 Update 1 put it
+    /// again); the clock-event and power-sync fields do not exist yet.
+    R570,
+    /// R575 up to 580.81 (CUDA 12.9 and 13.0): clock events and power sync at 251–255, power
+    /// smoothing at 256–273. The numbering of [`fi`].
     V12,
-    /// CUDA 13.0 Update 1 numbering (drivers 580.82 and later): ids 251–273 moved.
+    /// Drivers 580.82 and later (CUDA 13.0 Update 1 on): power smoothing at 251–268, clock
+    /// events and power sync at 269–273.
     V13Update1,
 }
 
 impl FieldIdScheme {
-    /// The scheme of a driver version string such as `580.82.07`. Unparseable versions are
-    /// taken as the older scheme, as the ids below 251 are the same in both.
+    /// The scheme of a driver version string such as `580.82.07`. An unparseable version is
+    /// taken as the [`Self::V12`] numbering (ids below 251 are the same in all of them).
     pub fn for_driver(version: &str) -> Self {
         let mut parts = version.trim().split('.');
-        let major: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let Some(major) = parts.next().and_then(|s| s.parse::<u32>().ok()) else {
+            return Self::V12;
+        };
         let minor: u32 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-        if (major, minor) >= (580, 82) {
-            Self::V13Update1
-        } else {
-            Self::V12
+        match (major, minor) {
+            (..570, _) => Self::Before570,
+            (570..575, _) => Self::R570,
+            (m, n) if (m, n) < (580, 82) => Self::V12,
+            _ => Self::V13Update1,
         }
     }
 }
 
-/// A V12 field id in `scheme`'s numbering. In V13U1 the clock-event/power-sync block (V12
-/// 251–255) moved to 269–273 and the power-smoothing block (V12 256–273) to 251–268.
-pub fn translate_field_id(scheme: FieldIdScheme, v12: u32) -> u32 {
+/// A [`FieldIdScheme::V12`] field id in `scheme`'s numbering, or `None` where that driver has
+/// no such field (it must not be requested: the id may mean another field there).
+pub fn translate_field_id(scheme: FieldIdScheme, v12: u32) -> Option<u32> {
     match (scheme, v12) {
-        (FieldIdScheme::V12, id) => id,
-        (FieldIdScheme::V13Update1, id @ 251..=255) => id + 18,
-        (FieldIdScheme::V13Update1, id @ 256..=273) => id - 5,
-        (FieldIdScheme::V13Update1, id) => id,
+        (_, id @ ..=250) | (FieldIdScheme::V12, id) => Some(id),
+        (FieldIdScheme::Before570, 251..=273) | (FieldIdScheme::R570, 251..=255) => None,
+        (FieldIdScheme::R570 | FieldIdScheme::V13Update1, id @ 256..=273) => Some(id - 5),
+        (FieldIdScheme::V13Update1, id @ 251..=255) => Some(id + 18),
+        // Ids after 273 were added later, without moving.
+        (_, id) => Some(id),
     }
 }
 
 /// The inverse of [`translate_field_id`]: a driver's id in V12 numbering.
-pub fn field_id_to_v12(scheme: FieldIdScheme, id: u32) -> u32 {
+pub fn field_id_to_v12(scheme: FieldIdScheme, id: u32) -> Option<u32> {
     match (scheme, id) {
-        (FieldIdScheme::V12, id) => id,
-        (FieldIdScheme::V13Update1, id @ 269..=273) => id - 18,
-        (FieldIdScheme::V13Update1, id @ 251..=268) => id + 5,
-        (FieldIdScheme::V13Update1, id) => id,
+        (_, id @ ..=250) | (FieldIdScheme::V12, id) => Some(id),
+        (FieldIdScheme::Before570, 251..=273) | (FieldIdScheme::R570, 269..=273) => None,
+        (FieldIdScheme::R570 | FieldIdScheme::V13Update1, id @ 251..=268) => Some(id + 5),
+        (FieldIdScheme::V13Update1, id @ 269..=273) => Some(id - 18),
+        (_, id) => Some(id),
     }
 }
 
@@ -326,7 +354,33 @@ pub fn field_error(e: &ApiError) -> FieldError {
     match e {
         ApiError::NotSupported | ApiError::NotFound => FieldError::NotSupported,
         ApiError::NoPermission => FieldError::NoPermission,
-        ApiError::GpuLost | ApiError::Timeout | ApiError::Other(_) => FieldError::Failed,
+        ApiError::GpuLost | ApiError::Timeout | ApiError::InvalidArgument | ApiError::Other(_) => {
+            FieldError::Failed
+        }
+    }
+}
+
+/// DCGM's text for an `nvmlBrandType_t` (`DCGM_FI_DEV_BRAND`): the strings DCGM's cache
+/// manager writes (taken by DCGM from nvidia-smi), "Unknown" for anything else.
+pub fn brand_name(brand: u32) -> &'static str {
+    match brand {
+        1 => "Quadro",
+        2 => "Tesla",
+        3 => "NVS",
+        4 => "Grid",
+        5 => "GeForce",
+        6 => "Titan",
+        7 => "NVIDIA Virtual Applications",
+        8 => "NVIDIA Virtual PC",
+        9 => "NVIDIA Virtual Compute Server",
+        10 => "NVIDIA RTX Virtual Workstation",
+        11 => "NVIDIA vGaming",
+        12 => "Quadro RTX",
+        13 => "NVIDIA RTX",
+        14 => "NVIDIA",
+        15 => "GeForce RTX",
+        16 => "Titan RTX",
+        _ => "Unknown",
     }
 }
 
@@ -404,13 +458,39 @@ pub fn milliwatts_to_watts(mw: u64) -> f64 {
     mw as f64 / 1000.0
 }
 
-/// A field-values entry in DCGM's unit.
+/// Memory temperatures above this are not readings (DCGM rejects them).
+pub const MAX_MEMORY_TEMP_C: u32 = 200;
+
+/// A field-values entry of field `id` in DCGM's unit, read as DCGM reads it:
+///
+/// - `MEMORY_TEMP` and `POWER_INSTANT`: the union's `uiVal`, whatever `valueType` says. Some
+///   drivers label them `DOUBLE` but store an unsigned int (NVIDIA bug 4300930, r545); read as
+///   a double that is a denormal near 0. A memory temperature above 200 °C is rejected.
+/// - ECC fields (ids 1–28) whose `valueType` NVML left unset (NVML bug 2032468):
+///   `UNSIGNED_LONG_LONG`, as DCGM forces.
+/// - everything else: as its `valueType` says.
 ///
 /// # Errors
-/// [`FieldError::Invalid`] for a value that does not fit (a negative count, NaN).
-pub fn field_value(v: FieldNum, unit: Unit) -> Result<Value, FieldError> {
+/// [`FieldError::Invalid`] for a value that does not fit (a negative count, NaN, an unset or
+/// unknown type).
+pub fn field_value(id: u32, v: FieldValue, unit: Unit) -> Result<Value, FieldError> {
+    let n = match id {
+        fi::MEMORY_TEMP => {
+            let t = v.ui_val();
+            return if t > MAX_MEMORY_TEMP_C {
+                Err(FieldError::Invalid)
+            } else {
+                Ok(Value::Int(i64::from(t)))
+            };
+        }
+        fi::POWER_INSTANT => FieldNum::Unsigned(u64::from(v.ui_val())),
+        fi::ECC_CURRENT..=fi::ECC_LAST if v.value_type == ValueType::Unset => {
+            FieldNum::Unsigned(v.ull_val())
+        }
+        _ => v.typed().ok_or(FieldError::Invalid)?,
+    };
     match unit {
-        Unit::Same => match v {
+        Unit::Same => match n {
             FieldNum::Unsigned(u) => i64::try_from(u)
                 .map(Value::Int)
                 .map_err(|_| FieldError::Invalid),
@@ -418,7 +498,7 @@ pub fn field_value(v: FieldNum, unit: Unit) -> Result<Value, FieldError> {
             FieldNum::Float(f) if f.is_finite() => Ok(Value::Float(f)),
             FieldNum::Float(_) => Err(FieldError::Invalid),
         },
-        Unit::MillijoulesToJoules => match v {
+        Unit::MillijoulesToJoules => match n {
             FieldNum::Unsigned(u) => i64::try_from(u / 1000)
                 .map(Value::Int)
                 .map_err(|_| FieldError::Invalid),
@@ -428,7 +508,7 @@ pub fn field_value(v: FieldNum, unit: Unit) -> Result<Value, FieldError> {
             }
             _ => Err(FieldError::Invalid),
         },
-        Unit::MilliwattsToWatts => match v {
+        Unit::MilliwattsToWatts => match n {
             FieldNum::Unsigned(u) => Ok(Value::Float(milliwatts_to_watts(u))),
             FieldNum::Signed(i) if i >= 0 => Ok(Value::Float(milliwatts_to_watts(i as u64))),
             FieldNum::Float(f) if f.is_finite() && f >= 0.0 => Ok(Value::Float(f / 1000.0)),
@@ -438,8 +518,8 @@ pub fn field_value(v: FieldNum, unit: Unit) -> Result<Value, FieldError> {
 }
 
 /// A field-values entry as an unsigned counter (for the NVLink throughput sums).
-pub fn as_counter(v: FieldNum) -> Option<u64> {
-    match v {
+pub fn as_counter(v: FieldValue) -> Option<u64> {
+    match v.typed()? {
         FieldNum::Unsigned(u) => Some(u),
         FieldNum::Signed(i) => u64::try_from(i).ok(),
         FieldNum::Float(f) if f.is_finite() && f >= 0.0 => Some(f as u64),
@@ -477,7 +557,7 @@ pub fn nvlink_bandwidth_mbps(prev: Option<NvlinkCounter>, cur: NvlinkCounter) ->
 }
 
 /// A GPM metric in DCGM's unit: utilisations 0–100 % → 0–1 ratios (DCGM divides by 100),
-/// PCIe/NVLink MiB/s → bytes/s.
+/// PCIe/NVLink MiB/s → whole bytes/s (DCGM multiplies by 1048576 and truncates).
 ///
 /// # Errors
 /// [`FieldError::Invalid`] for a negative or non-finite value.
@@ -489,16 +569,29 @@ pub fn gpm_value(metric: GpmMetric, raw: f64) -> Result<Value, FieldError> {
         GpmMetric::PcieTxPerSec
         | GpmMetric::PcieRxPerSec
         | GpmMetric::NvlinkTotalTxPerSec
-        | GpmMetric::NvlinkTotalRxPerSec => (raw * 1_048_576.0).round(),
+        // DCGM truncates: `(long long)(value * 1024.0 * 1024.0)`.
+        | GpmMetric::NvlinkTotalRxPerSec => (raw * 1_048_576.0).trunc(),
         _ => (raw / 100.0).min(1.0),
     }))
 }
 
-/// A MIG GPU instance profile name as the NVIDIA device plugin spells it: NVML says
-/// `MIG 3g.40gb`, the device plugin (and `GPU_I_PROFILE`) `3g.40gb`.
-pub fn mig_profile_name(nvml_name: &str) -> String {
-    let n = nvml_name.trim();
-    n.strip_prefix("MIG ").unwrap_or(n).trim().to_owned()
+/// A GPU instance profile named as DCGM names it, and so as dcgm-exporter prints
+/// `GPU_I_PROFILE`: `{slices}g.{ceil(memory MiB / 1024)}gb`. NVML's own names carry suffixes
+/// (`1g.10gb+me`, `1g.24gb+gfx`) and round differently on some boards (an H100 NVL `1g.12gb`
+/// has 11008 MiB, which DCGM calls `1g.11gb`); DCGM never uses them.
+pub fn dcgm_profile_name(slices: u32, memory_mib: u64) -> String {
+    format!("{slices}g.{}gb", memory_mib.div_ceil(1024))
+}
+
+/// The profile part of a MIG device's name (`NVIDIA A100-SXM4-40GB MIG 3g.20gb+me` →
+/// `3g.20gb`): the last resort when NVML gives neither the profile nor the device attributes.
+/// The name's rounding is NVML's, which DCGM's rule may not match.
+pub fn profile_from_device_name(name: &str) -> String {
+    let p = name.rfind("MIG ").map_or(name, |at| &name[at + 4..]).trim();
+    match p.find("gb") {
+        Some(end) => p[..end + 2].to_owned(),
+        None => p.to_owned(),
+    }
 }
 
 /// The delay before the next NVML initialisation attempt: `initial` after the first failure,
@@ -521,17 +614,46 @@ mod tests {
 
     #[test]
     fn driver_versions_pick_the_field_id_scheme() {
-        assert_eq!(FieldIdScheme::for_driver("570.172.08"), FieldIdScheme::V12);
-        assert_eq!(FieldIdScheme::for_driver("580.65.06"), FieldIdScheme::V12);
+        use FieldIdScheme::*;
+        for (version, scheme) in [
+            ("535.230.02", Before570),
+            ("560.35.03", Before570),
+            ("570.86.10", R570),
+            ("570.172.08", R570),
+            ("575.51.03", V12),
+            ("580.65.06", V12),
+            ("580.81", V12),
+            ("580.82.07", V13Update1),
+            ("580.95.05", V13Update1),
+            ("590.10", V13Update1),
+            ("garbage", V12),
+        ] {
+            assert_eq!(FieldIdScheme::for_driver(version), scheme, "{version}");
+        }
+    }
+
+    #[test]
+    fn r570_has_power_smoothing_where_cuda_13_0_update_1_put_it_again() {
+        let s = FieldIdScheme::R570;
+        // V12 256 (PWR_SMOOTHING_ENABLED) is 251 on R570 (CUDA 12.8's nvml.h).
+        assert_eq!(translate_field_id(s, 256), Some(251));
+        assert_eq!(translate_field_id(s, 273), Some(268));
+        // The clock-event fields do not exist on R570: 251 there is PWR_SMOOTHING_ENABLED.
         assert_eq!(
-            FieldIdScheme::for_driver("580.82.07"),
-            FieldIdScheme::V13Update1
+            translate_field_id(s, fi::CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN),
+            None
         );
-        assert_eq!(
-            FieldIdScheme::for_driver("590.10"),
-            FieldIdScheme::V13Update1
-        );
-        assert_eq!(FieldIdScheme::for_driver("garbage"), FieldIdScheme::V12);
+        assert_eq!(translate_field_id(s, 255), None);
+        assert_eq!(field_id_to_v12(s, 251), Some(256));
+        assert_eq!(field_id_to_v12(s, 269), None);
+        // Before R570 none of 251-273 exists.
+        for id in 251..=273 {
+            assert_eq!(
+                translate_field_id(FieldIdScheme::Before570, id),
+                None,
+                "{id}"
+            );
+        }
     }
 
     #[test]
@@ -539,27 +661,37 @@ mod tests {
         let s = FieldIdScheme::V13Update1;
         assert_eq!(
             translate_field_id(s, fi::CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN),
-            269
+            Some(269)
         );
-        assert_eq!(translate_field_id(s, 253), 271);
-        assert_eq!(translate_field_id(s, 255), 273);
-        assert_eq!(translate_field_id(s, 256), 251);
-        assert_eq!(translate_field_id(s, 273), 268);
-        for id in [
-            fi::MEMORY_TEMP,
-            fi::POWER_INSTANT,
-            fi::NVLINK_THROUGHPUT_DATA_RX,
-            250,
-            274,
+        assert_eq!(translate_field_id(s, 253), Some(271));
+        assert_eq!(translate_field_id(s, 255), Some(273));
+        assert_eq!(translate_field_id(s, 256), Some(251));
+        assert_eq!(translate_field_id(s, 273), Some(268));
+        for scheme in [
+            FieldIdScheme::Before570,
+            FieldIdScheme::R570,
+            FieldIdScheme::V12,
+            s,
         ] {
-            assert_eq!(translate_field_id(s, id), id);
-            assert_eq!(translate_field_id(FieldIdScheme::V12, id), id);
-        }
-        for id in 0..300 {
-            assert_eq!(field_id_to_v12(s, translate_field_id(s, id)), id, "{id}");
+            for id in [
+                fi::MEMORY_TEMP,
+                fi::POWER_INSTANT,
+                fi::NVLINK_THROUGHPUT_DATA_RX,
+                250,
+                274,
+            ] {
+                assert_eq!(translate_field_id(scheme, id), Some(id), "{scheme:?} {id}");
+            }
+            for id in 0..300 {
+                if let Some(t) = translate_field_id(scheme, id) {
+                    assert_eq!(field_id_to_v12(scheme, t), Some(id), "{scheme:?} {id}");
+                }
+            }
         }
         // The translation is a permutation of 251..=273.
-        let mut moved: Vec<u32> = (251..=273).map(|id| translate_field_id(s, id)).collect();
+        let mut moved: Vec<u32> = (251..=273)
+            .filter_map(|id| translate_field_id(s, id))
+            .collect();
         moved.sort_unstable();
         assert_eq!(moved, (251..=273).collect::<Vec<_>>());
     }
@@ -608,7 +740,11 @@ mod tests {
             Err(FieldError::NoPermission)
         );
         assert_eq!(
-            field_value(FieldNum::Unsigned(987_654), Unit::MillijoulesToJoules),
+            field_value(
+                fi::TOTAL_ENERGY_CONSUMPTION,
+                FieldValue::from(FieldNum::Unsigned(987_654)),
+                Unit::MillijoulesToJoules
+            ),
             Ok(Value::Int(987))
         );
         let m = super::super::api::MemoryInfo {
@@ -665,25 +801,94 @@ mod tests {
         assert_eq!(memory_value(&m, MemoryPart::UsedRatio), Value::Float(0.25));
     }
 
+    fn v(n: FieldNum) -> FieldValue {
+        FieldValue::from(n)
+    }
+
+    /// An entry whose union holds `uiVal = n` (the other bytes zero) under `value_type`.
+    fn ui(value_type: ValueType, n: u32) -> FieldValue {
+        let mut raw = [0u8; 8];
+        raw[..4].copy_from_slice(&n.to_ne_bytes());
+        FieldValue { value_type, raw }
+    }
+
     #[test]
     fn field_values_convert_to_dcgm_units() {
+        let energy = fi::TOTAL_ENERGY_CONSUMPTION;
         assert_eq!(
-            field_value(FieldNum::Unsigned(302_206), Unit::MilliwattsToWatts),
+            field_value(
+                fi::POWER_INSTANT,
+                ui(ValueType::UnsignedInt, 302_206),
+                Unit::MilliwattsToWatts
+            ),
             Ok(Value::Float(302.206))
         );
         assert_eq!(
-            field_value(FieldNum::Unsigned(123_456_789), Unit::Same),
+            field_value(energy, v(FieldNum::Unsigned(123_456_789)), Unit::Same),
             Ok(Value::Int(123_456_789))
         );
         assert_eq!(
-            field_value(FieldNum::Unsigned(u64::MAX), Unit::Same),
+            field_value(energy, v(FieldNum::Unsigned(u64::MAX)), Unit::Same),
             Err(FieldError::Invalid)
         );
         assert_eq!(
-            field_value(FieldNum::Signed(-1), Unit::MilliwattsToWatts),
+            field_value(energy, v(FieldNum::Signed(-1)), Unit::MilliwattsToWatts),
             Err(FieldError::Invalid)
         );
+        assert_eq!(
+            field_value(energy, ui(ValueType::UnsignedInt, 7), Unit::Same),
+            Ok(Value::Int(7))
+        );
         assert_eq!(milliwatts_to_watts(700_000), 700.0);
+    }
+
+    #[test]
+    fn memory_temperature_and_instant_power_are_read_from_uival_whatever_the_type() {
+        // NVIDIA bug 4300930: labelled DOUBLE, stored in uiVal. As a double it is ~3.5e-322.
+        let mislabelled = ui(ValueType::Double, 71);
+        assert!(matches!(mislabelled.typed(), Some(FieldNum::Float(f)) if f < 1e-300));
+        assert_eq!(
+            field_value(fi::MEMORY_TEMP, mislabelled, Unit::Same),
+            Ok(Value::Int(71))
+        );
+        assert_eq!(
+            field_value(fi::MEMORY_TEMP, ui(ValueType::UnsignedInt, 71), Unit::Same),
+            Ok(Value::Int(71))
+        );
+        assert_eq!(
+            field_value(fi::MEMORY_TEMP, ui(ValueType::UnsignedInt, 201), Unit::Same),
+            Err(FieldError::Invalid)
+        );
+        assert_eq!(
+            field_value(
+                fi::POWER_INSTANT,
+                ui(ValueType::Double, 350_123),
+                Unit::MilliwattsToWatts
+            ),
+            Ok(Value::Float(350.123))
+        );
+    }
+
+    #[test]
+    fn ecc_fields_without_a_value_type_are_unsigned_long_long() {
+        // NVML bug 2032468: success and a value, but valueType not set.
+        let unset = FieldValue {
+            value_type: ValueType::Unset,
+            raw: 8u64.to_ne_bytes(),
+        };
+        assert_eq!(
+            field_value(fi::ECC_SBE_AGG_TOTAL, unset, Unit::Same),
+            Ok(Value::Int(8))
+        );
+        // Outside the ECC ids an unset type is not guessed.
+        assert_eq!(
+            field_value(fi::RETIRED_SBE, unset, Unit::Same),
+            Err(FieldError::Invalid)
+        );
+        assert_eq!(
+            field_value(fi::PCIE_REPLAY_COUNTER, unset, Unit::Same),
+            Err(FieldError::Invalid)
+        );
     }
 
     #[test]
@@ -714,6 +919,11 @@ mod tests {
             gpm_value(GpmMetric::NvlinkTotalTxPerSec, 0.5),
             Ok(Value::Float(524_288.0))
         );
+        // 1.0000009 MiB/s is 1048576.94 B/s: DCGM truncates to 1048576.
+        assert_eq!(
+            gpm_value(GpmMetric::PcieTxPerSec, 1.000_000_9),
+            Ok(Value::Float(1_048_576.0))
+        );
         assert_eq!(
             gpm_value(GpmMetric::DramBwUtil, f64::NAN),
             Err(FieldError::Invalid)
@@ -721,10 +931,32 @@ mod tests {
     }
 
     #[test]
-    fn profile_names_lose_the_mig_prefix() {
-        assert_eq!(mig_profile_name("MIG 3g.40gb"), "3g.40gb");
-        assert_eq!(mig_profile_name("MIG 1g.10gb+me"), "1g.10gb+me");
-        assert_eq!(mig_profile_name("7g.80gb"), "7g.80gb");
+    fn profile_names_follow_dcgm() {
+        assert_eq!(dcgm_profile_name(3, 40_448), "3g.40gb");
+        assert_eq!(dcgm_profile_name(1, 9_856), "1g.10gb");
+        assert_eq!(dcgm_profile_name(7, 81_920), "7g.80gb");
+        // H100 NVL: NVML says 1g.12gb; DCGM (and dcgm-exporter) 1g.11gb.
+        assert_eq!(dcgm_profile_name(1, 11_008), "1g.11gb");
+        assert_eq!(
+            profile_from_device_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me"),
+            "1g.10gb"
+        );
+        assert_eq!(
+            profile_from_device_name("NVIDIA B200 MIG 1g.23gb-me"),
+            "1g.23gb"
+        );
+        assert_eq!(profile_from_device_name("MIG 3g.40gb"), "3g.40gb");
+        assert_eq!(profile_from_device_name("MIG 7g.80gb"), "7g.80gb");
+    }
+
+    #[test]
+    fn brands_are_dcgms_strings() {
+        assert_eq!(brand_name(14), "NVIDIA");
+        assert_eq!(brand_name(2), "Tesla");
+        assert_eq!(brand_name(10), "NVIDIA RTX Virtual Workstation");
+        assert_eq!(brand_name(11), "NVIDIA vGaming");
+        assert_eq!(brand_name(0), "Unknown");
+        assert_eq!(brand_name(99), "Unknown");
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::api::{
-    ApiError, ClockKind, FieldRequest, FieldResult, GpmMetric, InforomObject, MemoryInfo,
-    NvlinkErrorCounter, NvmlApi, Registered,
+    ApiError, ClockKind, FieldRequest, FieldResult, GiProfile, GpmMetric, InforomObject,
+    MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo, ProcessUtilSample, Registered,
 };
 
 /// Call counts by NVML function name.
@@ -81,7 +81,7 @@ impl<A: NvmlApi> NvmlApi for Counting<A> {
         fn pci_bus_id(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetPciInfo_v3";
         fn minor_number(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetMinorNumber";
         fn name(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetName";
-        fn brand(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetBrand";
+        fn brand(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetBrand";
         fn serial(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetSerial";
         fn vbios_version(&self, d: &A::Device) -> Result<String, ApiError> = "nvmlDeviceGetVbiosVersion";
         fn inforom_version(&self, d: &A::Device, obj: InforomObject) -> Result<String, ApiError> = "nvmlDeviceGetInforomVersion";
@@ -92,8 +92,11 @@ impl<A: NvmlApi> NvmlApi for Counting<A> {
         fn mig_device_by_index(&self, d: &A::Device, slot: u32) -> Result<A::Device, ApiError> = "nvmlDeviceGetMigDeviceHandleByIndex";
         fn gpu_instance_id(&self, mig: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetGpuInstanceId";
         fn compute_instance_id(&self, mig: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetComputeInstanceId";
-        fn gpu_instance_profile_name(&self, parent: &A::Device, gi_id: u32) -> Result<String, ApiError> = "nvmlGpuInstanceGetInfo+ProfileInfo";
+        fn gpu_instance_profile(&self, parent: &A::Device, gi_id: u32) -> Result<GiProfile, ApiError> = "nvmlGpuInstanceGetInfo+ProfileInfo";
+        fn mig_attributes(&self, mig: &A::Device) -> Result<GiProfile, ApiError> = "nvmlDeviceGetAttributes_v2";
+        fn gpu_instance_placement(&self, parent: &A::Device, gi_id: u32) -> Result<crate::gpu::MigPlacement, ApiError> = "nvmlGpuInstanceGetInfo";
         fn field_values(&self, d: &A::Device, requests: &[FieldRequest]) -> Result<Vec<FieldResult>, ApiError> = "nvmlDeviceGetFieldValues";
+        fn ecc_enabled(&self, d: &A::Device) -> Result<bool, ApiError> = "nvmlDeviceGetEccMode";
         fn memory_info(&self, d: &A::Device) -> Result<MemoryInfo, ApiError> = "nvmlDeviceGetMemoryInfo_v2";
         fn utilization(&self, d: &A::Device) -> Result<(u32, u32), ApiError> = "nvmlDeviceGetUtilizationRates";
         fn encoder_utilization(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetEncoderUtilization";
@@ -114,5 +117,8 @@ impl<A: NvmlApi> NvmlApi for Counting<A> {
         fn gpm_mig_sample(&self, parent: &A::Device, gi_id: u32) -> Result<A::GpmSample, ApiError> = "nvmlGpmMigSampleGet";
         fn gpm_metrics(&self, earlier: &A::GpmSample, later: &A::GpmSample, metrics: &[GpmMetric]) -> Result<Vec<Result<f64, ApiError>>, ApiError> = "nvmlGpmMetricsGet";
         fn xid_events(&self, devices: &[A::Device]) -> Result<Registered<A::Events>, ApiError> = "nvmlEventSetCreate+RegisterEvents";
+        fn compute_processes(&self, d: &A::Device) -> Result<Vec<ProcessInfo>, ApiError> = "nvmlDeviceGetComputeRunningProcesses_v3";
+        fn mps_compute_processes(&self, d: &A::Device) -> Result<Vec<ProcessInfo>, ApiError> = "nvmlDeviceGetMPSComputeRunningProcesses_v3";
+        fn process_utilization(&self, d: &A::Device, last_seen_us: u64) -> Result<Vec<ProcessUtilSample>, ApiError> = "nvmlDeviceGetProcessUtilization";
     }
 }

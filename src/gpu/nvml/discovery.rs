@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::gpu::{Device, GpuIdentity, MigInstance, SourceError};
+use crate::gpu::{Device, GpuIdentity, MigInstance, SourceError, Value};
 
 use super::api::{self, ApiError, NvmlApi};
 use super::convert::{self, StaticFact};
@@ -107,7 +107,12 @@ impl<A: NvmlApi> NvmlSource<A> {
         };
         let statics = vec![
             (StaticFact::Name, text(name)),
-            (StaticFact::Brand, text(api.brand(&handle))),
+            (
+                StaticFact::Brand,
+                api.brand(&handle)
+                    .map(|b| Value::Text(convert::brand_name(b).to_owned()))
+                    .map_err(|e| convert::field_error(&e)),
+            ),
             (StaticFact::Serial, text(api.serial(&handle))),
             (StaticFact::Vbios, text(api.vbios_version(&handle))),
             (
@@ -138,7 +143,9 @@ impl<A: NvmlApi> NvmlSource<A> {
             prev_gpm: None,
             prev_mig_gpm: HashMap::new(),
             prev_nvlink: None,
+            procs: super::processes::ProcessTracker::default(),
             links: super::nvlink::Links::default(),
+            mig_stale: false,
         }
     }
 
@@ -167,19 +174,13 @@ impl<A: NvmlApi> NvmlSource<A> {
                     }
                 };
                 let ci_id = api.compute_instance_id(&mig).unwrap_or(0);
-                let profile = api
-                    .gpu_instance_profile_name(&g.handle, gi_id)
-                    .or_else(|e| {
-                        // The GPU instance path may need privileges; the MIG device's name
-                        // ("NVIDIA A100-SXM4-40GB MIG 3g.20gb") carries the profile too.
-                        tracing::debug!(gpu = index, gi_id, error = %e, "GPU instance profile info unavailable; using the MIG device name");
-                        api.name(&mig).map(|n| match n.find("MIG ") {
-                            Some(at) => n[at..].to_owned(),
-                            None => n,
-                        })
+                let profile = Self::profile_name(api, &g.handle, &mig, index, gi_id);
+                let placement = api
+                    .gpu_instance_placement(&g.handle, gi_id)
+                    .map_err(|e| {
+                        tracing::debug!(gpu = index, gi_id, error = %e, "GPU instance placement unavailable; DRA MIG device names resolve by profile name only");
                     })
-                    .map(|n| convert::mig_profile_name(&n))
-                    .unwrap_or_default();
+                    .ok();
                 // One MIG device per GPU instance is exported (its first compute instance).
                 if instances.iter().any(|i: &MigInstance| i.gi_id == gi_id) {
                     continue;
@@ -189,6 +190,7 @@ impl<A: NvmlApi> NvmlSource<A> {
                     ci_id,
                     profile,
                     uuid,
+                    placement,
                 });
                 handles.push((gi_id, mig));
             }
@@ -197,6 +199,35 @@ impl<A: NvmlApi> NvmlSource<A> {
         g.prev_mig_gpm
             .retain(|gi, _| handles.iter().any(|(h, _)| h == gi));
         g.mig = handles;
+        g.mig_stale = false;
         (enabled, instances)
+    }
+
+    /// `GPU_I_PROFILE` of GPU instance `gi_id`, named as DCGM names it (see
+    /// [`convert::dcgm_profile_name`]): from the GPU instance's profile, or, where that path is
+    /// refused (it needs privileges), from the MIG device's attributes, or, on drivers without
+    /// either, from the MIG device's name with NVML's suffixes dropped.
+    fn profile_name(
+        api: &A,
+        parent: &A::Device,
+        mig: &A::Device,
+        index: u32,
+        gi_id: u32,
+    ) -> String {
+        let named = |p: api::GiProfile| convert::dcgm_profile_name(p.slices, p.memory_mib);
+        api.gpu_instance_profile(parent, gi_id)
+            .map(named)
+            .or_else(|e| {
+                tracing::debug!(gpu = index, gi_id, error = %e, "GPU instance profile unavailable; using the MIG device's attributes");
+                api.mig_attributes(mig).map(named)
+            })
+            .or_else(|e| {
+                tracing::debug!(gpu = index, gi_id, error = %e, "MIG device attributes unavailable; using the MIG device's name");
+                api.name(mig).map(|n| convert::profile_from_device_name(&n))
+            })
+            .unwrap_or_else(|e| {
+                tracing::warn!(gpu = index, gi_id, error = %e, "cannot tell the profile of this GPU instance");
+                String::new()
+            })
     }
 }

@@ -2,15 +2,17 @@
 //! to fall off the bus, vanish, return, or raise an XID. Used by the backend's tests and by
 //! benchmarks that count NVML calls; never by the exporter itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::api::{
-    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, GpmMetric, InforomObject,
-    MemoryInfo, NvlinkErrorCounter, NvmlApi, Registered, XidReport,
+    ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, FieldValue, GiProfile,
+    GpmMetric, InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo,
+    ProcessUtilSample, Registered, XidReport,
 };
+use crate::gpu::MigPlacement;
 
 /// One MIG device of a fake GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,10 +25,19 @@ pub struct FakeMig {
     pub uuid: String,
     /// The GPU instance profile name as NVML reports it (`MIG 3g.40gb`).
     pub profile_name: String,
+    /// The profile's slice count.
+    pub slices: u32,
+    /// The profile's memory size, MiB.
+    pub profile_mib: u64,
+    /// The GPU instance's profile id and placement (start, size), as `nvmlGpuInstanceGetInfo`
+    /// reports them.
+    pub placement: (u32, u32, u32),
     /// Its framebuffer.
     pub memory: MemoryInfo,
     /// GPM values (NVML units) `nvmlGpmMetricsGet` returns for this GPU instance.
     pub gpm: HashMap<GpmMetric, f64>,
+    /// Compute processes listed on this MIG device's handle.
+    pub processes: Vec<ProcessInfo>,
 }
 
 /// One NVLink of a fake GPU.
@@ -90,6 +101,8 @@ pub struct FakeGpu {
     pub gpu_instance_info_denied: bool,
     /// Field values by V12 `NVML_FI_*` id (scope 0).
     pub fields: HashMap<u32, FieldNum>,
+    /// `nvmlDeviceGetEccMode`'s current mode; `None` answers `NotSupported`.
+    pub ecc_enabled: Option<bool>,
     /// NVLink TX and RX KiB counters summed over links (scope `u32::MAX`).
     pub nvlink_kib: Option<(u64, u64)>,
     /// The NVLinks, by link index (field `NVLINK_LINK_COUNT` answers their number).
@@ -112,6 +125,13 @@ pub struct FakeGpu {
     pub power_mw: u32,
     /// Clock event reasons bitmask.
     pub clock_event_reasons: u64,
+    /// Compute processes (`Err`: what the call answers instead).
+    pub processes: Result<Vec<ProcessInfo>, ApiError>,
+    /// MPS client processes (`Err(NotSupported)` before Volta).
+    pub mps_processes: Result<Vec<ProcessInfo>, ApiError>,
+    /// The driver's per-process utilisation sample buffer; `nvmlDeviceGetProcessUtilization`
+    /// answers the samples newer than its `lastSeenTimeStamp` (`Err`: what it answers instead).
+    pub process_samples: Result<Vec<ProcessUtilSample>, ApiError>,
 }
 
 impl FakeGpu {
@@ -167,6 +187,7 @@ impl FakeGpu {
             mig: Vec::new(),
             gpu_instance_info_denied: false,
             fields,
+            ecc_enabled: Some(true),
             nvlink_kib: Some((0, 0)),
             links: (0..18).map(|_| FakeLink::active()).collect(),
             timestamp_us: 1_000_000,
@@ -183,6 +204,9 @@ impl FakeGpu {
             temperature: 45,
             power_mw: 302_206,
             clock_event_reasons: 0,
+            processes: Ok(Vec::new()),
+            mps_processes: Ok(Vec::new()),
+            process_samples: Ok(Vec::new()),
         }
     }
 }
@@ -216,10 +240,19 @@ pub struct FakeGpmSample {
 #[derive(Debug)]
 pub struct FakeEvents {
     rx: mpsc::Receiver<XidReport>,
+    failures: Arc<Mutex<VecDeque<ApiError>>>,
 }
 
 impl EventWait for FakeEvents {
     fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidReport>, ApiError> {
+        let failure = self
+            .failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front();
+        if let Some(e) = failure {
+            return Err(e);
+        }
         match self
             .rx
             .recv_timeout(Duration::from_millis(u64::from(timeout_ms)))
@@ -238,8 +271,18 @@ impl EventWait for FakeEvents {
 #[derive(Debug, Clone, Default)]
 pub struct FakeNvml {
     state: Arc<Mutex<FakeState>>,
-    events: Arc<Mutex<Option<mpsc::Sender<XidReport>>>>,
+    events: Arc<Mutex<Option<Registration>>>,
+    wait_failures: Arc<Mutex<VecDeque<ApiError>>>,
+    sets_created: Arc<Mutex<u64>>,
     seq: Arc<Mutex<u64>>,
+}
+
+/// The current event set's sender and the GPUs (indices into [`FakeState::gpus`]) it
+/// registered, by position.
+#[derive(Debug)]
+struct Registration {
+    tx: mpsc::Sender<XidReport>,
+    gpus: Vec<Option<usize>>,
 }
 
 impl FakeNvml {
@@ -259,16 +302,39 @@ impl FakeNvml {
         f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
-    /// Delivers an XID through the registered event set. Returns false if none is registered.
+    /// Delivers an XID on the GPU with `uuid` through the current event set. Returns false if
+    /// no set is registered for that GPU. Like NVML, it works for a GPU that fell off the bus.
     pub fn raise_xid(&self, uuid: &str, xid: u64) -> bool {
-        let tx = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        tx.as_ref().is_some_and(|tx| {
-            tx.send(XidReport {
-                uuid: uuid.into(),
-                xid,
-            })
-            .is_ok()
+        let gpu = self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .gpus
+            .iter()
+            .position(|g| g.uuid == uuid);
+        let reg = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        reg.as_ref().is_some_and(|r| {
+            r.gpus
+                .iter()
+                .position(|g| g.is_some() && *g == gpu)
+                .is_some_and(|device| r.tx.send(XidReport { device, xid }).is_ok())
         })
+    }
+
+    /// Makes the next waits on any event set fail with these errors, in order.
+    pub fn fail_event_waits(&self, errors: impl IntoIterator<Item = ApiError>) {
+        self.wait_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(errors);
+    }
+
+    /// Event sets created so far.
+    pub fn event_sets_created(&self) -> u64 {
+        *self
+            .sets_created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn with<T>(
@@ -354,8 +420,8 @@ impl NvmlApi for FakeNvml {
             })
         })
     }
-    fn brand(&self, d: &FakeHandle) -> Result<String, ApiError> {
-        self.gpu(d, |_| Some("NVIDIA".into()))
+    fn brand(&self, d: &FakeHandle) -> Result<u32, ApiError> {
+        self.gpu(d, |_| Some(14)) // NVML_BRAND_NVIDIA
     }
     fn serial(&self, d: &FakeHandle) -> Result<String, ApiError> {
         self.gpu(d, |g| g.serial.clone())
@@ -397,11 +463,7 @@ impl NvmlApi for FakeNvml {
     fn compute_instance_id(&self, mig: &FakeHandle) -> Result<u32, ApiError> {
         self.with(mig, |_, m| m.map(|m| m.ci_id).ok_or(ApiError::NotSupported))
     }
-    fn gpu_instance_profile_name(
-        &self,
-        parent: &FakeHandle,
-        gi_id: u32,
-    ) -> Result<String, ApiError> {
+    fn gpu_instance_profile(&self, parent: &FakeHandle, gi_id: u32) -> Result<GiProfile, ApiError> {
         let denied = self.gpu(parent, |g| Some(g.gpu_instance_info_denied))?;
         if denied {
             return Err(ApiError::NoPermission);
@@ -411,7 +473,42 @@ impl NvmlApi for FakeNvml {
                 .iter()
                 .flatten()
                 .find(|m| m.gi_id == gi_id)
-                .map(|m| m.profile_name.clone())
+                .map(|m| GiProfile {
+                    slices: m.slices,
+                    memory_mib: m.profile_mib,
+                    name: m.profile_name.clone(),
+                })
+        })
+    }
+    fn gpu_instance_placement(
+        &self,
+        parent: &FakeHandle,
+        gi_id: u32,
+    ) -> Result<MigPlacement, ApiError> {
+        let denied = self.gpu(parent, |g| Some(g.gpu_instance_info_denied))?;
+        if denied {
+            return Err(ApiError::NoPermission);
+        }
+        self.gpu(parent, |g| {
+            g.mig
+                .iter()
+                .flatten()
+                .find(|m| m.gi_id == gi_id)
+                .map(|m| MigPlacement {
+                    profile_id: m.placement.0,
+                    start: m.placement.1,
+                    size: m.placement.2,
+                })
+        })
+    }
+    fn mig_attributes(&self, mig: &FakeHandle) -> Result<GiProfile, ApiError> {
+        self.with(mig, |_, m| {
+            m.map(|m| GiProfile {
+                slices: m.slices,
+                memory_mib: m.profile_mib,
+                name: String::new(),
+            })
+            .ok_or(ApiError::NotSupported)
         })
     }
     fn field_values(
@@ -440,7 +537,8 @@ impl NvmlApi for FakeNvml {
                             }
                             (id, 0, _) => g.fields.get(&id).copied().ok_or(ApiError::NotSupported),
                             _ => Err(ApiError::NotSupported),
-                        };
+                        }
+                        .map(FieldValue::from);
                         FieldResult {
                             timestamp_us: g.timestamp_us,
                             value,
@@ -449,6 +547,9 @@ impl NvmlApi for FakeNvml {
                     .collect(),
             )
         })
+    }
+    fn ecc_enabled(&self, d: &FakeHandle) -> Result<bool, ApiError> {
+        self.gpu(d, |g| g.ecc_enabled)
     }
     fn memory_info(&self, d: &FakeHandle) -> Result<MemoryInfo, ApiError> {
         self.with(d, |g, m| Ok(m.map_or(g.memory, |m| m.memory)))
@@ -544,18 +645,73 @@ impl NvmlApi for FakeNvml {
             .collect())
     }
     fn xid_events(&self, devices: &[FakeHandle]) -> Result<Registered<FakeEvents>, ApiError> {
-        let skipped = devices
-            .iter()
-            .enumerate()
-            .filter_map(|(i, d)| self.uuid(d).err().map(|e| (i, e)))
-            .collect();
+        let mut skipped = Vec::new();
+        let mut gpus = Vec::with_capacity(devices.len());
+        for (i, d) in devices.iter().enumerate() {
+            match self.uuid(d) {
+                Ok(_) => gpus.push(Some(d.gpu)),
+                Err(e) => {
+                    skipped.push((i, e));
+                    gpus.push(None);
+                }
+            }
+        }
         let (tx, rx) = mpsc::channel();
-        *self.events.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
-        Ok((FakeEvents { rx }, skipped))
+        *self.events.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Registration { tx, gpus });
+        *self
+            .sets_created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) += 1;
+        Ok((
+            FakeEvents {
+                rx,
+                failures: Arc::clone(&self.wait_failures),
+            },
+            skipped,
+        ))
+    }
+    fn compute_processes(&self, d: &FakeHandle) -> Result<Vec<ProcessInfo>, ApiError> {
+        self.processes_of(d, false)
+    }
+    fn mps_compute_processes(&self, d: &FakeHandle) -> Result<Vec<ProcessInfo>, ApiError> {
+        self.processes_of(d, true)
+    }
+    fn process_utilization(
+        &self,
+        d: &FakeHandle,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessUtilSample>, ApiError> {
+        self.with(d, |g, m| {
+            if m.is_some() || g.mig_enabled {
+                // "On MIG-enabled GPUs, querying process utilization is not currently supported."
+                return Err(ApiError::NotSupported);
+            }
+            let newer: Vec<ProcessUtilSample> = g
+                .process_samples
+                .clone()?
+                .into_iter()
+                .filter(|s| s.timestamp_us > last_seen_us)
+                .collect();
+            if newer.is_empty() {
+                Err(ApiError::NotFound)
+            } else {
+                Ok(newer)
+            }
+        })
     }
 }
 
 impl FakeNvml {
+    fn processes_of(&self, d: &FakeHandle, mps: bool) -> Result<Vec<ProcessInfo>, ApiError> {
+        self.with(d, |g, m| match (m, mps) {
+            (Some(m), false) => Ok(m.processes.clone()),
+            (Some(_), true) => Ok(Vec::new()),
+            (None, false) => g.processes.clone(),
+            (None, true) => g.mps_processes.clone(),
+        })
+    }
+
     fn gpm_take(
         &self,
         owner: (usize, Option<u32>),

@@ -40,8 +40,12 @@ pub(super) struct GpuState<A: NvmlApi> {
     pub(super) prev_gpm: Option<A::GpmSample>,
     pub(super) prev_mig_gpm: HashMap<u32, A::GpmSample>,
     pub(super) prev_nvlink: Option<NvlinkCounter>,
+    pub(super) procs: super::processes::ProcessTracker,
     /// Per-link NVLink state (active links, previous counters, cached error counters).
     pub(super) links: super::nvlink::Links,
+    /// A MIG handle answered "invalid argument" or "not found" this tick: the instances were
+    /// destroyed or recreated, and the handles must be enumerated again.
+    pub(super) mig_stale: bool,
 }
 
 impl<A: NvmlApi> NvmlSource<A> {

@@ -10,7 +10,8 @@
 //!     have no field id, GPM deltas across ticks, GPU loss;
 //!   - `nvlink`: the per-link NVLink fields (dcgm-exporter's link entities), with the error
 //!     counters on their own cadence;
-//!   - `events`: the XID event thread.
+//!   - `events`: the XID event thread;
+//!   - `processes`: per-process readings (processes, memory, utilisation sample windows).
 //! - [`convert`]: pure mapping from DCGM fields to NVML calls and units.
 //! - [`api::NvmlApi`]: the narrow seam, one method per NVML call; [`real::RealNvml`] is the
 //!   only code that touches `nvml-wrapper` (over `ffi`, the raw calls it lacks),
@@ -25,15 +26,16 @@ pub mod fake;
 mod ffi;
 mod lifecycle;
 mod nvlink;
+mod processes;
 mod read;
 pub mod real;
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::catalog::Field;
-use crate::gpu::{Device, DeviceSample, GpuSource, SourceError, XidEvent};
+use crate::gpu::{Device, DeviceSample, FieldError, GpuProcess, GpuSource, SourceError, XidEvent};
 
 use api::{ApiError, NvmlApi};
 use convert::Plan;
@@ -111,6 +113,8 @@ pub struct NvmlSource<A: NvmlApi> {
     /// GPM support decided at startup: 0 unknown (NVML not up at startup), 1 yes, 2 no.
     gpm_decision: AtomicU8,
     xids: Arc<XidQueue>,
+    /// Set when a MIG handle turned out stale; taken by [`GpuSource::wants_rediscovery`].
+    rediscover: AtomicBool,
     /// How often the per-link NVLink error counters are re-read (`nvlink`).
     link_error_period: Duration,
 }
@@ -139,6 +143,7 @@ impl<A: NvmlApi> NvmlSource<A> {
                 attempts: 0,
             }),
             gpm_decision: AtomicU8::new(0),
+            rediscover: AtomicBool::new(false),
             xids: Arc::new(XidQueue::default()),
             link_error_period: nvlink::DEFAULT_ERROR_PERIOD,
         };
@@ -230,14 +235,19 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 cause: Box::new(NvmlError::Unknown(uuid)),
             });
         };
-        match read::read_device(
+        let result = read::read_device(
             &*api,
             &ready.system,
             g,
             device,
             fields,
             self.link_error_period,
-        ) {
+        );
+        if std::mem::take(&mut g.mig_stale) {
+            tracing::info!(gpu = index, %uuid, "a MIG device handle is no longer valid (instances destroyed or recreated); re-enumerating at the next tick");
+            self.rediscover.store(true, Ordering::Relaxed);
+        }
+        match result {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) => Err(SourceError::Device {
                 index,
@@ -253,6 +263,14 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                 Err(SourceError::GpuLost { index, uuid })
             }
         }
+    }
+
+    fn processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
+        self.read_processes(device)
+    }
+
+    fn wants_rediscovery(&self) -> bool {
+        self.rediscover.swap(false, Ordering::Relaxed)
     }
 
     fn drain_xids(&self) -> Vec<(String, XidEvent)> {

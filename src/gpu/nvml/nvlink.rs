@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use crate::catalog::Field;
 use crate::gpu::{FieldError, LinkSample, Reading, Value};
 
-use super::api::{ApiError, FieldNum, FieldRequest, NvlinkErrorCounter, NvmlApi};
+use super::api::{ApiError, FieldNum, FieldRequest, FieldValue, NvlinkErrorCounter, NvmlApi};
 use super::convert::{self, NvlinkCounter};
 use super::read::{check, Lost};
 
@@ -220,9 +220,9 @@ fn refresh_states<A: NvmlApi>(api: &A, h: &A::Device, links: &mut Links) -> Resu
         scope: 0,
     }];
     let count = match check(api.field_values(h, &request))? {
-        Ok(rs) => match rs.first().map(|r| &r.value) {
-            Some(Ok(FieldNum::Unsigned(n))) => u32::try_from(*n).unwrap_or(MAX_LINKS),
-            Some(Ok(FieldNum::Signed(n))) => u32::try_from(*n).unwrap_or(MAX_LINKS),
+        Ok(rs) => match rs.first().map(|r| r.value.as_ref().map(FieldValue::typed)) {
+            Some(Ok(Some(FieldNum::Unsigned(n)))) => u32::try_from(n).unwrap_or(MAX_LINKS),
+            Some(Ok(Some(FieldNum::Signed(n)))) => u32::try_from(n).unwrap_or(MAX_LINKS),
             Some(Err(ApiError::GpuLost)) => return Err(Lost),
             _ => MAX_LINKS,
         },

@@ -148,6 +148,12 @@ fn field_values<A: NvmlApi>(
     Ok(Ok(fv))
 }
 
+/// Whether an error from a MIG handle (or a GPU instance id) means the instance behind it was
+/// destroyed or recreated since discovery.
+pub(super) fn is_stale(e: &ApiError) -> bool {
+    matches!(e, ApiError::InvalidArgument | ApiError::NotFound)
+}
+
 /// The distinct GPM metrics the plans ask for, sorted.
 fn gpm_metrics<'a>(plans: impl IntoIterator<Item = &'a (Field, Plan)>) -> Vec<GpmMetric> {
     let mut m: Vec<GpmMetric> = plans
@@ -188,10 +194,19 @@ fn gpu_readings<A: NvmlApi>(
                 .chain(g.statics.iter())
                 .find(|(s, _)| *s == fact)
                 .map_or(Err(FieldError::NotSupported), |(_, r)| r.clone()),
-            Plan::FieldValue(id, unit) => fv_get(id, 0).and_then(|r| match &r.value {
-                Ok(v) => convert::field_value(*v, unit),
+            Plan::FieldValue(id, unit) => match fv_get(id, 0).and_then(|r| match &r.value {
+                Ok(v) => convert::field_value(id, *v, unit),
                 Err(e) => Err(convert::field_error(e)),
-            }),
+            }) {
+                // With ECC disabled NVML may leave the ECC entries unfilled (bug 2009232);
+                // the mode itself is then read as DCGM reads it, with nvmlDeviceGetEccMode.
+                Err(FieldError::NotSupported) if id == convert::fi::ECC_CURRENT => {
+                    check(api.ecc_enabled(&h))?
+                        .map(|on| Value::Int(i64::from(on)))
+                        .map_err(|e| convert::field_error(&e))
+                }
+                other => other,
+            },
             // Once per tick however many NVLink throughput fields ask for it (a second reading
             // would see no interval); `convert::in_field_unit` gives each its unit.
             Plan::NvlinkBandwidth => nvl
@@ -296,6 +311,9 @@ fn instance_readings<A: NvmlApi>(
             HashMap::new()
         } else {
             let cur = check(api.gpm_mig_sample(&h, inst.gi_id))?;
+            if cur.as_ref().is_err_and(is_stale) {
+                g.mig_stale = true;
+            }
             let mut prev = g.prev_mig_gpm.remove(&inst.gi_id);
             let out = gpm_delta(api, &mut prev, cur, &inst_metrics)?;
             if let Some(p) = prev {
@@ -306,9 +324,14 @@ fn instance_readings<A: NvmlApi>(
         let mut rs = Vec::with_capacity(inst_fields.len());
         for (f, p) in &inst_fields {
             let r = match p {
-                Plan::Memory(part) => once(&mut mem, || api.memory_info(mh))?
-                    .map(|m| convert::memory_value(&m, *part))
-                    .map_err(|e| convert::field_error(&e)),
+                Plan::Memory(part) => {
+                    let m = once(&mut mem, || api.memory_info(mh))?;
+                    if m.as_ref().is_err_and(is_stale) {
+                        g.mig_stale = true;
+                    }
+                    m.map(|m| convert::memory_value(&m, *part))
+                        .map_err(|e| convert::field_error(&e))
+                }
                 Plan::Gpm(m) => igpm
                     .get(m)
                     .cloned()
@@ -321,6 +344,12 @@ fn instance_readings<A: NvmlApi>(
             gi_id: inst.gi_id,
             readings: rs,
         });
+    }
+    if g.mig_stale {
+        // The handles may name other instances now (nvml.h: "handles may be reused and their
+        // properties can change"): nothing read through them this tick is kept.
+        instances.clear();
+        g.prev_mig_gpm.clear();
     }
     Ok(instances)
 }

@@ -3,17 +3,15 @@
 
 use std::sync::Arc;
 
-use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, InfoRom, TemperatureSensor};
 use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
-use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError as WrapperError;
-use nvml_wrapper::{EventSet, GpmSample, Nvml};
+use nvml_wrapper::{GpmSample, Nvml};
 
 use super::api::{
-    ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GpmMetric, InforomObject,
-    MemoryInfo, NvlinkErrorCounter, NvmlApi, Registered, XidReport,
+    ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GiProfile, GpmMetric, InforomObject,
+    MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo, ProcessUtilSample, Registered, XidReport,
 };
 use super::convert::FieldIdScheme;
 use super::ffi::{self, api_error};
@@ -82,33 +80,17 @@ fn gpm_id(m: GpmMetric) -> GpmMetricId {
 }
 
 /// The real event set, waited on by the event thread.
+#[derive(Debug)]
 pub struct RealEvents {
-    set: EventSet<'static>,
-}
-
-impl std::fmt::Debug for RealEvents {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RealEvents").finish_non_exhaustive()
-    }
+    set: ffi::EventSet,
 }
 
 impl EventWait for RealEvents {
     fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidReport>, ApiError> {
-        match self.set.wait(timeout_ms) {
-            Ok(ev) => {
-                if !ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
-                    return Ok(None);
-                }
-                let xid = match ev.event_data {
-                    Some(XidError::Value(x)) => x,
-                    Some(XidError::Unknown) | None => 0,
-                };
-                let uuid = ev.device.uuid().map_err(api_error)?;
-                Ok(Some(XidReport { uuid, xid }))
-            }
-            Err(WrapperError::Timeout) => Ok(None),
-            Err(e) => Err(api_error(e)),
-        }
+        Ok(match self.set.wait(timeout_ms)? {
+            Some(ffi::Event::Xid { device, xid }) => Some(XidReport { device, xid }),
+            Some(ffi::Event::Other) | None => None,
+        })
     }
 }
 
@@ -147,8 +129,8 @@ impl NvmlApi for RealNvml {
     fn name(&self, d: &RealDevice) -> Result<String, ApiError> {
         d.name().map_err(api_error)
     }
-    fn brand(&self, d: &RealDevice) -> Result<String, ApiError> {
-        d.brand().map(|b| format!("{b:?}")).map_err(api_error)
+    fn brand(&self, d: &RealDevice) -> Result<u32, ApiError> {
+        ffi::brand(self.nvml, d)
     }
     fn serial(&self, d: &RealDevice) -> Result<String, ApiError> {
         d.serial().map_err(api_error)
@@ -185,12 +167,18 @@ impl NvmlApi for RealNvml {
     fn compute_instance_id(&self, mig: &RealDevice) -> Result<u32, ApiError> {
         ffi::compute_instance_id(self.nvml, mig)
     }
-    fn gpu_instance_profile_name(
+    fn gpu_instance_profile(&self, parent: &RealDevice, gi_id: u32) -> Result<GiProfile, ApiError> {
+        ffi::gpu_instance_profile(self.nvml, parent, gi_id)
+    }
+    fn mig_attributes(&self, mig: &RealDevice) -> Result<GiProfile, ApiError> {
+        ffi::mig_attributes(self.nvml, mig)
+    }
+    fn gpu_instance_placement(
         &self,
         parent: &RealDevice,
         gi_id: u32,
-    ) -> Result<String, ApiError> {
-        ffi::gpu_instance_profile_name(self.nvml, parent, gi_id)
+    ) -> Result<crate::gpu::MigPlacement, ApiError> {
+        ffi::gpu_instance_placement(self.nvml, parent, gi_id)
     }
     fn field_values(
         &self,
@@ -198,6 +186,11 @@ impl NvmlApi for RealNvml {
         requests: &[FieldRequest],
     ) -> Result<Vec<FieldResult>, ApiError> {
         ffi::field_values(self.nvml, self.scheme, d, requests)
+    }
+    fn ecc_enabled(&self, d: &RealDevice) -> Result<bool, ApiError> {
+        d.is_ecc_enabled()
+            .map(|m| m.currently_enabled)
+            .map_err(api_error)
     }
     fn memory_info(&self, d: &RealDevice) -> Result<MemoryInfo, ApiError> {
         d.memory_info()
@@ -302,30 +295,60 @@ impl NvmlApi for RealNvml {
             .map_err(api_error)
     }
     fn xid_events(&self, devices: &[RealDevice]) -> Result<Registered<RealEvents>, ApiError> {
-        // `nvmlDeviceRegisterEvents` consumes the set on failure, so a device that cannot
-        // register is excluded and registration starts over with a fresh set.
-        let mut skipped: Vec<(usize, ApiError)> = Vec::new();
-        loop {
-            let mut set = Some(self.nvml.create_event_set().map_err(api_error)?);
-            let mut failed = None;
-            for (i, d) in devices.iter().enumerate() {
-                if skipped.iter().any(|(s, _)| *s == i) {
-                    continue;
-                }
-                let Some(s) = set.take() else { break };
-                match d.register_events(EventTypes::CRITICAL_XID_ERROR, s) {
-                    Ok(s) => set = Some(s),
-                    Err(e) => {
-                        failed = Some((i, api_error(e.error)));
-                        break;
-                    }
-                }
-            }
-            match (failed, set) {
-                (Some(f), _) => skipped.push(f),
-                (None, Some(set)) => return Ok((RealEvents { set }, skipped)),
-                (None, None) => return Err(ApiError::Other("event set lost".into())),
-            }
+        let devices: Vec<&nvml_wrapper::Device<'static>> = devices.iter().map(|d| &**d).collect();
+        ffi::xid_event_set(self.nvml, &devices).map(|(set, skipped)| (RealEvents { set }, skipped))
+    }
+
+    fn compute_processes(&self, d: &RealDevice) -> Result<Vec<ProcessInfo>, ApiError> {
+        retry_on_growth(|| d.running_compute_processes())
+            .map(|ps| ps.into_iter().map(process_info).collect())
+    }
+    fn mps_compute_processes(&self, d: &RealDevice) -> Result<Vec<ProcessInfo>, ApiError> {
+        retry_on_growth(|| d.mps_running_compute_processes())
+            .map(|ps| ps.into_iter().map(process_info).collect())
+    }
+    fn process_utilization(
+        &self,
+        d: &RealDevice,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessUtilSample>, ApiError> {
+        retry_on_growth(|| d.process_utilization_stats(last_seen_us)).map(|ss| {
+            ss.into_iter()
+                .map(|s| ProcessUtilSample {
+                    pid: s.pid,
+                    timestamp_us: s.timestamp,
+                    sm: s.sm_util,
+                    memory: s.mem_util,
+                    encoder: s.enc_util,
+                    decoder: s.dec_util,
+                })
+                .collect()
+        })
+    }
+}
+
+/// The wrapper sizes its buffer with a count call first; a process or sample added between the
+/// two calls makes the second answer `InsufficientSize`. Two more tries, then give up.
+fn retry_on_growth<T>(
+    mut call: impl FnMut() -> Result<Vec<T>, WrapperError>,
+) -> Result<Vec<T>, ApiError> {
+    let mut tries = 0;
+    loop {
+        match call() {
+            Err(WrapperError::InsufficientSize(_)) if tries < 2 => tries += 1,
+            other => return other.map_err(api_error),
         }
+    }
+}
+
+fn process_info(p: nvml_wrapper::struct_wrappers::device::ProcessInfo) -> ProcessInfo {
+    ProcessInfo {
+        pid: p.pid,
+        used_memory: match p.used_gpu_memory {
+            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) if b != u64::MAX => Some(b),
+            _ => None,
+        },
+        gpu_instance_id: p.gpu_instance_id,
+        compute_instance_id: p.compute_instance_id,
     }
 }

@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::api::{FieldNum, GpmMetric, MemoryInfo};
+use super::api::{ApiError, FieldNum, GpmMetric, MemoryInfo};
 use super::counting::Counting;
 use super::fake::{FakeGpu, FakeMig, FakeNvml};
 use super::*;
 use crate::catalog::{self, Field};
-use crate::gpu::{FieldError, GpuIdentity, GpuSource, Reading, SourceError, Value};
+use crate::gpu::{FieldError, GpuIdentity, GpuSource, MigPlacement, Reading, SourceError, Value};
 
 const NO_RETRY_WAIT: RetryPolicy = RetryPolicy {
     initial: Duration::ZERO,
@@ -223,6 +223,10 @@ fn mig_gpu() -> FakeGpu {
         ci_id: 0,
         uuid: format!("MIG-fake-{gi_id}"),
         profile_name: name.into(),
+        slices: 3,
+        profile_mib: 40_448,
+        // 3g.40gb on an A100 80GB: profile id 9, on memory slices 0-3 or 4-7.
+        placement: (9, if gi_id == 1 { 0 } else { 4 }, 4),
         memory: MemoryInfo {
             total: mib(40_192),
             free: mib(40_192 - used_mib),
@@ -232,6 +236,7 @@ fn mig_gpu() -> FakeGpu {
         gpm: [(GpmMetric::SmUtil, sm), (GpmMetric::GraphicsUtil, sm)]
             .into_iter()
             .collect(),
+        processes: Vec::new(),
     };
     g.mig = vec![
         Some(inst(2, "MIG 3g.40gb", 1000, 20.0)),
@@ -257,6 +262,16 @@ fn mig_instances_skip_empty_slots_and_read_per_instance_fields() {
         got,
         [(1, "3g.40gb", "MIG-fake-1"), (2, "3g.40gb", "MIG-fake-2")]
     );
+    // The GPU instance info gives each instance's profile id and placement (DRA device names).
+    let placements: Vec<Option<MigPlacement>> = d.instances.iter().map(|i| i.placement).collect();
+    let at = |start| {
+        Some(MigPlacement {
+            profile_id: 9,
+            start,
+            size: 4,
+        })
+    };
+    assert_eq!(placements, [at(0), at(4)]);
     let fields = [
         Field::GpuUtil,
         Field::GpuTemp,
@@ -293,13 +308,26 @@ fn mig_instances_skip_empty_slots_and_read_per_instance_fields() {
 }
 
 #[test]
-fn mig_profile_falls_back_to_the_mig_device_name_without_privileges() {
+fn mig_profiles_are_named_as_dcgm_names_them_with_or_without_privileges() {
     let mut g = mig_gpu();
+    if let Some(m) = g.mig[0].as_mut() {
+        m.profile_name = "MIG 1g.12gb".into();
+        m.slices = 1;
+        m.profile_mib = 11_008;
+    }
+    let want = ["3g.40gb", "1g.11gb"];
+    let src = source(&FakeNvml::new("570.172.08", vec![g.clone()]));
+    let d = src.devices().unwrap().remove(0);
+    let profiles: Vec<&str> = d.instances.iter().map(|i| i.profile.as_str()).collect();
+    assert_eq!(profiles, want);
+    // Refused the GPU instance path, the MIG devices' attributes give the same names.
     g.gpu_instance_info_denied = true;
     let src = source(&FakeNvml::new("570.172.08", vec![g]));
     let d = src.devices().unwrap().remove(0);
     let profiles: Vec<&str> = d.instances.iter().map(|i| i.profile.as_str()).collect();
-    assert_eq!(profiles, ["3g.40gb", "3g.40gb"]);
+    assert_eq!(profiles, want);
+    // Without the GPU instance path there is no placement either.
+    assert!(d.instances.iter().all(|i| i.placement.is_none()));
 }
 
 #[test]
@@ -452,4 +480,79 @@ fn mig_call_budget_adds_memory_and_gpm_per_instance() {
     assert_eq!(steady.get("nvmlDeviceGetMemoryInfo_v2"), Some(&3));
     assert_eq!(steady.get("nvmlDeviceGetUtilizationRates"), None);
     assert_eq!(steady.values().sum::<u64>(), 12 - 3 + 2 * 3);
+}
+
+#[test]
+fn the_event_thread_survives_failed_waits_and_names_a_lost_gpu_without_asking_nvml() {
+    let fake = FakeNvml::new("570.172.08", vec![FakeGpu::h100(0), FakeGpu::h100(1)]);
+    let src = source(&fake);
+    src.devices().unwrap();
+    // GPU 1 falls off the bus: every call on it fails now, and the next waits fail too.
+    fake.update(|st| st.gpus[1].lost = true);
+    fake.fail_event_waits([ApiError::GpuLost, ApiError::GpuLost, ApiError::GpuLost]);
+    assert!(fake.raise_xid("GPU-fake-0001", 79));
+    assert!(fake.raise_xid("GPU-fake-0000", 13));
+    assert!(src.wait_for_xids(2, Duration::from_secs(30)));
+    let got: Vec<(String, u64)> = src
+        .drain_xids()
+        .into_iter()
+        .map(|(u, x)| (u, x.xid))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("GPU-fake-0001".to_owned(), 79),
+            ("GPU-fake-0000".to_owned(), 13)
+        ]
+    );
+    // Three failures are not enough to give up on the set.
+    assert_eq!(fake.event_sets_created(), 1);
+}
+
+#[test]
+fn the_event_thread_registers_on_a_new_set_when_waits_keep_failing() {
+    let fake = FakeNvml::new("570.172.08", vec![FakeGpu::h100(0), FakeGpu::h100(1)]);
+    let src = source(&fake);
+    src.devices().unwrap();
+    fake.update(|st| st.gpus[0].lost = true);
+    fake.fail_event_waits(
+        std::iter::repeat_with(|| ApiError::Other("Unknown Error".into()))
+            .take(events::REREGISTER_AFTER as usize),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while fake.event_sets_created() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never registered again"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The lost GPU is left out of the new set; the other one reports.
+    assert!(!fake.raise_xid("GPU-fake-0000", 48));
+    assert!(fake.raise_xid("GPU-fake-0001", 31));
+    assert!(src.wait_for_xids(1, Duration::from_secs(30)));
+    let got: Vec<u64> = src.drain_xids().into_iter().map(|(_, x)| x.xid).collect();
+    assert_eq!(got, [31]);
+}
+
+#[test]
+fn a_stale_mig_handle_drops_the_instance_readings_and_asks_for_rediscovery() {
+    let fake = FakeNvml::new("570.172.08", vec![mig_gpu()]);
+    let src = source(&fake);
+    let d = src.devices().unwrap().remove(0);
+    let fields = [Field::FbUsed, Field::GpuTemp];
+    assert_eq!(src.sample(&d, &fields).unwrap().instances.len(), 2);
+    assert!(!src.wants_rediscovery());
+    // GPU instance 2 (slot 0) is destroyed: its handle now answers NOT_FOUND.
+    fake.update(|st| st.gpus[0].mig[0] = None);
+    let s = src.sample(&d, &fields).unwrap();
+    assert!(s.instances.is_empty(), "{s:?}");
+    assert_eq!(reading(&s, Field::GpuTemp), Ok(Value::Int(45)));
+    assert!(src.wants_rediscovery());
+    assert!(!src.wants_rediscovery(), "reading the request clears it");
+    let d = src.devices().unwrap().remove(0);
+    let gis: Vec<u32> = d.instances.iter().map(|i| i.gi_id).collect();
+    assert_eq!(gis, [1]);
+    assert_eq!(src.sample(&d, &fields).unwrap().instances.len(), 1);
+    assert!(!src.wants_rediscovery());
 }

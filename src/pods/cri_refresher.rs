@@ -1,0 +1,204 @@
+//! The container-runtime task: lists sandboxes and containers on its own cadence and publishes a
+//! [`PodDirectory`] on the `watch` channel the sampler reads at each tick. It behaves like the
+//! pod-resources refresher ([`super::refresher`]):
+//!
+//! - one listing per refresh period (default 10 s), never per scrape;
+//! - after a failure, retries back off from 0.5 s up to the refresh period;
+//! - the last good answer is used until the TTL (default 30 s); then an empty directory is
+//!   published, and everything that needs the runtime degrades to holder-only attribution;
+//! - each distinct problem is logged once with its fix, recovery once; `gpu_exporter_cri_*` say
+//!   the rest.
+//!
+//! One addition: the sampler can [`CriRefresher::waker`] it when it meets a container the answer
+//! does not list (a pod started since the last listing). It then lists again at once, at most
+//! once per [`MIN_WAKE_GAP`], so new pods are attributed within a tick or two.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::cri::ContainerRuntime;
+use super::directory::{LabelOptions, PodDirectory};
+use super::refresher::{backoff, RefreshOutcome};
+use crate::self_metrics::SelfMetrics;
+
+/// The shortest time between two listings asked for by the sampler.
+pub const MIN_WAKE_GAP: Duration = Duration::from_secs(1);
+
+/// Settings.
+#[derive(Debug, Clone)]
+pub struct CriOptions {
+    /// Time between listings while they succeed.
+    pub refresh: Duration,
+    /// How long the last good answer is used while listings fail.
+    pub ttl: Duration,
+    /// Which pod labels to keep.
+    pub labels: LabelOptions,
+}
+
+/// The container-runtime task's state.
+#[derive(Debug)]
+pub struct CriRefresher<R: ContainerRuntime> {
+    runtime: R,
+    tx: watch::Sender<Arc<PodDirectory>>,
+    metrics: Arc<SelfMetrics>,
+    opts: CriOptions,
+    wake: Arc<Notify>,
+    last_good: Option<Instant>,
+    last_call: Option<Instant>,
+    problem: Option<&'static str>,
+    dropped_logged: bool,
+    version_logged: bool,
+    failures: u32,
+}
+
+impl<R: ContainerRuntime> CriRefresher<R> {
+    /// Creates the task publishing on `tx`. Turns on the `gpu_exporter_cri_*` families.
+    pub fn new(
+        runtime: R,
+        tx: watch::Sender<Arc<PodDirectory>>,
+        metrics: Arc<SelfMetrics>,
+        opts: CriOptions,
+    ) -> Self {
+        metrics.cri.enable();
+        Self {
+            runtime,
+            tx,
+            metrics,
+            opts,
+            wake: Arc::new(Notify::new()),
+            last_good: None,
+            last_call: None,
+            problem: None,
+            dropped_logged: false,
+            version_logged: false,
+            failures: 0,
+        }
+    }
+
+    /// What the sampler notifies to ask for a listing now.
+    pub fn waker(&self) -> Arc<Notify> {
+        Arc::clone(&self.wake)
+    }
+
+    /// Lists once, then publishes what follows from the answer (or its absence).
+    pub async fn refresh_once(&mut self) -> RefreshOutcome {
+        let result = self.runtime.list().await;
+        let now = Instant::now();
+        self.last_call = Some(now);
+        let status = &self.metrics.cri;
+        match result {
+            Ok(snapshot) => {
+                status.record_success(unix_now());
+                if let Some(reason) = self.problem.take() {
+                    tracing::info!(socket = %self.runtime.origin(), previous = reason, "container runtime answering again");
+                }
+                if !self.version_logged {
+                    self.version_logged = true;
+                    match self.runtime.version().await {
+                        Ok(v) => {
+                            tracing::info!(socket = %self.runtime.origin(), runtime = %v, "container runtime (CRI) answering")
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %crate::error_chain(&e), "CRI Version failed")
+                        }
+                    }
+                }
+                self.failures = 0;
+                self.dropped_logged = false;
+                self.last_good = Some(now);
+                let dir = PodDirectory::from_runtime(&snapshot, &self.opts.labels);
+                self.publish(dir);
+                RefreshOutcome::Fresh
+            }
+            Err(e) => {
+                let reason = e.reason();
+                status.record_failure(reason);
+                self.failures = self.failures.saturating_add(1);
+                let kept = self
+                    .last_good
+                    .map(|at| now.duration_since(at))
+                    .filter(|age| *age < self.opts.ttl);
+                if self.problem == Some(reason) {
+                    tracing::debug!(error = %crate::error_chain(&e), "CRI listing failed again");
+                } else {
+                    self.problem = Some(reason);
+                    tracing::warn!(
+                        error = %crate::error_chain(&e),
+                        reason,
+                        "container runtime unavailable: {}. Retrying every {:?} at most; {}",
+                        e.hint(),
+                        self.opts.refresh,
+                        if kept.is_some() {
+                            "the last answer is used until it is older than the TTL"
+                        } else {
+                            "meanwhile no pod_uid, pod labels or per-container GPU usage (holder attribution only)"
+                        },
+                    );
+                }
+                if let Some(age) = kept {
+                    return RefreshOutcome::Kept { age };
+                }
+                if self.last_good.take().is_some() && !self.dropped_logged {
+                    tracing::warn!(ttl = ?self.opts.ttl, "no good container runtime answer within the TTL; pod_uid, pod labels and per-container usage dropped until it answers");
+                    self.dropped_logged = true;
+                }
+                self.publish(PodDirectory::default());
+                RefreshOutcome::Dropped { reason }
+            }
+        }
+    }
+
+    fn publish(&self, dir: PodDirectory) {
+        self.metrics
+            .cri
+            .record_published(dir.pods_len(), dir.containers_len());
+        self.tx.send_if_modified(|cur| {
+            if **cur == dir {
+                false
+            } else {
+                *cur = Arc::new(dir);
+                true
+            }
+        });
+    }
+
+    /// The delay before the next listing.
+    pub fn next_delay(&self) -> Duration {
+        backoff(self.failures, self.opts.refresh)
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let wake = Arc::clone(&self.wake);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = self.refresh_once() => {}
+            }
+            let deadline = Instant::now() + self.next_delay();
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(deadline) => {}
+                () = wake.notified() => {
+                    let since = self.last_call.map_or(MIN_WAKE_GAP, |t| t.elapsed());
+                    if since < MIN_WAKE_GAP {
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(MIN_WAKE_GAP - since) => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
