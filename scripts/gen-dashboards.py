@@ -29,7 +29,11 @@ Conventions (tests/artifacts.rs checks them):
 - GPU-wide fields (power, temperature, clocks, PCIe, ECC...) are repeated on every MIG instance series
   of a GPU, so cluster sums take `max by (cluster, hostname, UUID)` first to count each GPU once;
 - utilization of MIG instances comes from DCGM_FI_PROF_GR_ENGINE_ACTIVE (NVML has no per-instance
-  GPU_UTIL), scaled to percent where it is shown next to DCGM_FI_DEV_GPU_UTIL.
+  GPU_UTIL), scaled to percent where it is shown next to DCGM_FI_DEV_GPU_UTIL;
+- both naming generations (docs/metric-names.md): every DCGM series that dcgm-exporter 4.9/4.10
+  renamed is read through `m()`, which accepts the classic name or the newest one converted to the
+  classic unit (NEWEST below), so one dashboard serves nodes of either kind, and a node whose CSV
+  lists both is counted once.
 """
 
 import importlib.metadata
@@ -85,6 +89,67 @@ def q(expr, legend="", instant=False, table=False, fmt=None):
     if fmt:
         t = t.format(fmt)
     return t
+
+
+# --- naming generations (docs/metric-names.md, "The rename table") -------------------------------
+#
+# classic name -> (newest name, PromQL that turns the newest value into the classic unit). The
+# driver-version label is renamed too, so the two sides of `or` match ignoring both spellings.
+
+NEWEST = {
+    "DCGM_FI_DEV_SM_CLOCK": ("DCGM_FI_DEV_SM_CLOCK_HERTZ", "/ 1000000"),
+    "DCGM_FI_DEV_MEM_CLOCK": ("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", "/ 1000000"),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", ""),
+    "DCGM_FI_DEV_GPU_TEMP": ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", ""),
+    "DCGM_FI_DEV_POWER_USAGE": ("DCGM_FI_DEV_BOARD_POWER_WATTS", ""),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "* 1000"),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", ""),
+    "DCGM_FI_DEV_GPU_UTIL": ("DCGM_FI_DEV_GPU_UTIL_RATIO", "* 100"),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("DCGM_FI_DEV_MEMORY_UTIL_RATIO", "* 100"),
+    "DCGM_FI_DEV_ENC_UTIL": ("DCGM_FI_DEV_ENC_UTIL_RATIO", "* 100"),
+    "DCGM_FI_DEV_DEC_UTIL": ("DCGM_FI_DEV_DEC_UTIL_RATIO", "* 100"),
+    "DCGM_FI_DEV_XID_ERRORS": ("DCGM_FI_DEV_XID_ERROR", ""),
+    "DCGM_FI_DEV_FB_FREE": ("DCGM_FI_DEV_FB_FREE_BYTES", "/ 1048576"),
+    "DCGM_FI_DEV_FB_USED": ("DCGM_FI_DEV_FB_USED_BYTES", "/ 1048576"),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND", "/ 1024000"),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", ""),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", ""),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("DCGM_FI_DEV_ROW_REMAP_FAILED", ""),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", ""),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("DCGM_FI_PROF_TENSOR_UTIL_RATIO", ""),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("DCGM_FI_PROF_DRAM_UTIL_RATIO", ""),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": ("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", ""),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": ("DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND", ""),
+}
+DRIVER_LABELS = "DCGM_FI_DRIVER_VERSION, DCGM_FI_SYSTEM_DRIVER_VERSION"
+
+
+def m(name, sel, wrap="{}"):
+    """The series `name{sel}` (inside `wrap`, e.g. "rate({}[5m])"), in the classic unit, from
+    either naming generation: `(classic or ignoring(driver labels) newest converted)`."""
+    classic = wrap.format(f"{name}{{{sel}}}")
+    if name not in NEWEST:
+        return classic
+    newest, convert = NEWEST[name]
+    newest = wrap.format(f"{newest}{{{sel}}}") + (f" {convert}" if convert else "")
+    return f"({classic} or ignoring({DRIVER_LABELS}) {newest})"
+
+
+def names(*classic):
+    """A selector of `classic` series by name, for label_values(): both generations' names."""
+    return "|".join(n for c in classic for n in (c, *NEWEST.get(c, ())[:1]))
+
+
+C = 'cluster=~"$cluster"'  # every query filters on it
+CH = C + ', hostname=~"$hostname"'
+
+
+def gpu_series(sel=""):
+    """A selector of series every GPU has, whatever its CSV: the variables read it. gpu-exporter's
+    default CSV has the health status; dcgm-exporter's default sets (either generation), which
+    GPU Operator ConfigMaps carry, have the framebuffer."""
+    return (f'{{__name__=~"DCGM_EXP_GPU_HEALTH_STATUS|{names("DCGM_FI_DEV_FB_USED")}"'
+            + (f", {sel}" if sel else "") + "}")
 
 
 # --- panels: one helper per panel type, sharing `_common` ---------------------------------------
@@ -184,7 +249,7 @@ class Board:
                           .regex("")]
         self.x = self.y = self.line_h = 0
         self.next_id = 1
-        self.variable("cluster", "Cluster", "label_values(DCGM_EXP_GPU_HEALTH_STATUS, cluster)",
+        self.variable("cluster", "Cluster", f"label_values({gpu_series()}, cluster)",
                       desc="The `cluster` label your central store or scrape config adds; "
                            "\"All\" also matches series without it (a single-cluster Prometheus).")
 
@@ -262,15 +327,20 @@ def cluster():
     H = 'cluster=~"$cluster", hostname=~"$hostname"'  # recorded series and raw-only panels
     R = f'{H}, gpu=~"$raw"'  # the raw side of a recorded query
     # Utilization in percent: whole GPUs' GPU_UTIL, MIG instances' graphics engine activity.
-    util = f'DCGM_FI_DEV_GPU_UTIL{{{R}}} or 100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{R}, GPU_I_ID!=""}}'
+    mig, held = ', GPU_I_ID!=""', ', pod!=""'
+    util = f'{m("DCGM_FI_DEV_GPU_UTIL", R)} or 100 * {m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", R + mig)}'
     health_all = f'max by (cluster, hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}, health_watch="ALL"}})'
-    idle_raw = (f'(avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{R}, pod!=""}}[30m]) < 10) or '
-                f'(avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{R}, pod!="", GPU_I_ID!=""}}[30m]) < 0.1)')
+    avg30 = "avg_over_time({}[30m])"
+    idle_whole = f'{m("DCGM_FI_DEV_GPU_UTIL", R + held, avg30)} < 10'
+    idle_mig = m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", R + held + mig, avg30)
+    idle_raw = f'({idle_whole}) or ({idle_mig} < 0.1)'
     idle_rec = f'pod_gpu:dcgm_gpu_utilization_percent:avg_over_time_30m{{{H}'
     buckets = range(0, 101, 10)
     # Without the rules: one sum per bucket (summed before the `or`, which then joins 11 series).
     util_buckets_raw = "\nor ".join(
         f'label_replace(sum(({util}) <= bool {le}), "le", "{le}", "", "")' for le in buckets)
+
+    fb_used, fb_free = m("DCGM_FI_DEV_FB_USED", R), m("DCGM_FI_DEV_FB_FREE", R)
 
     def rec(metric, extra=""):
         return f"{metric}{{{H}{extra}}}"
@@ -278,7 +348,7 @@ def cluster():
     b = Board("gpu-exporter-cluster", "GPU cluster overview",
               "Fleet-wide GPU utilization, health, power, temperature and memory (gpu-exporter). Reads the "
               "recording rules of alerts/gpu-exporter.recording.yml where they are loaded.", ["cluster"])
-    b.variable("hostname", "Node", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{cluster=~"$cluster"}, hostname)')
+    b.variable("hostname", "Node", f'label_values({gpu_series(C)}, hostname)')
     b.variable("raw", "Raw series", RAW_SWITCH, multi=False, include_all=False, regex='/raw="([^"]+)"/',
                hidden=True, desc="none when the gpu-exporter recording rules are loaded (panels read them), "
                                   ".+ when not (panels read the raw series).")
@@ -299,11 +369,11 @@ def cluster():
         desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL. MIG instances: graphics engine activity."))
     b.add(4, 4, stat_panel("Power draw", [q(recorded_or_raw(
         f'sum({rec("hostname:dcgm_power_usage_watts:sum")})',
-        f'sum(max by (cluster, hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{R}}}))'))],
+        f'sum(max by (cluster, hostname, UUID) ({m("DCGM_FI_DEV_POWER_USAGE", R)}))'))],
         unit="watt", desc="Each GPU counted once (MIG instance series repeat their GPU's power)."))
     b.add(4, 4, stat_panel("Framebuffer used", [q(recorded_or_raw(
         f'sum({rec("hostname:dcgm_fb_used_mib:sum")}) / sum({rec("hostname:dcgm_fb_total_mib:sum")})',
-        f'sum(DCGM_FI_DEV_FB_USED{{{R}}}) / sum(DCGM_FI_DEV_FB_USED{{{R}}} + DCGM_FI_DEV_FB_FREE{{{R}}})'))],
+        f'sum({fb_used}) / sum({fb_used} + {fb_free})'))],
         unit="percentunit", minv=0, maxv=1, thresholds=[(0.8, "orange"), (0.95, "red")]))
     b.add(4, 4, stat_panel("Idle allocated GPUs", [q(recorded_or_raw(
         f'sum({rec("hostname:dcgm_idle_allocated_gpus:count")})', f'count({idle_raw})') + "\nor\nvector(0)")],
@@ -338,37 +408,38 @@ def cluster():
         unit="percent", minv=0, maxv=100))
     b.add(24, 7, table_panel("Idle GPUs held by pods", [
         q(recorded_or_raw(f'{idle_rec}, GPU_I_ID=""}} < 10',
-                          f'avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{R}, pod!=""}}[30m]) < 10'), instant=True, table=True),
+                          idle_whole), instant=True, table=True),
         q(recorded_or_raw(f'{idle_rec}, GPU_I_ID!=""}} < 10',
-                          f'100 * avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{R}, pod!="", GPU_I_ID!=""}}[30m]) < 10'),
+                          f'100 * {idle_mig} < 10'),
           instant=True, table=True)],
-        merge=True, hide=("__name__", "instance", "job", "pci_bus_id", "device", "DCGM_FI_DRIVER_VERSION"),
+        merge=True, hide=("__name__", "instance", "job", "pci_bus_id", "device", "DCGM_FI_DRIVER_VERSION",
+                          "DCGM_FI_SYSTEM_DRIVER_VERSION"),
         unit="percent", desc="Allocated GPUs and MIG instances averaging under 10 % over 30 minutes."))
 
     b.row("Power, temperature and memory")
     b.add(12, 8, timeseries_panel("Power draw per node", [q(recorded_or_raw(
         f'sum by (cluster, hostname) ({rec("hostname:dcgm_power_usage_watts:sum")})',
-        f'sum by (cluster, hostname) (max by (cluster, hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{R}}}))'),
+        f'sum by (cluster, hostname) (max by (cluster, hostname, UUID) ({m("DCGM_FI_DEV_POWER_USAGE", R)}))'),
         "{{hostname}}")], unit="watt"))
     b.add(12, 8, timeseries_panel("Total power draw", [q(recorded_or_raw(
         f'sum({rec("hostname:dcgm_power_usage_watts:sum")})',
-        f'sum(max by (cluster, hostname, UUID) (DCGM_FI_DEV_POWER_USAGE{{{R}}}))'), "total")], unit="watt"))
+        f'sum(max by (cluster, hostname, UUID) ({m("DCGM_FI_DEV_POWER_USAGE", R)}))'), "total")], unit="watt"))
     b.add(12, 8, timeseries_panel("Hottest GPU per node", [q(recorded_or_raw(
         f'max by (cluster, hostname) ({rec("hostname:dcgm_gpu_temp_celsius:max")})',
-        f'max by (cluster, hostname) (DCGM_FI_DEV_GPU_TEMP{{{R}}})'), "{{hostname}}")],
+        f'max by (cluster, hostname) ({m("DCGM_FI_DEV_GPU_TEMP", R)})'), "{{hostname}}")],
         unit="celsius", thresholds=[(80, "orange"), (85, "red")], threshold_lines=True))
     b.add(12, 8, bargauge_panel("Hottest GPUs", [
-        q(f'topk(10, max by (cluster, hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{{{H}}}))', "{{hostname}} GPU {{gpu}}",
+        q(f'topk(10, max by (cluster, hostname, gpu) ({m("DCGM_FI_DEV_GPU_TEMP", H)}))', "{{hostname}} GPU {{gpu}}",
           instant=True)],
         unit="celsius", minv=20, maxv=100, thresholds=[(80, "orange"), (85, "red")]))
     b.add(12, 8, timeseries_panel("Framebuffer used per node", [q(recorded_or_raw(
         rec("hostname:dcgm_fb_used:ratio"),
-        f'sum by (cluster, hostname) (DCGM_FI_DEV_FB_USED{{{R}}}) / '
-        f'sum by (cluster, hostname) (DCGM_FI_DEV_FB_USED{{{R}}} + DCGM_FI_DEV_FB_FREE{{{R}}})'), "{{hostname}}")],
+        f'sum by (cluster, hostname) ({fb_used}) / sum by (cluster, hostname) ({fb_used} + {fb_free})'),
+        "{{hostname}}")],
         unit="percentunit", minv=0, maxv=1))
     b.add(12, 8, bargauge_panel("Fullest GPUs and MIG instances", [q(recorded_or_raw(
         f'topk(10, {rec("gpu:dcgm_fb_used:ratio")})',
-        f'topk(10, DCGM_FI_DEV_FB_USED{{{R}}} / (DCGM_FI_DEV_FB_USED{{{R}}} + DCGM_FI_DEV_FB_FREE{{{R}}}))'),
+        f'topk(10, {fb_used} / ({fb_used} + {fb_free}))'),
         "{{hostname}} GPU {{gpu}} {{GPU_I_PROFILE}}", instant=True)],
         unit="percentunit", minv=0, maxv=1, thresholds=[(0.8, "orange"), (0.95, "red")]))
     return b.build()
@@ -380,50 +451,51 @@ def node():
     b = Board("gpu-exporter-node", "GPU node detail",
               "One node's GPUs: utilization, memory, clocks, power, temperature and throttling, PCIe and "
               "NVLink, ECC, retired/remapped memory, XIDs and health (gpu-exporter).", ["node"])
-    b.variable("hostname", "Node", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{cluster=~"$cluster"}, hostname)',
+    b.variable("hostname", "Node", f'label_values({gpu_series(C)}, hostname)',
                multi=False, include_all=False)
-    b.variable("gpu", "GPU", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{cluster=~"$cluster", hostname=~"$hostname"}, gpu)',
+    b.variable("gpu", "GPU", f'label_values({gpu_series(CH)}, gpu)',
                sort=model.VariableSort.NUMERICAL_ASC)
 
     b.row("Utilization and memory")
-    b.add(8, 8, timeseries_panel("GPU utilization", [q(f'DCGM_FI_DEV_GPU_UTIL{{{F}}}', "GPU {{gpu}}")],
+    b.add(8, 8, timeseries_panel("GPU utilization", [q(m("DCGM_FI_DEV_GPU_UTIL", F), "GPU {{gpu}}")],
                                  unit="percent", minv=0, maxv=100,
                                  desc="Not available on MIG-enabled GPUs: see graphics engine activity."))
-    b.add(8, 8, timeseries_panel("Graphics engine active", [q(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{F}}}', by_gpu)],
+    b.add(8, 8, timeseries_panel("Graphics engine active", [q(m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", F), by_gpu)],
                                  unit="percentunit", minv=0, maxv=1, desc="Per GPU or MIG instance."))
     b.add(8, 8, timeseries_panel("Tensor and DRAM activity", [
-        q(f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{F}}}', "tensor GPU {{gpu}} {{GPU_I_ID}}"),
-        q(f'DCGM_FI_PROF_DRAM_ACTIVE{{{F}}}', "dram GPU {{gpu}} {{GPU_I_ID}}")],
+        q(m("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", F), "tensor GPU {{gpu}} {{GPU_I_ID}}"),
+        q(m("DCGM_FI_PROF_DRAM_ACTIVE", F), "dram GPU {{gpu}} {{GPU_I_ID}}")],
         unit="percentunit", minv=0, maxv=1))
-    b.add(8, 8, timeseries_panel("Framebuffer used", [q(f'DCGM_FI_DEV_FB_USED{{{F}}}', by_gpu)], unit="mbytes",
+    b.add(8, 8, timeseries_panel("Framebuffer used", [q(m("DCGM_FI_DEV_FB_USED", F), by_gpu)], unit="mbytes",
                                  desc="MiB, per GPU or MIG instance."))
     b.add(8, 8, timeseries_panel("Framebuffer used %", [
-        q(f'DCGM_FI_DEV_FB_USED{{{F}}} / (DCGM_FI_DEV_FB_USED{{{F}}} + DCGM_FI_DEV_FB_FREE{{{F}}})', by_gpu)],
+        q(f'{m("DCGM_FI_DEV_FB_USED", F)} / ({m("DCGM_FI_DEV_FB_USED", F)} + {m("DCGM_FI_DEV_FB_FREE", F)})', by_gpu)],
         unit="percentunit", minv=0, maxv=1, thresholds=[(0.95, "red")]))
     b.add(8, 8, timeseries_panel("Memory copy, encoder and decoder utilization", [
-        q(f'max by (gpu) (DCGM_FI_DEV_MEM_COPY_UTIL{{{F}}})', "copy GPU {{gpu}}"),
-        q(f'max by (gpu) (DCGM_FI_DEV_ENC_UTIL{{{F}}})', "enc GPU {{gpu}}"),
-        q(f'max by (gpu) (DCGM_FI_DEV_DEC_UTIL{{{F}}})', "dec GPU {{gpu}}")],
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_MEM_COPY_UTIL", F)})', "copy GPU {{gpu}}"),
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_ENC_UTIL", F)})', "enc GPU {{gpu}}"),
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_DEC_UTIL", F)})', "dec GPU {{gpu}}")],
         unit="percent", minv=0, maxv=100))
 
     b.row("Clocks, power and temperature")
     b.add(8, 8, timeseries_panel("SM clock", [
-        q(f'max by (gpu) (DCGM_FI_DEV_SM_CLOCK{{{F}}}) * 1000000', "GPU {{gpu}}")], unit="hertz"))
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_SM_CLOCK", F)}) * 1000000', "GPU {{gpu}}")], unit="hertz"))
     b.add(8, 8, timeseries_panel("Memory clock", [
-        q(f'max by (gpu) (DCGM_FI_DEV_MEM_CLOCK{{{F}}}) * 1000000', "GPU {{gpu}}")], unit="hertz"))
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_MEM_CLOCK", F)}) * 1000000', "GPU {{gpu}}")], unit="hertz"))
     b.add(8, 8, timeseries_panel("Power draw", [
-        q(f'max by (gpu) (DCGM_FI_DEV_POWER_USAGE{{{F}}})', "GPU {{gpu}}")], unit="watt"))
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_POWER_USAGE", F)})', "GPU {{gpu}}")], unit="watt"))
     b.add(8, 8, stat_panel("Energy used in the time range", [
-        q(f'sum(max by (gpu) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{F}}}[$__range]))) / 3600000000',
+        q(f'sum(max by (gpu) ({m("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", F, "increase({}[$__range])")})) / 3600000000',
           "energy", instant=True)],
-        unit="kwatth", desc="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION is in mJ; 1 kWh = 3.6e9 mJ."))
+        unit="kwatth", desc="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION is in mJ (DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL, "
+                            "in J, is scaled to mJ); 1 kWh = 3.6e9 mJ."))
     b.add(8, 8, timeseries_panel("Temperature", [
-        q(f'max by (gpu) (DCGM_FI_DEV_GPU_TEMP{{{F}}})', "GPU {{gpu}}"),
-        q(f'max by (gpu) (DCGM_FI_DEV_MEMORY_TEMP{{{F}}})', "memory GPU {{gpu}}")],
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_GPU_TEMP", F)})', "GPU {{gpu}}"),
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_MEMORY_TEMP", F)})', "memory GPU {{gpu}}")],
         unit="celsius", thresholds=[(85, "red")]))
     b.add(8, 8, timeseries_panel("Throttling (share of time)", [
-        q(f'max by (gpu) (rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{F}}}[$__rate_interval])) / 1e9', "thermal GPU {{gpu}}"),
-        q(f'max by (gpu) (rate(DCGM_FI_DEV_POWER_VIOLATION{{{F}}}[$__rate_interval])) / 1e9', "power GPU {{gpu}}")],
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_THERMAL_VIOLATION", F, "rate({}[$__rate_interval])")}) / 1e9', "thermal GPU {{gpu}}"),
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_POWER_VIOLATION", F, "rate({}[$__rate_interval])")}) / 1e9', "power GPU {{gpu}}")],
         unit="percentunit", minv=0, maxv=1,
         desc="Fraction of time clocks were held down for thermal or power reasons (violation counters, ns)."))
     b.add(24, 7, timeseries_panel("Clock events in the window", [
@@ -432,17 +504,17 @@ def node():
 
     b.row("Interconnect")
     b.add(8, 8, timeseries_panel("PCIe bandwidth", [
-        q(f'max by (gpu) (DCGM_FI_PROF_PCIE_TX_BYTES{{{F}}})', "TX GPU {{gpu}}"),
-        q(f'-max by (gpu) (DCGM_FI_PROF_PCIE_RX_BYTES{{{F}}})', "RX GPU {{gpu}}")],
+        q(f'max by (gpu) ({m("DCGM_FI_PROF_PCIE_TX_BYTES", F)})', "TX GPU {{gpu}}"),
+        q(f'-max by (gpu) ({m("DCGM_FI_PROF_PCIE_RX_BYTES", F)})', "RX GPU {{gpu}}")],
         unit="Bps", desc="TX up, RX down."))
     b.add(8, 8, timeseries_panel("PCIe replays", [
-        q(f'max by (gpu) (increase(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{F}}}[$__rate_interval]))', "GPU {{gpu}}")],
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", F, "increase({}[$__rate_interval])")})', "GPU {{gpu}}")],
         desc="PCIe packet retries; a steady rise means a bad link (GPUPCIeReplaysRising)."))
     b.add(8, 8, timeseries_panel("NVLink bandwidth", [
-        q(f'max by (gpu) (DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{F}}})', "GPU {{gpu}}")],
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", F)})', "GPU {{gpu}}")],
         unit="MBs", desc="TX+RX over all links, MB/s. Absent on GPUs without NVLink."))
     b.add(24, 7, timeseries_panel("NVLink errors", [
-        q(f'max by (gpu) (increase(DCGM_FI_DEV_NVLINK_{counter}_COUNT_TOTAL{{{F}}}[$__rate_interval]))',
+        q(f'max by (gpu) ({m(f"DCGM_FI_DEV_NVLINK_{counter}_COUNT_TOTAL", F, "increase({}[$__rate_interval])")})',
           f"{name} GPU {{{{gpu}}}}")
         for counter, name in [("CRC_FLIT_ERROR", "CRC flit"), ("CRC_DATA_ERROR", "CRC data"),
                               ("REPLAY_ERROR", "replay"), ("RECOVERY_ERROR", "recovery")]]))
@@ -451,18 +523,18 @@ def node():
     ecc = [("SBE_VOL", "SBE volatile"), ("DBE_VOL", "DBE volatile"), ("SBE_AGG", "SBE aggregate"),
            ("DBE_AGG", "DBE aggregate")]
     b.add(12, 8, table_panel("ECC errors", [
-        q(f'max by (gpu) (DCGM_FI_DEV_ECC_{field}_TOTAL{{{F}}})', name, instant=True, table=True) for field, name in ecc],
+        q(f'max by (gpu) ({m(f"DCGM_FI_DEV_ECC_{field}_TOTAL", F)})', name, instant=True, table=True) for field, name in ecc],
         merge=True, rename={f"Value #{ref}": name for ref, (_, name) in zip(REF_IDS, ecc)},
         desc="Volatile counts reset when the driver reloads; aggregate counts persist."))
     remap = [("RETIRED_SBE", "retired SBE"), ("RETIRED_DBE", "retired DBE"), ("RETIRED_PENDING", "retire pending"),
              ("CORRECTABLE_REMAPPED_ROWS", "remapped (corr.)"), ("UNCORRECTABLE_REMAPPED_ROWS", "remapped (uncorr.)"),
              ("ROW_REMAP_FAILURE", "remap failed")]
     b.add(12, 8, table_panel("Retired pages and remapped rows", [
-        q(f'max by (gpu) (DCGM_FI_DEV_{field}{{{F}}})', instant=True, table=True) for field, _ in remap],
+        q(f'max by (gpu) ({m("DCGM_FI_DEV_" + field, F)})', instant=True, table=True) for field, _ in remap],
         merge=True, rename={f"Value #{ref}": name for ref, (_, name) in zip(REF_IDS, remap)},
         desc="Page retirement (before Ampere) and row remapping (Ampere and newer)."))
     b.add(12, 8, timeseries_panel("Last XID", [
-        q(f'max by (gpu, err_code, err_msg) (DCGM_FI_DEV_XID_ERRORS{{{F}}})', "GPU {{gpu}}: {{err_msg}}")],
+        q(f'max by (gpu, err_code, err_msg) ({m("DCGM_FI_DEV_XID_ERRORS", F)})', "GPU {{gpu}}: {{err_msg}}")],
         desc="The last XID within the exporter's window (0 = none)."))
     b.add(12, 8, table_panel("XIDs in the window", [
         q(f'max by (gpu, xid) (DCGM_EXP_XID_ERRORS_COUNT{{{F}}})', instant=True, table=True)],
@@ -476,49 +548,74 @@ def node():
 
 def workloads():
     W = 'cluster=~"$cluster", hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod", pod!=""'
-    util = f'DCGM_FI_DEV_GPU_UTIL{{{W}}} or 100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{W}, GPU_I_ID!=""}}'
+    P = 'cluster=~"$cluster", hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"'
+    mig = ', GPU_I_ID!=""'
+    util = f'{m("DCGM_FI_DEV_GPU_UTIL", W)} or 100 * {m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", W + mig)}'
+    fb_used = m("DCGM_FI_DEV_FB_USED", W)
     holder = "{{namespace}}/{{pod}}/{{container}}"
+    # Pods are known from the device series they hold alone and from their own usage on shared GPUs.
+    pod_series = names("DCGM_FI_DEV_FB_USED") + "|gpu_exporter_container_fb_used_bytes"
     b = Board("gpu-exporter-workloads", "GPU workloads",
               "GPU memory and utilization per namespace, pod and container; MIG slices and shared GPUs "
               "(gpu-exporter with -k).", ["workloads", "kubernetes"])
-    b.variable("hostname", "Node", 'label_values(DCGM_EXP_GPU_HEALTH_STATUS{cluster=~"$cluster"}, hostname)')
+    b.variable("hostname", "Node", f'label_values({gpu_series(C)}, hostname)')
     b.variable("namespace", "Namespace",
-               'label_values(DCGM_FI_DEV_FB_USED{cluster=~"$cluster", hostname=~"$hostname"}, namespace)')
+               f'label_values({{__name__=~"{pod_series}", cluster=~"$cluster", hostname=~"$hostname"}}, namespace)')
     b.variable("pod", "Pod",
-               'label_values(DCGM_FI_DEV_FB_USED{cluster=~"$cluster", hostname=~"$hostname", namespace=~"$namespace"}, pod)')
+               f'label_values({{__name__=~"{pod_series}", cluster=~"$cluster", hostname=~"$hostname", '
+               f'namespace=~"$namespace"}}, pod)')
 
     b.row("Per namespace")
     b.add(8, 8, timeseries_panel("GPU memory per namespace", [
-        q(f'sum by (namespace) (DCGM_FI_DEV_FB_USED{{{W}}})', "{{namespace}}")], unit="mbytes"))
+        q(f'sum by (namespace) ({fb_used})', "{{namespace}}")], unit="mbytes"))
     b.add(8, 8, timeseries_panel("GPU utilization per namespace", [q(f'avg by (namespace) ({util})', "{{namespace}}")],
                                  unit="percent", minv=0, maxv=100))
     b.add(8, 8, bargauge_panel("GPUs and MIG slices held per namespace", [
-        q(f'count by (namespace) (count by (namespace, hostname, UUID, GPU_I_ID) (DCGM_FI_DEV_FB_USED{{{W}}}))',
+        q(f'count by (namespace) (count by (namespace, hostname, UUID, GPU_I_ID) ({fb_used}))',
           "{{namespace}}", instant=True)], display=common.BarGaugeDisplayMode.BASIC))
 
     b.row("Per pod and container")
     b.add(12, 8, timeseries_panel("GPU memory per pod", [
-        q(f'sum by (namespace, pod, container) (DCGM_FI_DEV_FB_USED{{{W}}})', holder)], unit="mbytes"))
+        q(f'sum by (namespace, pod, container) ({fb_used})', holder)], unit="mbytes"))
     b.add(12, 8, timeseries_panel("GPU utilization per pod", [
         q(f'avg by (namespace, pod, container) ({util})', holder)],
         unit="percent", minv=0, maxv=100,
         desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL; MIG slices: graphics engine activity."))
     b.add(12, 8, table_panel("MIG slices per pod", [
         q(f'count by (namespace, pod, container, hostname, gpu, GPU_I_PROFILE, GPU_I_ID) '
-          f'(DCGM_FI_DEV_FB_USED{{{W}, GPU_I_ID!=""}})', instant=True, table=True)],
+          f'({m("DCGM_FI_DEV_FB_USED", W + mig)})', instant=True, table=True)],
         hide=("Value",), desc="Which MIG instance each pod holds."))
     b.add(12, 8, table_panel("Pods sharing GPUs", [
         q('gpu_exporter_gpu_pod_info{cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"}', instant=True, table=True)],
         hide=("Value", "__name__", "job"),
         desc="Time-sliced / MPS GPUs held by several pods: their series carry no pod labels; "
              "gpu_exporter_gpu_pod_info lists the holders."))
+
+    b.row("GPU use per pod on shared GPUs")
+    shared = "{{namespace}}/{{pod}}/{{container}} on {{hostname}} GPU {{gpu}}"
+    by_container = "sum by (cluster, namespace, pod, container, hostname, gpu, GPU_I_ID)"
+    b.add(12, 8, timeseries_panel("GPU use per pod on shared GPUs", [
+        q(f'{by_container} (gpu_exporter_container_sm_utilization_percent{{{P}}})', shared)],
+        unit="percent", minv=0,
+        desc="Each container's own SM utilization, from NVML's per-process samples (needs -k with "
+             "--kubernetes-process-usage or --kubernetes-virtual-gpus, docs/pods.md). On a time-sliced or "
+             "MPS GPU the containers' values add up to the device's utilization (within a point per "
+             "container); no join with the device series. Not available per MIG instance (NVML has no "
+             "per-process utilization there)."))
+    b.add(12, 8, timeseries_panel("GPU memory per pod on shared GPUs", [
+        q(f'{by_container} (gpu_exporter_container_fb_used_bytes{{{P}}})', shared)],
+        unit="bytes",
+        desc="Each container's own framebuffer use (its processes' used memory), on whole GPUs and MIG "
+             "instances; the containers of one GPU add up to its used framebuffer."))
     b.add(24, 8, timeseries_panel("Utilization of shared GPUs, per holder", [
         q('max by (cluster, namespace, pod, container, UUID) ('
           'gpu_exporter_gpu_pod_info{cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"} '
-          '* on (cluster, UUID) group_left () max by (cluster, UUID) (DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"}))',
+          '* on (cluster, UUID) group_left () max by (cluster, UUID) ('
+          f'{m("DCGM_FI_DEV_GPU_UTIL", C)}))',
           "{{namespace}}/{{pod}} on {{UUID}}")],
         unit="percent", minv=0, maxv=100,
-        desc="The whole GPU's utilization, shown for each pod sharing it (NVML cannot split it per pod)."))
+        desc="The whole GPU's utilization, shown for each pod holding it (the same value for every "
+             "holder); each pod's own share is in \"GPU use per pod on shared GPUs\"."))
     return b.build()
 
 

@@ -64,6 +64,10 @@ fn known_metrics() -> BTreeSet<String> {
         "the shipped CSV names fields we skip: {skipped:?}"
     );
     let mut known: BTreeSet<String> = cat.metrics.iter().map(|m| m.name.clone()).collect();
+    // The newest naming generation (dcgm-exporter 4.10's default set), which queries also read.
+    let newest = "metrics-config/dcgm-exporter-4.10-default-counters.csv";
+    let (cat, _) = catalog::load(&root().join(newest)).unwrap_or_else(|e| panic!("{newest}: {e}"));
+    known.extend(cat.metrics.iter().map(|m| m.name.clone()));
     // The self-metrics of every mode: the container runtime's and per-process attribution's
     // families are only emitted when those run.
     let all_modes = SelfMetrics::default();
@@ -183,6 +187,19 @@ fn metric_names(expr: &str) -> Vec<String> {
                     i += 1;
                 }
                 let word = &expr[start..i];
+                if braces > 0 && word == "__name__" {
+                    // `{__name__=~"A|B"}`: the names the alternatives spell out.
+                    let rest = expr[i..].trim_start();
+                    let value = rest
+                        .strip_prefix("=~")
+                        .or_else(|| rest.strip_prefix('='))
+                        .map(str::trim_start)
+                        .and_then(|v| v.strip_prefix('"'))
+                        .and_then(|v| v.split_once('"'))
+                        .map(|(v, _)| v)
+                        .unwrap_or_else(|| panic!("unsupported __name__ matcher in {expr}"));
+                    names.extend(value.split('|').map(str::to_owned));
+                }
                 let next = expr[i..].trim_start().chars().next();
                 let is_call = next == Some('(');
                 if braces == 0
@@ -238,6 +255,10 @@ fn metric_name_extraction_handles_promql_shapes() {
     assert_eq!(
         metric_names(r#"label_values(DCGM_FI_DEV_FB_USED{hostname=~"$hostname"}, namespace)"#),
         ["DCGM_FI_DEV_FB_USED"]
+    );
+    assert_eq!(
+        metric_names(r#"label_values({__name__=~"DCGM_A|DCGM_B", hostname=~"$hostname"}, pod)"#),
+        ["DCGM_A", "DCGM_B"]
     );
     assert_eq!(
         metric_names("sum(A_B) / 3.6e9 + count(x) or vector(0)"),
@@ -388,6 +409,102 @@ fn every_metric_used_by_dashboards_and_alerts_exists() {
     ] {
         assert!(used.contains(must), "{must} not found in any query");
     }
+}
+
+/// docs/metric-names.md's rename table: (classic name, newest name) of every renamed metric.
+fn renamed_metrics() -> Vec<(String, String)> {
+    let doc = read("docs/metric-names.md");
+    let mut out = Vec::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // | `classic` | id | `newest` | id | unit | since |
+        if cells.len() < 7 {
+            continue;
+        }
+        let name = |c: &str| {
+            c.strip_prefix('`')
+                .and_then(|c| c.strip_suffix('`'))
+                .filter(|n| n.starts_with("DCGM_FI_"))
+                .map(str::to_owned)
+        };
+        if let (Some(classic), Some(newest)) = (name(cells[1]), name(cells[3])) {
+            out.push((classic, newest));
+        }
+    }
+    assert!(
+        out.len() >= 20,
+        "docs/metric-names.md: rename table not found ({} rows)",
+        out.len()
+    );
+    out
+}
+
+/// Every PromQL expression the shipped artifacts run: (where, expr).
+fn shipped_queries() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (path, d) in dashboards() {
+        for (at, expr) in dashboard_queries(&d) {
+            out.push((format!("{}: {at}", path.display()), expr));
+        }
+    }
+    for (path, doc) in rule_files() {
+        for r in rules(&doc) {
+            let rule = r["alert"].as_str().or_else(|| r["record"].as_str());
+            let expr = r["expr"].as_str().expect("expr").to_owned();
+            out.push((format!("{}: rule {rule:?}", path.display()), expr));
+        }
+    }
+    out
+}
+
+#[test]
+fn dashboards_and_rules_read_both_naming_generations() {
+    // A node may run dcgm-exporter 4.9+'s names (docs/metric-names.md): wherever a query reads a
+    // renamed metric by its classic name it must also read the newest one (converted to the
+    // classic unit: the e2e and the promtool tests check the values), and wherever it names the
+    // driver-version label it must name both spellings.
+    let renamed = renamed_metrics();
+    let mut missing = Vec::new();
+    let mut pairs_seen = 0;
+    for (at, expr) in shipped_queries() {
+        let names: BTreeSet<String> = metric_names(&expr).into_iter().collect();
+        for (classic, newest) in &renamed {
+            match (names.contains(classic), names.contains(newest)) {
+                (true, false) => missing.push(format!("{at}: {classic} without {newest}")),
+                (false, true) => missing.push(format!("{at}: {newest} without {classic}")),
+                (true, true) => pairs_seen += 1,
+                (false, false) => {}
+            }
+        }
+        if expr.contains("DCGM_FI_DRIVER_VERSION") != expr.contains("DCGM_FI_SYSTEM_DRIVER_VERSION")
+        {
+            missing.push(format!(
+                "{at}: names one driver-version label but not the other"
+            ));
+        }
+    }
+    for (path, d) in dashboards() {
+        for p in panels(&d) {
+            let hidden = p["transformations"].to_string();
+            if hidden.contains("DCGM_FI_DRIVER_VERSION")
+                != hidden.contains("DCGM_FI_SYSTEM_DRIVER_VERSION")
+            {
+                missing.push(format!(
+                    "{}: panel {:?} hides one driver-version label column but not the other",
+                    path.display(),
+                    p["title"]
+                ));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "one naming generation only: {missing:#?}"
+    );
+    assert!(
+        pairs_seen >= 40,
+        "only {pairs_seen} classic/newest pairs found: is the extraction broken?"
+    );
 }
 
 #[test]

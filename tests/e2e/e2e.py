@@ -42,6 +42,7 @@ import argparse
 import collections
 import http.server
 import json
+import math
 import os
 import pathlib
 import re
@@ -119,12 +120,17 @@ def pod_uid(node, h):
 
 # The panel proposed for the workloads dashboard ("GPU use per pod on shared GPUs"): each query,
 # with the dashboard's variables filled in, must return each pod's own use (docs/pods.md).
-USAGE_PANEL_QUERIES = [
-    'sum by (namespace, pod, container, hostname, gpu, GPU_I_ID) '
-    '(gpu_exporter_container_sm_utilization_percent{hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"})',
-    'sum by (namespace, pod, container, hostname, gpu, GPU_I_ID) '
-    '(gpu_exporter_container_fb_used_bytes{hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"})',
-]
+# The workloads dashboard's panels on per-container usage: their queries are checked against the
+# simulated processes.
+USAGE_PANELS = ("GPU use per pod on shared GPUs", "GPU memory per pod on shared GPUs")
+
+
+def usage_panel_queries():
+    d = json.loads((ROOT / "dashboards/gpu-workloads.json").read_text())
+    out = [t["expr"] for p in d["panels"] if p["title"] in USAGE_PANELS for t in p.get("targets", [])]
+    if len(out) != len(USAGE_PANELS):
+        raise Failure(f"dashboards/gpu-workloads.json: expected one query in each of {USAGE_PANELS}, found {out}")
+    return out
 
 
 def pod_events(node):
@@ -164,6 +170,13 @@ DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL,   counter, NVLink replays per li
 DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL, counter, NVLink flow-control CRC errors per link.
 DCGM_FI_DEV_NVLINK_THROUGHPUT_PER_LINK,           gauge,   NVLink TX+RX throughput per link (in MB/s).
 """
+# A classic node whose CSV also lists the newest name of every renamed metric (not the newest
+# driver-version label row): each dashboard query must give the same answer from either side.
+MIXED = "node-18"
+# The classic node node-21's "has data" is compared with (same profile, healthy, no pods): it runs
+# dcgm-exporter 4.8's default set (tests/fixtures/upstream/), the classic twin of node-21's.
+CLASSIC_PEER = "node-15"
+UPSTREAM_CLASSIC_CSV = ROOT / "tests/fixtures/upstream/default-counters.csv"
 KILLED = "node-08"
 # Dashboard variables: one real node for the node dashboard (an H100 node, so NVLink has data).
 # `cluster` is "All" (the series here have no cluster label); `raw` is what the dashboard's hidden
@@ -404,6 +417,12 @@ def run(args, work, procs):
     newest_csv = work / "newest.csv"
     newest_csv.write_text(NEWEST_CSV.read_text() + PER_LINK_ROWS)
     sim[NEWEST] += ["-f", str(newest_csv)]
+    mixed_csv = work / "mixed.csv"
+    mixed_csv.write_text((ROOT / "metrics-config/default-counters.csv").read_text() + "\n"
+                         + "".join(f"{newest}, gauge, the newest name of {classic}.\n"
+                                   for classic, (newest, _) in dashboard_generations().items()))
+    sim[MIXED] += ["-f", str(mixed_csv)]
+    sim[CLASSIC_PEER] += ["-f", str(UPSTREAM_CLASSIC_CSV)]
 
     # Exporters.
     ports = {}
@@ -485,6 +504,7 @@ def run(args, work, procs):
     check_hpc(prom)
     check_dashboards(prom, pods_mode)
     check_newest_names(prom)
+    check_dashboards_on_both_generations(prom)
     report_memory(procs)
 
 
@@ -600,6 +620,92 @@ def check_dashboards(prom, pods_mode):
         raise Failure("dashboard queries without data:\n  " + "\n  ".join(failures))
 
 
+def dashboard_generations():
+    """scripts/gen-dashboards.py's rename table: classic name -> (newest name, conversion)."""
+    src = (ROOT / "scripts/gen-dashboards.py").read_text()
+    # Only the table: the script itself needs the Grafana SDK, which the e2e does not.
+    table = src[src.index("NEWEST = {"):src.index("\n}\n", src.index("NEWEST = {")) + 3]
+    scope = {}
+    exec(table, scope)  # noqa: S102 (our own file)
+    return scope["NEWEST"]
+
+
+def dashboard_runs():
+    """(dashboard uid, where, expr) of every panel target and query variable."""
+    out = []
+    for path in sorted((ROOT / "dashboards").glob("*.json")):
+        d = json.loads(path.read_text())
+        for p in d["panels"]:
+            for t in p.get("targets", []):
+                out.append((d["uid"], f'{path.name}: "{p["title"]}" {t["refId"]}', t["expr"]))
+        for v in d["templating"]["list"]:
+            if v["type"] == "query":
+                out.append((d["uid"], f"{path.name}: variable {v['name']}", v["query"]["query"]))
+    return out
+
+
+def check_dashboards_on_both_generations(prom):
+    """The dashboards serve either naming generation, in the classic units:
+    - node-21 (newest names only) has data for exactly the queries of the node and cluster
+      dashboards (recorded and raw) and variables that have data for node-15 (classic names, same
+      profile);
+    - on node-18 (both names for every renamed metric) each such panel query, at one instant, gives the
+      same series and values as itself with the classic names removed (so the newest side
+      answers, converted): the conversions are right and nothing is counted twice."""
+    table = dashboard_generations()
+    classic_re = re.compile(r"\b(" + "|".join(sorted(table, key=len, reverse=True)) + r")\b(?!_)")
+    runs = []
+    for uid, where, expr in dashboard_runs():
+        if uid == "gpu-exporter-workloads":  # no pods on these nodes
+            continue
+        base = dict(VARIABLES[uid])
+        runs.append((where, expr, base))
+        if RECORDED.search(expr):
+            runs.append((f"{where} (without recording rules)", RECORDED.sub("no_recording_rules_loaded", expr),
+                         dict(base, raw=".+")))
+    at = time.time() - 5  # a scrape of every node is in the head by then
+
+    def query(expr, values, node):
+        q = fill(expr, dict(values, hostname=node))
+        lv = re.match(r"^label_values\((.*),\s*(\w+)\)$", q.strip(), re.S)
+        if lv:  # Grafana's label_values() and query_result() as instant queries
+            q = f"count by ({lv.group(2)}) ({lv.group(1)})"
+        q = re.sub(r"^query_result\((.*)\)$", r"\1", q.strip(), flags=re.S)
+        return prom.api("/api/v1/query", query=q, time=f"{at:.3f}")["result"]
+
+    def key(series):
+        return tuple(sorted((k, v) for k, v in series["metric"].items() if k != "__name__"))
+
+    failures, compared = [], 0
+    for where, expr, values in runs:
+        newest, classic = bool(query(expr, values, NEWEST)), bool(query(expr, values, CLASSIC_PEER))
+        if newest != classic:
+            failures.append(f"{where}: {NEWEST} {'has' if newest else 'has no'} data, {CLASSIC_PEER} "
+                            f"{'has' if classic else 'has no'}")
+        if " variable " in where or not classic_re.search(expr):  # variables list labels, not values
+            continue
+        both = {key(s): float(s["value"][1]) for s in query(expr, values, MIXED)}
+        only_newest = {key(s): float(s["value"][1])
+                       for s in query(classic_re.sub("no_classic_series", expr), values, MIXED)}
+        if both.keys() != only_newest.keys():
+            failures.append(f"{where}: on {MIXED} the series differ between the classic names "
+                            f"({len(both)}) and the newest ones ({len(only_newest)})")
+            continue
+        for k, a in both.items():
+            b = only_newest[k]
+            if not math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-9) and not (abs(a - b) <= 1 and abs(a) >= 10):
+                failures.append(f"{where}: on {MIXED} {dict(k)}: {a} from the classic names, {b} from the "
+                                "newest ones")
+                break
+        compared += bool(both)
+    if failures:
+        raise Failure("dashboards differ between naming generations:\n  " + "\n  ".join(failures))
+    if compared < 20:
+        raise Failure(f"only {compared} dashboard queries compared between naming generations")
+    log(f"dashboards on both naming generations: {len(runs)} queries have data on {NEWEST} (newest names) "
+        f"exactly where they have on {CLASSIC_PEER}; {compared} give the same values from either name on {MIXED}")
+
+
 def check_newest_names(prom):
     """node-21 serves the DCGM 4.7/4.8 names, each in its own unit, and per-link NVLink series,
     and no classic name; the other nodes serve no newest name."""
@@ -624,7 +730,7 @@ def check_newest_names(prom):
             (f"DCGM_FI_DEV_NVLINK_THROUGHPUT_PER_LINK{sel}", 144, lambda v: v >= 0, "MB/s per link"),
             (f"DCGM_FI_DEV_GPU_UTIL{sel}", 0, None, "absent: classic name"),
             (f"DCGM_FI_DEV_SM_CLOCK{sel}", 0, None, "absent: classic name"),
-            ('DCGM_FI_DEV_GPU_UTIL_RATIO{node!="%s"}' % NEWEST, 0, None, "absent on classic nodes"),
+            ('DCGM_FI_DEV_GPU_UTIL_RATIO{node!~"%s|%s"}' % (NEWEST, MIXED), 0, None, "absent on classic nodes"),
         ]
         for q, n, ok, meaning in checks:
             vs = values(q)
@@ -929,7 +1035,7 @@ def check_usage(prom):
                     elif any(value(x) <= 0 for x in sm):
                         out.append(f"{node} GPU {gpu}: a busy pod reads 0 % SM: {sm}")
         variables = VARIABLES["gpu-exporter-workloads"]
-        for q in USAGE_PANEL_QUERIES:
+        for q in usage_panel_queries():
             got = {(x["metric"].get("hostname"), x["metric"].get("pod")) for x in prom.query(fill(q, variables))}
             want = {(node, h.pod) for node, hs in POD_HOLDERS.items() for h in hs if h.pids
                     and ("sm_utilization" not in q or h.gi is None)}
