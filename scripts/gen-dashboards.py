@@ -141,6 +141,7 @@ def names(*classic):
 
 
 C = 'cluster=~"$cluster"'  # every query filters on it
+EMPTY = '""'
 CH = C + ', hostname=~"$hostname"'
 
 
@@ -590,6 +591,22 @@ def workloads():
         hide=("Value", "__name__", "job"),
         desc="Time-sliced / MPS GPUs held by several pods: their series carry no pod labels; "
              "gpu_exporter_gpu_pod_info lists the holders."))
+
+    b.row("DRA claims and HPC jobs")
+    b.add(12, 8, table_panel("GPUs and MIG instances allocated through DRA claims", [
+        q('max by (cluster, hostname, gpu, GPU_I_PROFILE, GPU_I_ID, dra_claim_namespace, dra_claim_name, '
+          f'dra_device_name, namespace, pod, container) ({m("DCGM_FI_DEV_FB_USED", W + ", dra_claim_name!=" + EMPTY)})',
+          instant=True, table=True)],
+        rename={"Value": "Framebuffer used (MiB)"},
+        desc="Resource claims of NVIDIA's DRA driver (gpu.nvidia.com) and the device each was given "
+             "(needs --kubernetes-enable-dra, docs/pods.md)."))
+    hpc = f'{CH}, hpc_job!=""'
+    b.add(12, 8, timeseries_panel("GPU utilization per HPC job", [
+        q(f'avg by (cluster, hpc_job) ({m("DCGM_FI_DEV_GPU_UTIL", hpc)} or '
+          f'100 * {m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", hpc + mig)})', "{{hpc_job}}")],
+        unit="percent", minv=0, maxv=100,
+        desc="Average over the GPUs and MIG instances each job runs on, from the exporter's "
+             "--hpc-job-mapping-dir files (not filtered by namespace or pod)."))
 
     b.row("GPU use per pod on shared GPUs")
     shared = "{{namespace}}/{{pod}}/{{container}} on {{hostname}} GPU {{gpu}}"
