@@ -9,7 +9,8 @@ What it does:
    and 1xA100-40GB profiles, `-c 1000`, NODE_NAME set). Scenario files script one fault per node on
    node-01..node-07: GPU off the bus, double-bit ECC, overheating, PCIe replays, NVLink errors, row
    remap failure, XID 119. node-08 is killed once it has been scraped (exporter down). node-21 runs
-   the newest naming generation (dcgm-exporter 4.10's default set plus per-link NVLink fields).
+   the newest naming generation (dcgm-exporter 4.10's default set plus per-link NVLink fields), with
+   four faults whose alerts read renamed series (XID 79, overheating, PCIe replays, row remap).
 2. Pod labels: node-09 (8xH100-SXM) and node-10 (4xA100-80GB-MIG) run with `-k` against a
    fake-kubelet each (src/bin/fake-kubelet.rs, docs/pods.md). Their assignments (TOML, written
    here from the ids `gpu-exporter --list-devices` prints for the node's profile and seed) cover a
@@ -160,8 +161,19 @@ NODES = [
      pod_events(f"node-{i:02d}"), [])
     for i in range(9, 21)
 ] + [
-    # The newest naming generation: its own CSV (NEWEST_CSV), healthy.
-    ("node-21", "8xH100-SXM", 121, [], []),
+    # The newest naming generation: its own CSV (NEWEST_CSV). Its faults raise the alerts whose series
+    # were renamed, from the newest names alone: XID 79 reported by a GPU that stays readable
+    # (DCGM_FI_DEV_XID_ERROR), a hot GPU (DCGM_FI_DEV_GPU_TEMP_CELSIUS), PCIe replays
+    # (DCGM_FI_DEV_PCIE_REPLAY_TOTAL), a row remap failure (DCGM_FI_DEV_ROW_REMAP_FAILED). The newest
+    # default set has no violation, clock-event or health rows, so the hot GPU raises no
+    # GPUThermalThrottling there.
+    ("node-21", "8xH100-SXM", 121,
+     [dict(gpu=2, action="thermal-throttle", temperature=95, duration="1h"),
+      dict(gpu=4, action="pcie-replays", count=5000),
+      dict(gpu=6, action="row-remap-failure"),
+      dict(gpu=7, action="xid", xid=79)],
+     [("GPUTemperatureHigh", "2"), ("GPUPCIeReplaysRising", "4"), ("GPURowRemapFailure", "6"),
+      ("GPUFallenOffBus", "7")]),
 ]
 NEWEST = "node-21"
 NEWEST_CSV = ROOT / "metrics-config/dcgm-exporter-4.10-default-counters.csv"
@@ -708,7 +720,8 @@ def check_dashboards_on_both_generations(prom):
 
 def check_newest_names(prom):
     """node-21 serves the DCGM 4.7/4.8 names, each in its own unit, and per-link NVLink series,
-    and no classic name; the other nodes serve no newest name."""
+    and no classic name; the other nodes serve no newest name. node-21's alerts (check_alerts has
+    checked they are exactly the expected ones) carry the newest driver-version label only."""
     def values(q):
         return [float(s["value"][1]) for s in prom.query(q)]
 
@@ -738,10 +751,19 @@ def check_newest_names(prom):
                 out.append(f"{q}: expected {n} series ({meaning}), found {len(vs)}")
             elif ok and not all(ok(v) for v in vs):
                 out.append(f"{q}: values not {meaning}: {sorted(vs)[:3]}...{sorted(vs)[-3:]}")
+        # node-21's alerts come from the newest series: they carry the newest driver-version label
+        # and not the classic one (GPUFallenOffBus drops both).
+        for a in prom.api("/api/v1/alerts")["alerts"]:
+            labels = a["labels"]
+            if labels.get("hostname") != NEWEST or labels["alertname"] == "GPUFallenOffBus":
+                continue
+            if "DCGM_FI_SYSTEM_DRIVER_VERSION" not in labels or "DCGM_FI_DRIVER_VERSION" in labels:
+                out.append(f"{labels['alertname']} on {NEWEST}: not from the newest series: {labels}")
         return out
 
     settle(f"{NEWEST} (newest names) differs", problems, 30)
-    log(f"{NEWEST} serves the DCGM 4.7/4.8 names in their units and 144 per-link NVLink series")
+    log(f"{NEWEST} serves the DCGM 4.7/4.8 names in their units and 144 per-link NVLink series; "
+        "its alerts carry DCGM_FI_SYSTEM_DRIVER_VERSION")
 
 
 def report_memory(procs):
