@@ -714,8 +714,8 @@ def check_dashboards_on_both_generations(prom):
         raise Failure("dashboards differ between naming generations:\n  " + "\n  ".join(failures))
     if compared < 20:
         raise Failure(f"only {compared} dashboard queries compared between naming generations")
-    log(f"dashboards on both naming generations: {len(runs)} queries have data on {NEWEST} (newest names) "
-        f"exactly where they have on {CLASSIC_PEER}; {compared} give the same values from either name on {MIXED}")
+    log(f"dashboards on both naming generations: in {len(runs)} queries {NEWEST} (newest names) has data "
+        f"exactly where {CLASSIC_PEER} has; {compared} give the same values from either name on {MIXED}")
 
 
 def check_newest_names(prom):
