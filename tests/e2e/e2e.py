@@ -314,6 +314,7 @@ def key(labels):
 
 def expected_alerts(pods_mode):
     want = [(a, node, gpu) for node, _, _, _, exp in NODES for a, gpu in exp]
+    want += [("GPUHPCJobFilesInvalid", HPC_NODE, "")]  # its mapping directory holds a bad file
     if pods_mode:  # one per idle GPU or MIG instance a pod holds
         want += [("GPUUnderutilized", node, str(h.gpu))
                  for node, hs in POD_HOLDERS.items() for h in hs if not h.busy]
