@@ -26,15 +26,6 @@ use gpu_exporter::self_metrics::{SampleStats, SelfMetrics};
 /// users then see as "changed".
 const MIN_SCHEMA_VERSION: u64 = 41;
 
-/// Self-metrics of the pod-resources client that rules and dashboards may query. They are only
-/// emitted with `-k` (the `SelfMetrics::default()` of `known_metrics` has them off), so they are
-/// listed here.
-const POD_RESOURCES_METRICS: &[&str] = &[
-    "gpu_exporter_pod_resources_up",
-    "gpu_exporter_pod_resources_last_success_timestamp_seconds",
-    "gpu_exporter_pod_resources_errors_total",
-];
-
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -68,11 +59,14 @@ fn known_metrics() -> BTreeSet<String> {
     let newest = "metrics-config/dcgm-exporter-4.10-default-counters.csv";
     let (cat, _) = catalog::load(&root().join(newest)).unwrap_or_else(|e| panic!("{newest}: {e}"));
     known.extend(cat.metrics.iter().map(|m| m.name.clone()));
-    // The self-metrics of every mode: the container runtime's and per-process attribution's
-    // families are only emitted when those run.
+    // The self-metrics of every mode: the kubelet's, DRA's, the container runtime's, per-process
+    // attribution's and HPC jobs' families are only emitted when those run.
     let all_modes = SelfMetrics::default();
     all_modes.cri.enable();
     all_modes.processes.enable();
+    all_modes.pod_resources.enable();
+    all_modes.pod_resources.enable_dra();
+    all_modes.hpc_jobs.enable();
     known.extend(
         all_modes
             .families(&SampleStats::default(), "sim")
@@ -85,7 +79,6 @@ fn known_metrics() -> BTreeSet<String> {
             .iter()
             .map(|s| (*s).to_owned()),
     );
-    known.extend(POD_RESOURCES_METRICS.iter().map(|s| (*s).to_owned()));
     known.insert("up".to_owned());
     known
 }
