@@ -49,7 +49,6 @@ import pathlib
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,10 +56,13 @@ import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+import harness  # noqa: E402 (tests/harness.py)
+from harness import Failure, Procs, free_port, http_get, wait_for  # noqa: E402
+
 FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented in README.md)
 
 # Pods mode: which containers a node's fake kubelet says hold which GPU (`gpu`) or MIG instance
@@ -216,77 +218,7 @@ NVIDIA_12239 = [
 ]
 
 
-def log(msg):
-    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-class Failure(Exception):
-    pass
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.status, r.read()
-
-
-def wait_for(what, fn, deadline_s, interval=0.5):
-    """Polls fn() until it returns a truthy value or the deadline passes."""
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-        except (OSError, urllib.error.URLError, ValueError) as e:
-            last = e
-        time.sleep(interval)
-    raise Failure(f"timed out after {deadline_s}s waiting for {what}" + (f" (last error: {last})" if last else ""))
-
-
-class Procs:
-    """Started processes, stopped (TERM, then KILL) on exit."""
-
-    def __init__(self, logdir):
-        self.procs = {}
-        self.logdir = logdir
-
-    def start(self, name, argv, env=None):
-        out = open(self.logdir / f"{name}.log", "wb")
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=dict(os.environ, **(env or {})), start_new_session=True)
-        self.procs[name] = p
-        return p
-
-    def alive(self, name):
-        return self.procs[name].poll() is None
-
-    def stop(self, name):
-        p = self.procs[name]
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-
-    def stop_all(self):
-        for name in list(self.procs):
-            self.stop(name)
-
-    def tail(self, name, n=20):
-        try:
-            lines = (self.logdir / f"{name}.log").read_text(errors="replace").splitlines()
-            return "\n".join(lines[-n:])
-        except OSError:
-            return ""
+log = harness.make_log("e2e")
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
@@ -362,7 +294,7 @@ class Prom:
 
     def api(self, path, **params):
         url = f"{self.base}{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
-        _, body = http_get(url, timeout=10)
+        _, body, _ = http_get(url, 10)
         doc = json.loads(body)
         if doc.get("status") != "success":
             raise Failure(f"{path} {params}: {doc}")
@@ -454,7 +386,7 @@ def run(args, work, procs):
             argv += ["--hpc-job-mapping-dir", str(hpc_dir)]
         procs.start(node, argv, env={"NODE_NAME": node})
     for node, port in ports.items():
-        wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready")[0] == 200, 30)
+        wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready", 5)[0] == 200, 30)
         if not procs.alive(node):
             raise Failure(f"{node} exited:\n{procs.tail(node)}")
     log(f"{len(ports)} exporters ready" + (f" ({', '.join(devices)} with -k)" if devices else ""))
@@ -470,7 +402,7 @@ def run(args, work, procs):
     procs.start("alertmanager", ["prometheus-alertmanager", f"--config.file={work / 'alertmanager.yml'}",
                                  f"--storage.path={work / 'am-data'}", f"--web.listen-address=127.0.0.1:{am_port}",
                                  "--cluster.listen-address="])
-    wait_for("alertmanager ready", lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready")[0] == 200, 30)
+    wait_for("alertmanager ready", lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready", 5)[0] == 200, 30)
 
     # Prometheus.
     rules = work / "rules.yml"
@@ -496,7 +428,7 @@ def run(args, work, procs):
                                f"--storage.tsdb.path={work / 'prom-data'}", "--storage.tsdb.retention.time=1h",
                                f"--web.listen-address=127.0.0.1:{prom_port}"])
     prom = Prom(f"http://127.0.0.1:{prom_port}")
-    wait_for("prometheus ready", lambda: http_get(f"{prom.base}/-/ready")[0] == 200, 60)
+    wait_for("prometheus ready", lambda: http_get(f"{prom.base}/-/ready", 5)[0] == 200, 60)
 
     def all_up():
         active = prom.api("/api/v1/targets")["activeTargets"]
@@ -554,7 +486,7 @@ def check_alerts(prom, am_port, pods_mode):
     states = {a["state"] for a in prom.api("/api/v1/alerts")["alerts"]}
     if states != {"firing"}:
         raise Failure(f"alerts not all firing: {states}")
-    _, body = http_get(f"http://127.0.0.1:{am_port}/api/v2/alerts?active=true")
+    _, body, _ = http_get(f"http://127.0.0.1:{am_port}/api/v2/alerts?active=true", 5)
     am = sorted(key(a["labels"]) for a in json.loads(body))
     if am != want:
         raise Failure(f"Alertmanager alerts differ: unexpected {sorted(set(am) - set(want))}, "
