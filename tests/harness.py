@@ -1,13 +1,19 @@
 """The pieces the Python test and benchmark drivers share (tests/e2e/e2e.py, benches/fleet/fleet.py):
 a log line with a prefix, the failure exception, free loopback ports, HTTP GET, polling with a
-deadline, and the started processes (stopped TERM, then KILL). Standard library only.
+deadline, the started processes (stopped TERM, then KILL), the work directory a run keeps its logs
+in, and the queries of the dashboards. Standard library only.
 
 Importing it: `sys.path.insert(0, str(ROOT / "tests"))`, then `import harness`.
 """
 
+import contextlib
+import json
 import os
+import pathlib
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -117,3 +123,45 @@ class Procs:
             return "\n".join((self.logdir / f"{name}.log").read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+def require_tools(tools, packages):
+    """Failure naming the Debian packages to install if any of tools is not on PATH."""
+    for tool in tools:
+        if not shutil.which(tool):
+            raise Failure(f"{tool} not found: apt-get install {packages}")
+
+
+@contextlib.contextmanager
+def work_dir(name, keep, log, grace_s=5):
+    """A fresh /tmp/gpu-exporter-NAME-*/ with logs/, and Procs logging there: yields (work, procs).
+    On the way out every process is stopped (grace_s: Procs.stop_all) and `PASS|FAIL in Ns; logs
+    in ...` logged; after a pass the directory is removed unless keep."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f"gpu-exporter-{name}-"))
+    (work / "logs").mkdir()
+    procs = Procs(work / "logs")
+    started = time.monotonic()
+    ok = False
+    try:
+        yield work, procs
+        ok = True
+    finally:
+        procs.stop_all(grace_s)
+        log(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - started:.0f}s; logs in {work / 'logs'}")
+        if ok and not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def dashboard_targets(dashboards_dir):
+    """(path, uid, what, expr, instant) of every panel target (what: `"title" refId`) and query
+    variable (what: `variable NAME`, instant) of every dashboard JSON in dashboards_dir, by file."""
+    out = []
+    for path in sorted(dashboards_dir.glob("*.json")):
+        d = json.loads(path.read_text())
+        for p in d["panels"]:
+            for t in p.get("targets", []):
+                out.append((path, d["uid"], f'"{p["title"]}" {t["refId"]}', t["expr"], bool(t.get("instant"))))
+        for v in d["templating"]["list"]:
+            if v["type"] == "query":
+                out.append((path, d["uid"], f"variable {v['name']}", v["query"]["query"], True))
+    return out

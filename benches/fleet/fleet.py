@@ -46,10 +46,8 @@ import json
 import math
 import pathlib
 import re
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -57,7 +55,7 @@ import urllib.parse
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402 (tests/harness.py)
-from harness import Failure, Procs, free_port, http_get  # noqa: E402
+from harness import Failure, free_port, http_get  # noqa: E402
 
 RULE_FILES = [ROOT / "alerts/gpu-exporter.rules.yml", ROOT / "alerts/gpu-exporter.recording.yml"]
 RECORDED = re.compile(r"\b[a-z_]+:[a-z_]+:[a-z_0-9]+\b")  # level:metric:operation
@@ -132,16 +130,8 @@ def fill(expr, values):
 
 def dashboard_queries():
     """(dashboard uid, where, expr, instant) for every panel target and query variable."""
-    out = []
-    for path in sorted((ROOT / "dashboards").glob("*.json")):
-        d = json.loads(path.read_text())
-        for p in d["panels"]:
-            for t in p.get("targets", []):
-                out.append((d["uid"], f'{path.stem}: "{p["title"]}" {t["refId"]}', t["expr"], bool(t.get("instant"))))
-        for v in d["templating"]["list"]:
-            if v["type"] == "query":
-                out.append((d["uid"], f"{path.stem}: variable {v['name']}", v["query"]["query"], True))
-    return out
+    return [(uid, f"{path.stem}: {what}", expr, instant)
+            for path, uid, what, expr, instant in harness.dashboard_targets(ROOT / "dashboards")]
 
 
 def as_promql(expr):
@@ -505,16 +495,9 @@ def main():
         args.nodes, args.interval, args.minutes = 50, 5, 0
     if not args.timeout:
         args.timeout = 300 if args.ci else int(args.minutes * 60) + 5400
-    for tool in ["prometheus", "promtool", "victoria-metrics"]:
-        if not shutil.which(tool):
-            raise Failure(f"{tool} not found: apt-get install prometheus victoria-metrics")
+    harness.require_tools(["prometheus", "promtool", "victoria-metrics"], "prometheus victoria-metrics")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"fleet: SIGTERM (time limit {args.timeout}s?)"))
-    work = pathlib.Path(tempfile.mkdtemp(prefix="gpu-exporter-fleet-"))
-    (work / "logs").mkdir()
-    procs = Procs(work / "logs")
-    started = time.monotonic()
-    ok = False
-    try:
+    with harness.work_dir("fleet", args.keep, log, grace_s=15) as (work, procs):
         fleet = Fleet(args, work, procs)
         fleet.start()
         if args.ci:
@@ -537,12 +520,6 @@ def main():
             measure.measure(fleet, args)
             measure.report(fleet, args)
         procs.check_alive()
-        ok = True
-    finally:
-        procs.stop_all(grace_s=15)
-        log(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - started:.0f}s; logs in {work / 'logs'}")
-        if ok and not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -47,11 +47,9 @@ import math
 import os
 import pathlib
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -61,7 +59,7 @@ import uuid
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402 (tests/harness.py)
-from harness import Failure, Procs, free_port, http_get, wait_for  # noqa: E402
+from harness import Failure, free_port, http_get, wait_for  # noqa: E402
 
 FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented in README.md)
 
@@ -321,22 +319,10 @@ def main():
                     help="fake-kubelet binary; pod-label mode when given (run.sh always gives it)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
-    for tool in ["prometheus", "prometheus-alertmanager", "promtool"]:
-        if not shutil.which(tool):
-            raise Failure(f"{tool} not found: apt-get install prometheus prometheus-alertmanager")
-    work = pathlib.Path(tempfile.mkdtemp(prefix="gpu-exporter-e2e-"))
-    (work / "logs").mkdir()
-    procs = Procs(work / "logs")
-    started = time.monotonic()
-    ok = False
-    try:
+    harness.require_tools(["prometheus", "prometheus-alertmanager", "promtool"],
+                          "prometheus prometheus-alertmanager")
+    with harness.work_dir("e2e", args.keep, log) as (work, procs):
         run(args, work, procs)
-        ok = True
-    finally:
-        procs.stop_all()
-        log(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - started:.0f}s; logs in {work / 'logs'}")
-        if ok and not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def run(args, work, procs):
@@ -576,16 +562,8 @@ def dashboard_generations():
 
 def dashboard_runs():
     """(dashboard uid, where, expr) of every panel target and query variable."""
-    out = []
-    for path in sorted((ROOT / "dashboards").glob("*.json")):
-        d = json.loads(path.read_text())
-        for p in d["panels"]:
-            for t in p.get("targets", []):
-                out.append((d["uid"], f'{path.name}: "{p["title"]}" {t["refId"]}', t["expr"]))
-        for v in d["templating"]["list"]:
-            if v["type"] == "query":
-                out.append((d["uid"], f"{path.name}: variable {v['name']}", v["query"]["query"]))
-    return out
+    return [(uid, f"{path.name}: {what}", expr)
+            for path, uid, what, expr, _ in harness.dashboard_targets(ROOT / "dashboards")]
 
 
 def check_dashboards_on_both_generations(prom):
