@@ -47,3 +47,27 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     }
     s
 }
+
+/// Resolves on the first Ctrl-C (SIGINT) or SIGTERM: the stop signal of every binary here
+/// (the exporter, fake-kubelet, fleet-sim). If a signal cannot be listened for, waiting on it
+/// never resolves (and a failed Ctrl-C listener resolves at once, as tokio reports it).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -30,6 +30,7 @@ use gpu_exporter::pods::Attribution;
 use gpu_exporter::reload::CatalogReloader;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::shutdown_signal;
 use gpu_exporter::web::WebSecurity;
 
 /// How often the metrics CSV is checked for changes (SIGHUP reloads at once).
@@ -464,25 +465,4 @@ fn spawn_sighup_forwarder(tx: tokio::sync::mpsc::Sender<()>) {
     });
     #[cfg(not(unix))]
     drop(tx);
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
 }

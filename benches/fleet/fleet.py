@@ -46,18 +46,17 @@ import json
 import math
 import pathlib
 import re
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+import harness  # noqa: E402 (tests/harness.py)
+from harness import Failure, free_port, http_get  # noqa: E402
+
 RULE_FILES = [ROOT / "alerts/gpu-exporter.rules.yml", ROOT / "alerts/gpu-exporter.recording.yml"]
 RECORDED = re.compile(r"\b[a-z_]+:[a-z_]+:[a-z_0-9]+\b")  # level:metric:operation
 NO_RULES = "no_recording_rules_loaded"  # what recorded names become to run a query as without them
@@ -69,77 +68,12 @@ KIND_TEXT = {"whole": "8xH100-SXM, one pod per GPU", "shared": "8xH100-SXM time-
              "mig": "8xA100-80GB, 7 MIG instances per GPU, one pod each"}
 
 
-def log(msg):
-    print(f"[fleet {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-class Failure(Exception):
-    pass
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(url, timeout=30, headers=None):
-    req = urllib.request.Request(url, headers=headers or {})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.status, r.read(), r.headers
+log = harness.make_log("fleet")
 
 
 def wait_for(what, fn, deadline_s, interval=1.0):
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-        except (OSError, urllib.error.URLError, ValueError, KeyError) as e:
-            last = e
-        time.sleep(interval)
-    raise Failure(f"timed out after {deadline_s}s waiting for {what}" + (f" (last error: {last})" if last else ""))
-
-
-class Procs:
-    """Started processes, stopped (TERM, then KILL) on exit."""
-
-    def __init__(self, logdir):
-        self.procs = {}
-        self.logdir = logdir
-
-    def start(self, name, argv):
-        out = open(self.logdir / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
-        return self.procs[name]
-
-    def pid(self, name):
-        return self.procs[name].pid
-
-    def check_alive(self):
-        for name, p in self.procs.items():
-            if p.poll() is not None:
-                raise Failure(f"{name} exited with {p.returncode}:\n{self.tail(name)}")
-
-    def stop_all(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-
-    def tail(self, name, n=20):
-        try:
-            return "\n".join((self.logdir / f"{name}.log").read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+    """harness.wait_for, also retrying on KeyError (a query result without the field yet)."""
+    return harness.wait_for(what, fn, deadline_s, interval, retried=harness.RETRIED + (KeyError,))
 
 
 class Api:
@@ -166,7 +100,7 @@ class Api:
         return self.get("/api/v1/query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=step)
 
     def metrics(self):
-        _, body, _ = http_get(f"{self.base}/metrics")
+        _, body, _ = http_get(f"{self.base}/metrics", 30)
         out = {}
         for line in body.decode().splitlines():
             if line and not line.startswith("#"):
@@ -196,16 +130,8 @@ def fill(expr, values):
 
 def dashboard_queries():
     """(dashboard uid, where, expr, instant) for every panel target and query variable."""
-    out = []
-    for path in sorted((ROOT / "dashboards").glob("*.json")):
-        d = json.loads(path.read_text())
-        for p in d["panels"]:
-            for t in p.get("targets", []):
-                out.append((d["uid"], f'{path.stem}: "{p["title"]}" {t["refId"]}', t["expr"], bool(t.get("instant"))))
-        for v in d["templating"]["list"]:
-            if v["type"] == "query":
-                out.append((d["uid"], f"{path.stem}: variable {v['name']}", v["query"]["query"], True))
-    return out
+    return [(uid, f"{path.stem}: {what}", expr, instant)
+            for path, uid, what, expr, instant in harness.dashboard_targets(ROOT / "dashboards")]
 
 
 def as_promql(expr):
@@ -339,7 +265,7 @@ class Fleet:
             "-search.latencyOffset=0s", "-search.maxLookback=5m", "-search.disableCache",
             "-search.maxUniqueTimeseries=2000000", "-search.maxQueryDuration=300s", "-loggerLevel=WARN"])
         self.vm = Api("VictoriaMetrics", f"http://127.0.0.1:{self.vm_port}", {"nocache": "1"})
-        wait_for("VictoriaMetrics /health", lambda: http_get(f"{self.vm.base}/health")[0] == 200, 60)
+        wait_for("VictoriaMetrics /health", lambda: http_get(f"{self.vm.base}/health", 30)[0] == 200, 60)
 
         # The simulated fleet: it stops by itself when the run's time is up.
         targets = self.work / "targets.json"
@@ -366,7 +292,7 @@ class Fleet:
             f"--storage.tsdb.path={self.work / 'prom-data'}", "--storage.tsdb.retention.time=1d",
             f"--web.listen-address=127.0.0.1:{self.prom_port}", "--query.timeout=5m"])
         self.prom = Api("Prometheus", f"http://127.0.0.1:{self.prom_port}")
-        wait_for("Prometheus ready", lambda: http_get(f"{self.prom.base}/-/ready")[0] == 200, 120)
+        wait_for("Prometheus ready", lambda: http_get(f"{self.prom.base}/-/ready", 30)[0] == 200, 120)
 
         seen = {}
 
@@ -569,16 +495,9 @@ def main():
         args.nodes, args.interval, args.minutes = 50, 5, 0
     if not args.timeout:
         args.timeout = 300 if args.ci else int(args.minutes * 60) + 5400
-    for tool in ["prometheus", "promtool", "victoria-metrics"]:
-        if not shutil.which(tool):
-            raise Failure(f"{tool} not found: apt-get install prometheus victoria-metrics")
+    harness.require_tools(["prometheus", "promtool", "victoria-metrics"], "prometheus victoria-metrics")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"fleet: SIGTERM (time limit {args.timeout}s?)"))
-    work = pathlib.Path(tempfile.mkdtemp(prefix="gpu-exporter-fleet-"))
-    (work / "logs").mkdir()
-    procs = Procs(work / "logs")
-    started = time.monotonic()
-    ok = False
-    try:
+    with harness.work_dir("fleet", args.keep, log, grace_s=15) as (work, procs):
         fleet = Fleet(args, work, procs)
         fleet.start()
         if args.ci:
@@ -589,7 +508,7 @@ def main():
                 return r["result"] and float(r["result"][0]["value"][1]) >= 8
             wait_for("eight scrapes of every target", scrapes, 20 * args.interval, 2)
         else:
-            sys.modules.setdefault("fleet", sys.modules[__name__])  # one module, one Failure class
+            sys.modules.setdefault("fleet", sys.modules[__name__])  # measure imports this module, not a copy
             import measure  # noqa: E402 (benches/fleet/measure.py: the full run's figures)
             measure.collect(fleet, args)
         procs.check_alive()
@@ -601,12 +520,6 @@ def main():
             measure.measure(fleet, args)
             measure.report(fleet, args)
         procs.check_alive()
-        ok = True
-    finally:
-        procs.stop_all()
-        log(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - started:.0f}s; logs in {work / 'logs'}")
-        if ok and not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::{AttributionError, PodResolver};
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::shutdown_signal;
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -414,22 +415,4 @@ async fn run(args: Args) -> Result<()> {
         let _ = t.await;
     }
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
 }

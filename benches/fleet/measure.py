@@ -93,8 +93,8 @@ def bodies(fleet):
         i = next(i for i in range(len(fleet.targets)) if KIND_OF[i % 10] == kind and i % 100 not in
                  (3, 13, 23, 33, 43, 53, 69))  # a node without a fault
         url = f"http://{fleet.targets[i]['targets'][0]}/metrics"
-        _, plain, _ = http_get(url, headers={"Accept-Encoding": "identity"})
-        _, packed, hdr = http_get(url, headers={"Accept-Encoding": "gzip"})
+        _, plain, _ = http_get(url, 30, headers={"Accept-Encoding": "identity"})
+        _, packed, hdr = http_get(url, 30, headers={"Accept-Encoding": "gzip"})
         if hdr.get("Content-Encoding") != "gzip":
             raise Failure(f"{url}: no gzip body")
         text = gzip.decompress(packed).decode()

@@ -31,6 +31,7 @@ use gpu_exporter::pods::directory::RuntimeSnapshot;
 use gpu_exporter::pods::fake::{self, Assignments};
 use gpu_exporter::pods::fake_cri;
 use gpu_exporter::pods::proto::ListPodResourcesResponse;
+use gpu_exporter::shutdown_signal;
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -202,20 +203,5 @@ async fn reload_loop(path: PathBuf, mut outputs: Outputs) {
                 "assignments not reloaded; the previous ones stay in force"
             ),
         }
-    }
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        () = term => {},
     }
 }

@@ -47,20 +47,20 @@ import math
 import os
 import pathlib
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+import harness  # noqa: E402 (tests/harness.py)
+from harness import Failure, free_port, http_get, wait_for  # noqa: E402
+
 FOR_CAP_S = 10  # every `for:` longer than this is shortened to it (documented in README.md)
 
 # Pods mode: which containers a node's fake kubelet says hold which GPU (`gpu`) or MIG instance
@@ -216,77 +216,7 @@ NVIDIA_12239 = [
 ]
 
 
-def log(msg):
-    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-class Failure(Exception):
-    pass
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.status, r.read()
-
-
-def wait_for(what, fn, deadline_s, interval=0.5):
-    """Polls fn() until it returns a truthy value or the deadline passes."""
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        try:
-            v = fn()
-            if v:
-                return v
-        except (OSError, urllib.error.URLError, ValueError) as e:
-            last = e
-        time.sleep(interval)
-    raise Failure(f"timed out after {deadline_s}s waiting for {what}" + (f" (last error: {last})" if last else ""))
-
-
-class Procs:
-    """Started processes, stopped (TERM, then KILL) on exit."""
-
-    def __init__(self, logdir):
-        self.procs = {}
-        self.logdir = logdir
-
-    def start(self, name, argv, env=None):
-        out = open(self.logdir / f"{name}.log", "wb")
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=dict(os.environ, **(env or {})), start_new_session=True)
-        self.procs[name] = p
-        return p
-
-    def alive(self, name):
-        return self.procs[name].poll() is None
-
-    def stop(self, name):
-        p = self.procs[name]
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-
-    def stop_all(self):
-        for name in list(self.procs):
-            self.stop(name)
-
-    def tail(self, name, n=20):
-        try:
-            lines = (self.logdir / f"{name}.log").read_text(errors="replace").splitlines()
-            return "\n".join(lines[-n:])
-        except OSError:
-            return ""
+log = harness.make_log("e2e")
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
@@ -363,7 +293,7 @@ class Prom:
 
     def api(self, path, **params):
         url = f"{self.base}{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
-        _, body = http_get(url, timeout=10)
+        _, body, _ = http_get(url, 10)
         doc = json.loads(body)
         if doc.get("status") != "success":
             raise Failure(f"{path} {params}: {doc}")
@@ -390,22 +320,10 @@ def main():
                     help="fake-kubelet binary; pod-label mode when given (run.sh always gives it)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
-    for tool in ["prometheus", "prometheus-alertmanager", "promtool"]:
-        if not shutil.which(tool):
-            raise Failure(f"{tool} not found: apt-get install prometheus prometheus-alertmanager")
-    work = pathlib.Path(tempfile.mkdtemp(prefix="gpu-exporter-e2e-"))
-    (work / "logs").mkdir()
-    procs = Procs(work / "logs")
-    started = time.monotonic()
-    ok = False
-    try:
+    harness.require_tools(["prometheus", "prometheus-alertmanager", "promtool"],
+                          "prometheus prometheus-alertmanager")
+    with harness.work_dir("e2e", args.keep, log) as (work, procs):
         run(args, work, procs)
-        ok = True
-    finally:
-        procs.stop_all()
-        log(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - started:.0f}s; logs in {work / 'logs'}")
-        if ok and not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def run(args, work, procs):
@@ -455,7 +373,7 @@ def run(args, work, procs):
             argv += ["--hpc-job-mapping-dir", str(hpc_dir)]
         procs.start(node, argv, env={"NODE_NAME": node})
     for node, port in ports.items():
-        wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready")[0] == 200, 30)
+        wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready", 5)[0] == 200, 30)
         if not procs.alive(node):
             raise Failure(f"{node} exited:\n{procs.tail(node)}")
     log(f"{len(ports)} exporters ready" + (f" ({', '.join(devices)} with -k)" if devices else ""))
@@ -471,7 +389,7 @@ def run(args, work, procs):
     procs.start("alertmanager", ["prometheus-alertmanager", f"--config.file={work / 'alertmanager.yml'}",
                                  f"--storage.path={work / 'am-data'}", f"--web.listen-address=127.0.0.1:{am_port}",
                                  "--cluster.listen-address="])
-    wait_for("alertmanager ready", lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready")[0] == 200, 30)
+    wait_for("alertmanager ready", lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready", 5)[0] == 200, 30)
 
     # Prometheus.
     rules = work / "rules.yml"
@@ -497,7 +415,7 @@ def run(args, work, procs):
                                f"--storage.tsdb.path={work / 'prom-data'}", "--storage.tsdb.retention.time=1h",
                                f"--web.listen-address=127.0.0.1:{prom_port}"])
     prom = Prom(f"http://127.0.0.1:{prom_port}")
-    wait_for("prometheus ready", lambda: http_get(f"{prom.base}/-/ready")[0] == 200, 60)
+    wait_for("prometheus ready", lambda: http_get(f"{prom.base}/-/ready", 5)[0] == 200, 60)
 
     def all_up():
         active = prom.api("/api/v1/targets")["activeTargets"]
@@ -555,7 +473,7 @@ def check_alerts(prom, am_port, pods_mode):
     states = {a["state"] for a in prom.api("/api/v1/alerts")["alerts"]}
     if states != {"firing"}:
         raise Failure(f"alerts not all firing: {states}")
-    _, body = http_get(f"http://127.0.0.1:{am_port}/api/v2/alerts?active=true")
+    _, body, _ = http_get(f"http://127.0.0.1:{am_port}/api/v2/alerts?active=true", 5)
     am = sorted(key(a["labels"]) for a in json.loads(body))
     if am != want:
         raise Failure(f"Alertmanager alerts differ: unexpected {sorted(set(am) - set(want))}, "
@@ -645,16 +563,8 @@ def dashboard_generations():
 
 def dashboard_runs():
     """(dashboard uid, where, expr) of every panel target and query variable."""
-    out = []
-    for path in sorted((ROOT / "dashboards").glob("*.json")):
-        d = json.loads(path.read_text())
-        for p in d["panels"]:
-            for t in p.get("targets", []):
-                out.append((d["uid"], f'{path.name}: "{p["title"]}" {t["refId"]}', t["expr"]))
-        for v in d["templating"]["list"]:
-            if v["type"] == "query":
-                out.append((d["uid"], f"{path.name}: variable {v['name']}", v["query"]["query"]))
-    return out
+    return [(uid, f"{path.name}: {what}", expr)
+            for path, uid, what, expr, _ in harness.dashboard_targets(ROOT / "dashboards")]
 
 
 def check_dashboards_on_both_generations(prom):

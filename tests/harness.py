@@ -1,0 +1,167 @@
+"""The pieces the Python test and benchmark drivers share (tests/e2e/e2e.py, benches/fleet/fleet.py):
+a log line with a prefix, the failure exception, free loopback ports, HTTP GET, polling with a
+deadline, the started processes (stopped TERM, then KILL), the work directory a run keeps its logs
+in, and the queries of the dashboards. Standard library only.
+
+Importing it: `sys.path.insert(0, str(ROOT / "tests"))`, then `import harness`.
+"""
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+# What wait_for() treats as "not yet" (the server is not listening, answers with an error status,
+# or sends something that does not parse yet): it retries on these until the deadline.
+RETRIED = (OSError, urllib.error.URLError, ValueError)
+
+
+def make_log(prefix):
+    """A log(msg) that prints `[prefix HH:MM:SS] msg`, flushed at once."""
+
+    def log(msg):
+        print(f"[{prefix} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    return log
+
+
+class Failure(Exception):
+    """A check failed or a wait ran out: the driver prints it and exits 1."""
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, timeout, headers=None):
+    """GETs url: (status, body bytes, response headers). HTTP error statuses raise HTTPError."""
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, r.read(), r.headers
+
+
+def wait_for(what, fn, deadline_s, interval=0.5, retried=RETRIED):
+    """Polls fn() until it returns a truthy value (returned) or deadline_s passes (Failure naming
+    `what` and the last error). The exceptions in `retried` count as "not yet"; others propagate."""
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        try:
+            v = fn()
+            if v:
+                return v
+        except retried as e:
+            last = e
+        time.sleep(interval)
+    raise Failure(f"timed out after {deadline_s}s waiting for {what}" + (f" (last error: {last})" if last else ""))
+
+
+class Procs:
+    """Started processes, each logging to logdir/NAME.log, stopped (TERM, then KILL) on exit."""
+
+    def __init__(self, logdir):
+        self.procs = {}
+        self.logdir = logdir
+
+    def start(self, name, argv, env=None):
+        """Starts argv in its own session, with env added to this process' environment."""
+        out = open(self.logdir / f"{name}.log", "wb")
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=dict(os.environ, **(env or {})), start_new_session=True)
+        self.procs[name] = p
+        return p
+
+    def pid(self, name):
+        return self.procs[name].pid
+
+    def alive(self, name):
+        return self.procs[name].poll() is None
+
+    def check_alive(self):
+        """Failure (with the end of its log) if any started process has exited."""
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                raise Failure(f"{name} exited with {p.returncode}:\n{self.tail(name)}")
+
+    def stop(self, name, grace_s=5):
+        """TERMs one process and waits up to grace_s for it to exit, then KILLs it."""
+        p = self.procs[name]
+        if p.poll() is None:
+            p.terminate()
+            self._reap(p, grace_s)
+
+    def stop_all(self, grace_s=5):
+        """TERMs every process still running at once, then waits up to grace_s for each in turn
+        before KILLing it."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            self._reap(p, grace_s)
+
+    @staticmethod
+    def _reap(p, grace_s):
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+    def tail(self, name, n=20):
+        """The last n lines of the process' log ("" if unreadable)."""
+        try:
+            return "\n".join((self.logdir / f"{name}.log").read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def require_tools(tools, packages):
+    """Failure naming the Debian packages to install if any of tools is not on PATH."""
+    for tool in tools:
+        if not shutil.which(tool):
+            raise Failure(f"{tool} not found: apt-get install {packages}")
+
+
+@contextlib.contextmanager
+def work_dir(name, keep, log, grace_s=5):
+    """A fresh /tmp/gpu-exporter-NAME-*/ with logs/, and Procs logging there: yields (work, procs).
+    On the way out every process is stopped (grace_s: Procs.stop_all) and `PASS|FAIL in Ns; logs
+    in ...` logged; after a pass the directory is removed unless keep."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f"gpu-exporter-{name}-"))
+    (work / "logs").mkdir()
+    procs = Procs(work / "logs")
+    started = time.monotonic()
+    ok = False
+    try:
+        yield work, procs
+        ok = True
+    finally:
+        procs.stop_all(grace_s)
+        log(f"{'PASS' if ok else 'FAIL'} in {time.monotonic() - started:.0f}s; logs in {work / 'logs'}")
+        if ok and not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def dashboard_targets(dashboards_dir):
+    """(path, uid, what, expr, instant) of every panel target (what: `"title" refId`) and query
+    variable (what: `variable NAME`, instant) of every dashboard JSON in dashboards_dir, by file."""
+    out = []
+    for path in sorted(dashboards_dir.glob("*.json")):
+        d = json.loads(path.read_text())
+        for p in d["panels"]:
+            for t in p.get("targets", []):
+                out.append((path, d["uid"], f'"{p["title"]}" {t["refId"]}', t["expr"], bool(t.get("instant"))))
+        for v in d["templating"]["list"]:
+            if v["type"] == "query":
+                out.append((path, d["uid"], f"variable {v['name']}", v["query"]["query"], True))
+    return out
