@@ -8,6 +8,7 @@ Importing it: `sys.path.insert(0, str(ROOT / "tests"))`, then `import harness`.
 
 import contextlib
 import json
+import re
 import os
 import pathlib
 import shutil
@@ -165,3 +166,12 @@ def dashboard_targets(dashboards_dir):
             if v["type"] == "query":
                 out.append((path, d["uid"], f"variable {v['name']}", v["query"]["query"], True))
     return out
+
+
+def as_promql(expr):
+    """Grafana's label_values(sel, label) and query_result(q) as plain PromQL (instant queries)."""
+    m = re.match(r"^label_values\((.*),\s*(\w+)\)$", expr.strip(), re.S)
+    if m:
+        return f"count by ({m.group(2)}) ({m.group(1)})"
+    m = re.match(r"^query_result\((.*)\)$", expr.strip(), re.S)
+    return m.group(1) if m else expr

@@ -55,7 +55,7 @@ import urllib.parse
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402 (tests/harness.py)
-from harness import Failure, free_port, http_get  # noqa: E402
+from harness import Failure, as_promql, free_port, http_get  # noqa: E402
 
 RULE_FILES = [ROOT / "alerts/gpu-exporter.rules.yml", ROOT / "alerts/gpu-exporter.recording.yml"]
 RECORDED = re.compile(r"\b[a-z_]+:[a-z_]+:[a-z_0-9]+\b")  # level:metric:operation
@@ -132,15 +132,6 @@ def dashboard_queries():
     """(dashboard uid, where, expr, instant) for every panel target and query variable."""
     return [(uid, f"{path.stem}: {what}", expr, instant)
             for path, uid, what, expr, instant in harness.dashboard_targets(ROOT / "dashboards")]
-
-
-def as_promql(expr):
-    """Grafana's label_values(sel, label) and query_result(q) as plain PromQL."""
-    m = re.match(r"^label_values\((.*),\s*(\w+)\)$", expr.strip(), re.S)
-    if m:
-        return f"count by ({m.group(2)}) ({m.group(1)})"
-    m = re.match(r"^query_result\((.*)\)$", expr.strip(), re.S)
-    return m.group(1) if m else expr
 
 
 def rule_exprs():

@@ -589,11 +589,7 @@ def check_dashboards_on_both_generations(prom):
     at = time.time() - 5  # a scrape of every node is in the head by then
 
     def query(expr, values, node):
-        q = fill(expr, dict(values, hostname=node))
-        lv = re.match(r"^label_values\((.*),\s*(\w+)\)$", q.strip(), re.S)
-        if lv:  # Grafana's label_values() and query_result() as instant queries
-            q = f"count by ({lv.group(2)}) ({lv.group(1)})"
-        q = re.sub(r"^query_result\((.*)\)$", r"\1", q.strip(), flags=re.S)
+        q = harness.as_promql(fill(expr, dict(values, hostname=node)))
         return prom.api("/api/v1/query", query=q, time=f"{at:.3f}")["result"]
 
     def key(series):
