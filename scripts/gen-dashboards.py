@@ -243,8 +243,9 @@ class Board:
     wrapping to a new line when a panel does not fit; ids are assigned in order. Every board has
     the `datasource` and `cluster` variables."""
 
-    def __init__(self, uid, title, desc, tags):
+    def __init__(self, uid, title, desc, tags, min_interval=None):
         self.uid, self.title, self.desc, self.tags = uid, title, desc, tags
+        self.min_interval = min_interval  # every panel's minimum query step (Grafana's "Min interval")
         self.items = []  # (builder, is_row)
         self.variables = [dash.DatasourceVariable("datasource").label("Data source").type("prometheus")
                           .regex("")]
@@ -268,6 +269,8 @@ class Board:
     def add(self, w, h, panel):
         if self.x + w > 24:
             self._newline()
+        if self.min_interval:
+            panel = panel.interval(self.min_interval)
         self.items.append((panel.id(self.next_id).grid_pos(model.GridPos(h=h, w=w, x=self.x, y=self.y)), False))
         self.next_id += 1
         self.x += w
@@ -346,9 +349,13 @@ def cluster():
     def rec(metric, extra=""):
         return f"{metric}{{{H}{extra}}}"
 
+    # A minimum step of 1 minute: the recorded series change every evaluation (15-60 s), a fleet
+    # overview needs no finer grain, and at 8,000 GPUs a 15 s step makes each per-node panel read 4x
+    # the points for nothing (BENCHMARKS.md, "Fleet").
     b = Board("gpu-exporter-cluster", "GPU cluster overview",
               "Fleet-wide GPU utilization, health, power, temperature and memory (gpu-exporter). Reads the "
-              "recording rules of alerts/gpu-exporter.recording.yml where they are loaded.", ["cluster"])
+              "recording rules of alerts/gpu-exporter.recording.yml where they are loaded.", ["cluster"],
+              min_interval="1m")
     b.variable("hostname", "Node", f'label_values({gpu_series(C)}, hostname)')
     b.variable("raw", "Raw series", RAW_SWITCH, multi=False, include_all=False, regex='/raw="([^"]+)"/',
                hidden=True, desc="none when the gpu-exporter recording rules are loaded (panels read them), "
@@ -389,7 +396,7 @@ def cluster():
     b.add(10, 8, table_panel("Failing and warning health checks", [q(recorded_or_raw(
         rec("gpu_watch:dcgm_health_status_not_passing:max"),
         f'max by (cluster, hostname, gpu, UUID, health_watch, health_error_code) '
-        f'(DCGM_EXP_GPU_HEALTH_STATUS{{{R}, health_watch!="ALL"}}) > 0'), instant=True, table=True)],
+        f'(DCGM_EXP_GPU_HEALTH_STATUS{{{R}, health_watch!="ALL", health_error_code!="DCGM_FR_OK"}} > 0)'), instant=True, table=True)],
         hide=("__name__",), desc="Every non-passing watch: 10 = warn, 20 = fail."))
     b.add(8, 8, table_panel("GPUs by exporter state", [
         q('sum by (state) (gpu_exporter_gpus{cluster=~"$cluster"})', instant=True, table=True)],
@@ -429,9 +436,10 @@ def cluster():
         f'max by (cluster, hostname) ({rec("hostname:dcgm_gpu_temp_celsius:max")})',
         f'max by (cluster, hostname) ({m("DCGM_FI_DEV_GPU_TEMP", R)})'), "{{hostname}}")],
         unit="celsius", thresholds=[(80, "orange"), (85, "red")], threshold_lines=True))
-    b.add(12, 8, bargauge_panel("Hottest GPUs", [
-        q(f'topk(10, max by (cluster, hostname, gpu) ({m("DCGM_FI_DEV_GPU_TEMP", H)}))', "{{hostname}} GPU {{gpu}}",
-          instant=True)],
+    b.add(12, 8, bargauge_panel("Hottest GPUs", [q(recorded_or_raw(
+        f'topk(10, {rec("gpu:dcgm_gpu_temp_celsius:max")})',
+        f'topk(10, max by (cluster, hostname, gpu, UUID) ({m("DCGM_FI_DEV_GPU_TEMP", R)}))'),
+        "{{hostname}} GPU {{gpu}}", instant=True)],
         unit="celsius", minv=20, maxv=100, thresholds=[(80, "orange"), (85, "red")]))
     b.add(12, 8, timeseries_panel("Framebuffer used per node", [q(recorded_or_raw(
         rec("hostname:dcgm_fb_used:ratio"),
