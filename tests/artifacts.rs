@@ -659,6 +659,9 @@ fn dashboards_filter_by_cluster_and_fall_back_from_recorded_series() {
                     p["title"]
                 );
                 for sel in raw.match_indices("DCGM_") {
+                    if raw[..sel.0].ends_with('"') {
+                        continue; // a label value (health_error_code!="DCGM_FR_OK"), not a metric
+                    }
                     let tail = &raw[sel.0..];
                     let end = tail.find('}').unwrap_or(tail.len());
                     assert!(
