@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import time
 
-from fleet import (KIND_OF, KIND_TEXT, KINDS, NO_RULES, RECORDED, ROOT, Failure, as_promql,
+from fleet import (KIND_OF, KIND_TEXT, KINDS, NO_RULES, RECORDED, ROOT, UNIT_S, Failure, as_promql,
                    dashboard_queries, fill, http_get, log, rss_mib)
 
 BEGIN, END = "<!-- fleet:begin -->", "<!-- fleet:end -->"
@@ -132,8 +132,8 @@ def csv_fields():
 
 def seconds(interval):
     """Grafana's interval text ("15s", "1m", "2h") in seconds."""
-    m = re.fullmatch(r"(\d+)(ms|s|m|h)", interval or "")
-    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)] if m else 0
+    m = re.fullmatch(r"(\d+)(ms|s|m|h|d)", interval or "")
+    return int(m.group(1)) * UNIT_S[m.group(2)] if m else 0
 
 
 def panel_steps():
