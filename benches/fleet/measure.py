@@ -56,7 +56,7 @@ def snapshot(fleet):
         # Iterations run and missed (a group still evaluating when its next one is due) per group.
         "iterations": group_counters(pm, "prometheus_rule_group_iterations_total"),
         "missed": group_counters(pm, "prometheus_rule_group_iterations_missed_total"),
-        "groups": {g["name"]: {"eval": g["evaluationTime"],
+        "groups": {g["name"]: {"eval": g["evaluationTime"], "interval": g.get("interval", math.nan),
                                "rules": {r["name"] + json.dumps(r.get("labels", {}), sort_keys=True): r["evaluationTime"]
                                          for r in g["rules"]}} for g in groups},
     }
@@ -321,7 +321,7 @@ def render(fleet, args):
     kinds = ", ".join(f"{fleet.kind_nodes.get(k, 0)} {KIND_TEXT[k]}" for k in KINDS)
     L.append(f"Fleet: {len(fleet.targets)} nodes, {gpus:,} GPUs ({kinds}; seven nodes in a hundred with a "
              f"hardware fault), in two clusters; Prometheus scraping every {fleet.interval} s, rules every "
-             f"{fleet.interval} s, remote-writing to VictoriaMetrics; {minutes:.0f} minutes of data before measuring.")
+             f"{fleet.interval} s (the groups that set their own `interval:` at that, table below), remote-writing to VictoriaMetrics; {minutes:.0f} minutes of data before measuring.")
     L.append("")
     L.append("### Series and bytes per scrape")
     L.append("")
@@ -398,13 +398,13 @@ def render(fleet, args):
     L.append("### Rule evaluation")
     L.append("")
     late = [s for s in fleet.samples if s["t"] >= fleet.started + 30 * 60 and s["t"] <= fleet.t_end] or fleet.samples
-    L.append(f"| rule group | evaluation time, median | max | rules | iterations missed / due (interval {fleet.interval} s) |")
-    L.append("|---|---:|---:|---:|---:|")
+    L.append("| rule group | interval | evaluation time, median | max | rules | iterations missed / due |")
+    L.append("|---|---:|---:|---:|---:|---:|")
     for g in late[-1]["groups"]:
         ev = [s["groups"][g]["eval"] for s in late if g in s["groups"]]
         due = late[-1]["iterations"].get(g, math.nan) - late[0]["iterations"].get(g, math.nan)
         missed = late[-1]["missed"].get(g, math.nan) - late[0]["missed"].get(g, math.nan)
-        L.append(f"| {g} | {fmt_s(statistics.median(ev))} | {fmt_s(max(ev))} | {len(late[-1]['groups'][g]['rules'])} | "
+        L.append(f"| {g} | {late[-1]['groups'][g]['interval']:.0f} s | {fmt_s(statistics.median(ev))} | {fmt_s(max(ev))} | {len(late[-1]['groups'][g]['rules'])} | "
                  f"{missed:.0f} / {due:.0f} |")
     rules = {}
     for s in late:
