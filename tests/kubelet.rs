@@ -758,6 +758,16 @@ impl Drop for FakeKubeletProcess {
     }
 }
 
+/// Replaces `path`'s content in one step (a new file renamed over it), as a ConfigMap update does.
+/// fake-kubelet also reloads by itself when the modification time changes; a truncate-then-write
+/// could be read empty in between and reloaded as zero pods, logging the "assignments reloaded"
+/// the tests wait for before the new text is there.
+fn replace_file(path: &Path, text: &str) {
+    let new = path.with_extension("new");
+    std::fs::write(&new, text).unwrap();
+    std::fs::rename(&new, path).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_kubelet_binary_killed_and_restarted_labels_come_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -782,7 +792,7 @@ async fn fake_kubelet_binary_killed_and_restarted_labels_come_back() {
         &devices("8xH100-SXM")[2].identity.uuid,
         &devices("8xH100-SXM")[6].identity.uuid,
     );
-    std::fs::write(&file, text).unwrap();
+    replace_file(&file, &text);
     let pid = fake.child.id().to_string();
     assert!(Command::new("kill")
         .args(["-HUP", &pid])
@@ -937,7 +947,7 @@ async fn dra_allocations_through_the_binary_are_attributed_and_unresolvable_ones
     // skipped, and every other attribution stays.
     let mut text = std::fs::read_to_string(&file).unwrap();
     text.push_str("\n[[assignment]]\nnamespace = \"ml\"\npod = \"late\"\ncontainer = \"c\"\nclaim = \"late\"\npool = \"node-a\"\ndevices = [\"gpu-0-mig-1g10gb-19-5\"]\n");
-    std::fs::write(&file, text).unwrap();
+    replace_file(&file, &text);
     let pid = fake.child.id().to_string();
     assert!(Command::new("kill")
         .args(["-HUP", &pid])
