@@ -102,13 +102,22 @@ class Procs:
             self._reap(p, grace_s)
 
     def stop_all(self, grace_s=5):
-        """TERMs every process still running at once, then waits up to grace_s for each in turn
-        before KILLing it."""
+        """TERMs every process still running at once, waits up to grace_s for them all (one
+        deadline, not one each: a caller's own limit, such as run.sh's `timeout --kill-after`, must
+        not kill this process half-way and leave the rest running), then KILLs whatever is left."""
         for p in self.procs.values():
             if p.poll() is None:
                 p.terminate()
+        deadline = time.monotonic() + grace_s
         for p in self.procs.values():
-            self._reap(p, grace_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.0, deadline - time.monotonic()))
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
 
     @staticmethod
     def _reap(p, grace_s):
