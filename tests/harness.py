@@ -186,14 +186,16 @@ def as_promql(expr):
     return m.group(1) if m else expr
 
 
+def duration_s(text):
+    """A rule file's duration ("90s", "5m", "1h30m") in seconds."""
+    return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+)([hms])", text))
+
+
 def scale_group_intervals(rules_text, factor):
     """A rule file with each group's own `interval:` multiplied by `factor` (at least 1 s): the tests
     run Prometheus at a few seconds' interval where the shipped groups assume 15 s or more, so a
     group that runs every minute there runs at the same number of the tests' intervals here."""
-    def secs(d):
-        return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+)([hms])", d))
-
     def repl(m):
-        return f"{m.group(1)}interval: {max(1, round(secs(m.group(2)) * factor))}s{m.group(3)}"
+        return f"{m.group(1)}interval: {max(1, round(duration_s(m.group(2)) * factor))}s{m.group(3)}"
 
     return re.sub(r"^(\s+)interval: (\d+[hms](?:\d+[hms])*)(.*)$", repl, rules_text, flags=re.M)

@@ -266,11 +266,8 @@ def scenario_toml(events):
 
 def shorten_for(rules_text):
     """The documented mechanical rewrite: every `for:` longer than FOR_CAP_S becomes FOR_CAP_S."""
-    def secs(d):
-        return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+)([hms])", d))
-
     def repl(m):
-        return f"{m.group(1)}for: {FOR_CAP_S}s" if secs(m.group(2)) > FOR_CAP_S else m.group(0)
+        return f"{m.group(1)}for: {FOR_CAP_S}s" if harness.duration_s(m.group(2)) > FOR_CAP_S else m.group(0)
 
     return re.sub(r"^(\s*)for: (\S+)\s*$", repl, rules_text, flags=re.M)
 
