@@ -322,6 +322,15 @@ RAW_SWITCH = ('query_result(label_replace(count(' + RECORDED_PROBE + '{cluster=~
               'or on () label_replace(vector(1), "raw", ".+", "", ""))')
 
 
+# The heatmap reads eleven series per node; with every node selected it reads the per-cluster sum
+# instead, and the per-node series only for a selection. Both sides of that `or` are evaluated too,
+# so the hidden variable `per_node` is `none` (no node has that name: the per-node side selects
+# nothing) when $hostname is "All" (its `.*`), and `.+` when some nodes are picked. The cluster
+# series carry no hostname label, which `.*` matches and a node's name does not.
+PER_NODE_SWITCH = ('query_result(label_replace(label_replace(label_replace(vector(1), "per_node", ".+", "", ""), '
+                   '"h", "$hostname", "", ""), "per_node", "none", "h", "\\\\.\\\\*"))')
+
+
 def recorded_or_raw(recorded, raw):
     """The recorded query, or the raw one when the recording rules are absent (see above)."""
     return f"{recorded}\nor\n{raw}"
@@ -360,6 +369,10 @@ def cluster():
     b.variable("raw", "Raw series", RAW_SWITCH, multi=False, include_all=False, regex='/raw="([^"]+)"/',
                hidden=True, desc="none when the gpu-exporter recording rules are loaded (panels read them), "
                                   ".+ when not (panels read the raw series).")
+    b.variable("per_node", "Per-node series", PER_NODE_SWITCH, multi=False, include_all=False,
+               regex='/per_node="([^"]+)"/', hidden=True,
+               desc="none when every node is selected (the heatmap reads the per-cluster recorded series), "
+                    ".+ when some are (it reads the per-node ones).")
 
     b.row("Fleet")
     b.add(4, 4, stat_panel("GPUs", [q(recorded_or_raw(
@@ -404,8 +417,10 @@ def cluster():
              "unreadable (NVML errors)."))
 
     b.row("Utilization")
+    node_buckets = rec("hostname:dcgm_gpu_utilization_percent:bucket", ', hostname=~"$per_node"')
     b.add(12, 9, heatmap_panel("GPU utilization across the cluster", [q(recorded_or_raw(
-        f'sum by (le) ({rec("hostname:dcgm_gpu_utilization_percent:bucket")})', util_buckets_raw),
+        f'sum by (le) ({rec("cluster:dcgm_gpu_utilization_percent:bucket")}) or sum by (le) ({node_buckets})',
+        util_buckets_raw),
         "{{le}}", fmt=prometheus_m.PromQueryFormat.HEATMAP)],
         unit="percent",
         desc="How many GPUs (and MIG instances) ran at each utilization level over time, in 10 % buckets "

@@ -366,7 +366,7 @@ class Fleet:
         whole, mig = "node-0004", "node-0010"  # node-0004 has a GPU off the bus
         base = {"__rate_interval": f"{self.rate_interval}s", "__interval": f"{self.interval}s", "__range": "1h"}
         return {
-            "gpu-exporter-cluster": [dict(base, cluster=".*", hostname=".*")],
+            "gpu-exporter-cluster": [dict(base, cluster=".*", hostname=".*", per_node="none")],
             "gpu-exporter-node": [dict(base, cluster=".*", hostname=h, gpu=".*") for h in (whole, mig)],
             "gpu-exporter-workloads": [dict(base, cluster=".*", hostname=".*", namespace=".*", pod=".*")],
         }
@@ -383,6 +383,9 @@ class Fleet:
                 if RECORDED.search(expr) and "$raw" in expr:
                     runs.append((where + tag + " (raw)", as_promql(fill(RECORDED.sub(NO_RULES, expr),
                                                                         dict(values, raw=".+")))))
+                if "$per_node" in expr:  # some nodes picked: the per-node recorded side answers
+                    picked = dict(values, raw="none", hostname="node-0004|node-0010", per_node=".+")
+                    runs.append((where + " [node-0004|node-0010]", as_promql(fill(expr, picked))))
         for where, _, expr, _, _ in rule_exprs():
             runs.append((where, expr))
         return runs
@@ -415,13 +418,16 @@ class Fleet:
                           "rate_worst": max(worst.values()) if worst else 0.0, "t": t}
         if failures:
             self.failures.append("Prometheus and VictoriaMetrics disagree:\n  " + "\n  ".join(failures))
-        # The raw switch must say the recording rules are loaded, on both.
+        # The switches must say the recording rules are loaded (raw) and every node is selected
+        # (per_node), on both.
         for api in (self.prom, self.vm):
             for uid, where, expr, _ in dashboard_queries():
-                if "variable raw" in where:
-                    got = [r["metric"].get("raw") for r in api.instant(as_promql(fill(expr, {"cluster": ".*"})), t)["result"]]
-                    if got != ["none"]:
-                        raise Failure(f"{api.name}: {where} gives {got}, want ['none'] (recording rules loaded)")
+                for var in ("raw", "per_node"):
+                    if where.endswith(f"variable {var}"):
+                        got = [r["metric"].get(var) for r in
+                               api.instant(as_promql(fill(expr, {"cluster": ".*", "hostname": ".*"})), t)["result"]]
+                        if got != ["none"]:
+                            raise Failure(f"{api.name}: {where} gives {got}, want ['none'] (rules loaded, all nodes)")
         # Not vacuous: most queries must have data (the fleet has pods, MIG, faults).
         if len(empty) > len(runs) // 4:
             self.failures.append(f"{len(empty)} of {len(runs)} queries are empty on both: {empty}")
@@ -459,7 +465,9 @@ class Fleet:
             if len(groups) != 1:
                 raise Failure(f"{where} reads recorded series of several groups: {sorted(groups)}")
             t, straddle = at[groups.pop()]
-            values = dict(base, hostname="|".join(sorted(set(nodes) - set(straddle))))
+            # A selection of nodes, not "All": the heatmap compares its per-node side ($per_node);
+            # its per-cluster series are checked against their expression with the other rules.
+            values = dict(base, hostname="|".join(sorted(set(nodes) - set(straddle))), per_node=".+")
             rec = normalize(self.prom.instant(fill(expr, dict(values, raw="none")), t), drop_name=True)
             raw = normalize(self.prom.instant(fill(RECORDED.sub(NO_RULES, expr), dict(values, raw=".+")), t),
                             drop_name=True)

@@ -191,10 +191,11 @@ CLASSIC_PEER = "node-15"
 UPSTREAM_CLASSIC_CSV = ROOT / "tests/fixtures/upstream/default-counters.csv"
 KILLED = "node-08"
 # Dashboard variables: one real node for the node dashboard (an H100 node, so NVLink has data).
-# `cluster` is "All" (the series here have no cluster label); `raw` is what the dashboard's hidden
-# variable gives with the recording rules loaded (check_dashboards also runs the fallback).
+# `cluster` is "All" (the series here have no cluster label); `raw` and `per_node` are what the
+# dashboard's hidden variables give with the recording rules loaded and every node selected
+# (check_dashboards also runs the fallback, and the per-node side with one node).
 VARIABLES = {
-    "gpu-exporter-cluster": {"cluster": ".*", "hostname": ".*", "raw": "none"},
+    "gpu-exporter-cluster": {"cluster": ".*", "hostname": ".*", "raw": "none", "per_node": "none"},
     "gpu-exporter-node": {"cluster": ".*", "hostname": "node-03", "gpu": ".*"},
     "gpu-exporter-workloads": {"cluster": ".*", "hostname": ".*", "namespace": ".*", "pod": ".*"},
 }
@@ -513,10 +514,10 @@ def check_dashboards(prom, pods_mode):
         for v in d["templating"]["list"]:
             if v["type"] == "query":
                 queries.append((f"{path.name}: variable {v['name']}", v["query"]["query"]))
-            if v["name"] == "raw":  # the recording rules are loaded: it must say so
-                got = [r["metric"].get("raw") for r in prom.query(fill(v["query"]["query"], variables))]
-                if got != [variables["raw"]]:
-                    failures.append(f"{path.name}: variable raw is {got}, want [{variables['raw']!r}]")
+            if v["name"] in ("raw", "per_node"):  # rules loaded, every node selected: they must say so
+                got = [r["metric"].get(v["name"]) for r in prom.query(fill(v["query"]["query"], variables))]
+                if got != [variables[v["name"]]]:
+                    failures.append(f"{path.name}: variable {v['name']} is {got}, want [{variables[v['name']]!r}]")
         # A query reading recorded series runs twice: as it runs with the recording rules loaded
         # ($raw = none: the recorded side must have data), and as it runs without them (the
         # recorded names replaced by one nothing records, $raw = .+: the raw side must).
@@ -526,6 +527,9 @@ def check_dashboards(prom, pods_mode):
             if RECORDED.search(expr):
                 runs.append((f"{where} (without recording rules)", RECORDED.sub("no_recording_rules_loaded", expr),
                              dict(variables, raw=".+")))
+            if "$per_node" in expr:  # one node picked: the per-node recorded side must answer
+                one = VARIABLES["gpu-exporter-node"]["hostname"]
+                runs.append((f"{where} (node {one} only)", expr, dict(variables, hostname=one, per_node=".+")))
         for where, expr, values in runs:
             q = fill(expr, values)
             if "$" in q:
