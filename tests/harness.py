@@ -186,9 +186,13 @@ def as_promql(expr):
     return m.group(1) if m else expr
 
 
+UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}  # PromQL/Grafana duration units
+
+
 def duration_s(text):
-    """A rule file's duration ("90s", "5m", "1h30m") in seconds."""
-    return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+)([hms])", text))
+    """A PromQL, rule-file or Grafana duration ("90s", "5m", "1h30m", "500ms") in seconds; 0 for
+    none (an empty or missing panel interval)."""
+    return sum(int(n) * UNIT_S[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d)", text or ""))
 
 
 def scale_group_intervals(rules_text, factor):
@@ -196,6 +200,7 @@ def scale_group_intervals(rules_text, factor):
     run Prometheus at a few seconds' interval where the shipped groups assume 15 s or more, so a
     group that runs every minute there runs at the same number of the tests' intervals here."""
     def repl(m):
-        return f"{m.group(1)}interval: {max(1, round(duration_s(m.group(2)) * factor))}s{m.group(3)}"
+        return f"{m.group(1)}interval: {max(1, round(duration_s(m.group(2)) * factor))}s{m.group(3) or ''}"
 
-    return re.sub(r"^(\s+)interval: (\d+[hms](?:\d+[hms])*)(.*)$", repl, rules_text, flags=re.M)
+    unit = r"\d+(?:ms|s|m|h|d)"
+    return re.sub(rf"^(\s+)interval: ((?:{unit})+)(\s.*)?$", repl, rules_text, flags=re.M)

@@ -63,7 +63,6 @@ NO_RULES = "no_recording_rules_loaded"  # what recorded names become to run a qu
 COMMIT_SLACK_MS = 1000  # how long after a scrape ends its samples may still be uncommitted
 RATE_FUNCS = re.compile(r"\b(rate|irate|increase|delta)\(")
 WINDOW = re.compile(r"\[(\d+)([smhd])(?::\d+[smhd])?\]")
-UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}  # PromQL/Grafana duration units
 KINDS = ["whole", "shared", "mig"]  # fleet_sim.rs: i % 10 in 0..6, 7..8, 9
 KIND_OF = {**{d: "whole" for d in range(7)}, 7: "shared", 8: "shared", 9: "mig"}
 KIND_TEXT = {"whole": "8xH100-SXM, one pod per GPU", "shared": "8xH100-SXM time-sliced, 4 pods per GPU",
@@ -182,7 +181,7 @@ def windows_s(exprs, rate_interval):
     ws = {rate_interval}
     for e in exprs:
         for n, u in WINDOW.findall(e):
-            ws.add(int(n) * UNIT_S[u])
+            ws.add(int(n) * harness.UNIT_S[u])
     return sorted(ws)
 
 

@@ -15,8 +15,9 @@ import statistics
 import subprocess
 import time
 
-from fleet import (KIND_OF, KIND_TEXT, KINDS, NO_RULES, RECORDED, ROOT, UNIT_S, Failure, as_promql,
+from fleet import (KIND_OF, KIND_TEXT, KINDS, NO_RULES, RECORDED, ROOT, Failure, as_promql,
                    dashboard_queries, fill, http_get, log, rss_mib)
+from harness import duration_s  # tests/harness.py, on the path once fleet is imported
 
 BEGIN, END = "<!-- fleet:begin -->", "<!-- fleet:end -->"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -130,19 +131,13 @@ def csv_fields():
 
 # --- latency -------------------------------------------------------------------------------------
 
-def seconds(interval):
-    """Grafana's interval text ("15s", "1m", "2h") in seconds."""
-    m = re.fullmatch(r"(\d+)(ms|s|m|h|d)", interval or "")
-    return int(m.group(1)) * UNIT_S[m.group(2)] if m else 0
-
-
 def panel_steps():
     """{(dashboard uid, panel title): query step in seconds}: STEP_S, or the panel's min interval."""
     out = {}
 
     def walk(uid, panels):
         for p in panels:
-            out[(uid, p.get("title"))] = max(STEP_S, seconds(p.get("interval")))
+            out[(uid, p.get("title"))] = max(STEP_S, duration_s(p.get("interval")))
             walk(uid, p.get("panels", []))
     for path in sorted((ROOT / "dashboards").glob("*.json")):
         d = json.loads(path.read_text())
@@ -321,7 +316,7 @@ def render(fleet, args):
     kinds = ", ".join(f"{fleet.kind_nodes.get(k, 0)} {KIND_TEXT[k]}" for k in KINDS)
     L.append(f"Fleet: {len(fleet.targets)} nodes, {gpus:,} GPUs ({kinds}; seven nodes in a hundred with a "
              f"hardware fault), in two clusters; Prometheus scraping every {fleet.interval} s, rules every "
-             f"{fleet.interval} s (the groups that set their own `interval:` at that, table below), remote-writing to VictoriaMetrics; {minutes:.0f} minutes of data before measuring.")
+             f"{fleet.interval} s (groups that set their own `interval:` at theirs: table below), remote-writing to VictoriaMetrics; {minutes:.0f} minutes of data before measuring.")
     L.append("")
     L.append("### Series and bytes per scrape")
     L.append("")
