@@ -317,9 +317,17 @@ class Board:
 # `raw` is `none` (no GPU has that index: the raw side selects nothing) when the recorded series
 # exist in the selected clusters, and `.+` (every GPU) when they do not.
 
-RECORDED_PROBE = "hostname:dcgm_gpus:count"
-RAW_SWITCH = ('query_result(label_replace(count(' + RECORDED_PROBE + '{cluster=~"$cluster"}), "raw", "none", "", "") '
-              'or on () label_replace(vector(1), "raw", ".+", "", ""))')
+def raw_switch(probe):
+    """The `raw` variable's query: `none` when the recorded series `probe` exists in the selected
+    clusters, `.+` when not."""
+    return ('query_result(label_replace(count(' + probe + '{cluster=~"$cluster"}), "raw", "none", "", "") '
+            'or on () label_replace(vector(1), "raw", ".+", "", ""))')
+
+
+def raw_variable(board, rules):
+    board.variable("raw", "Raw series", raw_switch(rules), multi=False, include_all=False, regex='/raw="([^"]+)"/',
+                   hidden=True, desc="none when the gpu-exporter recording rules are loaded (panels read them), "
+                                      ".+ when not (panels read the raw series).")
 
 
 # The heatmap reads eleven series per node; with every node selected it reads the per-cluster sum
@@ -366,9 +374,7 @@ def cluster():
               "recording rules of alerts/gpu-exporter.recording.yml where they are loaded.", ["cluster"],
               min_interval="1m")
     b.variable("hostname", "Node", f'label_values({gpu_series(C)}, hostname)')
-    b.variable("raw", "Raw series", RAW_SWITCH, multi=False, include_all=False, regex='/raw="([^"]+)"/',
-               hidden=True, desc="none when the gpu-exporter recording rules are loaded (panels read them), "
-                                  ".+ when not (panels read the raw series).")
+    raw_variable(b, "hostname:dcgm_gpus:count")
     b.variable("per_node", "Per-node series", PER_NODE_SWITCH, multi=False, include_all=False,
                regex='/per_node="([^"]+)"/', hidden=True,
                desc="none when every node is selected (the heatmap reads the per-cluster recorded series), "
@@ -571,38 +577,66 @@ def node():
 
 
 def workloads():
-    W = 'cluster=~"$cluster", hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod", pod!=""'
-    P = 'cluster=~"$cluster", hostname=~"$hostname", namespace=~"$namespace", pod=~"$pod"'
+    NS = 'cluster=~"$cluster", hostname=~"$hostname", namespace=~"$namespace"'  # the per-namespace row
+    POD = NS + ', pod=~"$pod"'  # the per-pod rows
+    W = POD + ', pod!=""'
     mig = ', GPU_I_ID!=""'
-    util = f'{m("DCGM_FI_DEV_GPU_UTIL", W)} or 100 * {m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", W + mig)}'
-    fb_used = m("DCGM_FI_DEV_FB_USED", W)
+    # The raw sides of recorded queries (the `raw` switch, as on the cluster dashboard).
+    held_ns, held_pod = NS + ', pod!="", gpu=~"$raw"', W + ', gpu=~"$raw"'
     holder = "{{namespace}}/{{pod}}/{{container}}"
     # Pods are known from the device series they hold alone and from their own usage on shared GPUs.
     pod_series = names("DCGM_FI_DEV_FB_USED") + "|gpu_exporter_container_fb_used_bytes"
+
+    def rec(level, metric, sel):
+        return f"{level}:{metric}{{{sel}}}"
+
+    def rec_avg(level, by, sel):
+        """Average utilization from the recorded sum and count."""
+        return (f'sum by ({by}) ({rec(level, "dcgm_gpu_utilization_percent:sum", sel)}) / '
+                f'sum by ({by}) ({rec(level, "dcgm_gpu_utilization_percent:count", sel)})')
+
+    def raw_util(sel):
+        return f'{m("DCGM_FI_DEV_GPU_UTIL", sel)} or 100 * {m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", sel + mig)}'
+
+    # Reads the recording rules' gpu-exporter.workloads group where it is loaded, with a minimum
+    # step of a minute, their resolution (as the cluster dashboard).
     b = Board("gpu-exporter-workloads", "GPU workloads",
               "GPU memory and utilization per namespace, pod and container; MIG slices and shared GPUs "
-              "(gpu-exporter with -k).", ["workloads", "kubernetes"])
+              "(gpu-exporter with -k).", ["workloads", "kubernetes"], min_interval="1m")
     b.variable("hostname", "Node", f'label_values({gpu_series(C)}, hostname)')
     b.variable("namespace", "Namespace",
                f'label_values({{__name__=~"{pod_series}", cluster=~"$cluster", hostname=~"$hostname"}}, namespace)')
     b.variable("pod", "Pod",
                f'label_values({{__name__=~"{pod_series}", cluster=~"$cluster", hostname=~"$hostname", '
                f'namespace=~"$namespace"}}, pod)')
+    raw_variable(b, "hostname_namespace:dcgm_gpus_held:count")
 
+    NS_DESC = " Every pod of the selected namespaces and nodes (the pod selection applies to the rows below)."
     b.row("Per namespace")
-    b.add(8, 8, timeseries_panel("GPU memory per namespace", [
-        q(f'sum by (namespace) ({fb_used})', "{{namespace}}")], unit="mbytes"))
-    b.add(8, 8, timeseries_panel("GPU utilization per namespace", [q(f'avg by (namespace) ({util})', "{{namespace}}")],
-                                 unit="percent", minv=0, maxv=100))
-    b.add(8, 8, bargauge_panel("GPUs and MIG slices held per namespace", [
-        q(f'count by (namespace) (count by (namespace, hostname, UUID, GPU_I_ID) ({fb_used}))',
-          "{{namespace}}", instant=True)], display=common.BarGaugeDisplayMode.BASIC))
+    b.add(8, 8, timeseries_panel("GPU memory per namespace", [q(recorded_or_raw(
+        f'sum by (namespace) ({rec("hostname_namespace", "dcgm_fb_used_mib:sum", NS)})',
+        f'sum by (namespace) ({m("DCGM_FI_DEV_FB_USED", held_ns)})'), "{{namespace}}")],
+        unit="mbytes", desc="Framebuffer used by the GPUs and MIG instances pods hold, MiB." + NS_DESC))
+    b.add(8, 8, timeseries_panel("GPU utilization per namespace", [q(recorded_or_raw(
+        rec_avg("hostname_namespace", "namespace", NS), f'avg by (namespace) ({raw_util(held_ns)})'),
+        "{{namespace}}")],
+        unit="percent", minv=0, maxv=100,
+        desc="Average over the GPUs and MIG instances pods hold, each once." + NS_DESC))
+    b.add(8, 8, bargauge_panel("GPUs and MIG slices held per namespace", [q(recorded_or_raw(
+        f'sum by (namespace) ({rec("hostname_namespace", "dcgm_gpus_held:count", NS)})',
+        f'count by (namespace) (count by (namespace, hostname, UUID, GPU_I_ID) '
+        f'({m("DCGM_FI_DEV_FB_USED", held_ns)}))'), "{{namespace}}", instant=True)],
+        display=common.BarGaugeDisplayMode.BASIC, desc="Now." + NS_DESC))
 
     b.row("Per pod and container")
-    b.add(12, 8, timeseries_panel("GPU memory per pod", [
-        q(f'sum by (namespace, pod, container) ({fb_used})', holder)], unit="mbytes"))
-    b.add(12, 8, timeseries_panel("GPU utilization per pod", [
-        q(f'avg by (namespace, pod, container) ({util})', holder)],
+    b.add(12, 8, timeseries_panel("GPU memory per pod", [q(recorded_or_raw(
+        f'sum by (namespace, pod, container) '
+        f'({rec("hostname_namespace_pod_container", "dcgm_fb_used_mib:sum", POD)})',
+        f'sum by (namespace, pod, container) ({m("DCGM_FI_DEV_FB_USED", held_pod)})'), holder)],
+        unit="mbytes", desc="At thousands of pods, pick a namespace: each pod is a line."))
+    b.add(12, 8, timeseries_panel("GPU utilization per pod", [q(recorded_or_raw(
+        rec_avg("hostname_namespace_pod_container", "namespace, pod, container", POD),
+        f'avg by (namespace, pod, container) ({raw_util(held_pod)})'), holder)],
         unit="percent", minv=0, maxv=100,
         desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL; MIG slices: graphics engine activity."))
     b.add(12, 8, table_panel("MIG slices per pod", [
@@ -635,7 +669,7 @@ def workloads():
     shared = "{{namespace}}/{{pod}}/{{container}} on {{hostname}} GPU {{gpu}}"
     by_container = "sum by (cluster, namespace, pod, container, hostname, gpu, GPU_I_ID)"
     b.add(12, 8, timeseries_panel("GPU use per pod on shared GPUs", [
-        q(f'{by_container} (gpu_exporter_container_sm_utilization_percent{{{P}}})', shared)],
+        q(f'{by_container} (gpu_exporter_container_sm_utilization_percent{{{POD}}})', shared)],
         unit="percent", minv=0,
         desc="Each container's own SM utilization, from NVML's per-process samples (needs -k with "
              "--kubernetes-process-usage or --kubernetes-virtual-gpus, docs/pods.md). On a time-sliced or "
@@ -643,7 +677,7 @@ def workloads():
              "container); no join with the device series. Not available per MIG instance (NVML has no "
              "per-process utilization there)."))
     b.add(12, 8, timeseries_panel("GPU memory per pod on shared GPUs", [
-        q(f'{by_container} (gpu_exporter_container_fb_used_bytes{{{P}}})', shared)],
+        q(f'{by_container} (gpu_exporter_container_fb_used_bytes{{{POD}}})', shared)],
         unit="bytes",
         desc="Each container's own framebuffer use (its processes' used memory), on whole GPUs and MIG "
              "instances; the containers of one GPU add up to its used framebuffer."))
@@ -651,7 +685,7 @@ def workloads():
         q('max by (cluster, namespace, pod, container, UUID) ('
           'gpu_exporter_gpu_pod_info{cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"} '
           '* on (cluster, UUID) group_left () max by (cluster, UUID) ('
-          f'{m("DCGM_FI_DEV_GPU_UTIL", C)}))',
+          f'{m("DCGM_FI_DEV_GPU_UTIL", CH)}))',
           "{{namespace}}/{{pod}} on {{UUID}}")],
         unit="percent", minv=0, maxv=100,
         desc="The whole GPU's utilization, shown for each pod holding it (the same value for every "

@@ -712,15 +712,17 @@ fn recording_rules_are_named_tested_and_used() {
                 "{name}: not level:metric:operation"
             );
             let expr = r["expr"].as_str().expect("expr");
-            if parts[0] == "hostname" {
-                // Per-node series keep the cluster, so one store can hold many clusters: they
-                // aggregate by (cluster, hostname) or combine other per-node series.
+            if parts[0] == "hostname" || parts[0].starts_with("hostname_") {
+                // Per-node series (and per node and namespace, per container) keep the cluster, so
+                // one store can hold many clusters: they aggregate by the cluster and the labels
+                // their level names, or combine other series of their level.
+                let by = format!("by (cluster, {})", parts[0].replace('_', ", "));
+                let level = format!("{}:", parts[0]);
                 assert!(
-                    expr.contains("by (cluster, hostname)")
-                        || metric_names(expr)
-                            .iter()
-                            .all(|n| n.starts_with("hostname:")),
-                    "{name}: a hostname-level rule must aggregate by (cluster, hostname): {expr}"
+                    expr.contains(&by)
+                        || metric_names(expr).iter().all(|n| n.starts_with(&level)),
+                    "{name}: a {} rule must aggregate {by}: {expr}",
+                    parts[0]
                 );
             }
             if !seen.insert(name.to_owned()) {

@@ -455,11 +455,12 @@ class Fleet:
                               if any(s <= t < s + d * 1000 + COMMIT_SLACK_MS for s, d in v))
             at[group] = (t, straddle)
         failures, n, only_left_out = [], 0, []
-        base = self.variable_sets()["gpu-exporter-cluster"][0]
+        sets = self.variable_sets()
         nodes = [tg["labels"]["node"] for tg in self.targets]
         for uid, where, expr, _ in dashboard_queries():
-            if uid != "gpu-exporter-cluster" or not (RECORDED.search(expr) and "$raw" in expr):
+            if not (RECORDED.search(expr) and "$raw" in expr):
                 continue
+            base = sets[uid][0]
             groups = {group_of[m] for m in RECORDED.findall(expr)}
             if len(groups) != 1:
                 raise Failure(f"{where} reads recorded series of several groups: {sorted(groups)}")
