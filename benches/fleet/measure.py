@@ -353,8 +353,10 @@ def render(fleet, args):
     L.append("")
     L.append("### Dashboard query latency at " + f"{gpus:,} GPUs (1 h range)")
     L.append("")
+    longer = sorted({uid.removeprefix("gpu-exporter-") for (uid, _), s in panel_steps().items() if s > STEP_S})
     L.append(f"Each panel query as Grafana sends it: range queries over the last hour at the panel's step "
-             f"(the cluster dashboard's minimum interval, 1 min; {STEP_S} s on the others), table and bar-gauge "
+             f"(the minimum interval of the {' and '.join(longer)} dashboards, 1 min; {STEP_S} s on the others), "
+             f"table and bar-gauge "
              f"panels instant; every variable \"All\" (node dashboard: one node). \"rules\" is the query as it "
              f"runs with the recording rules, run {args.repeat} times on Prometheus and on VictoriaMetrics "
              f"(cache off), in rounds over every query: p50 / p95 (of {args.repeat} runs, p95 is the slowest; "
