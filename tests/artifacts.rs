@@ -719,8 +719,7 @@ fn recording_rules_are_named_tested_and_used() {
                 let by = format!("by (cluster, {})", parts[0].replace('_', ", "));
                 let level = format!("{}:", parts[0]);
                 assert!(
-                    expr.contains(&by)
-                        || metric_names(expr).iter().all(|n| n.starts_with(&level)),
+                    expr.contains(&by) || metric_names(expr).iter().all(|n| n.starts_with(&level)),
                     "{name}: a {} rule must aggregate {by}: {expr}",
                     parts[0]
                 );
