@@ -1,5 +1,6 @@
 """The pieces the Python test and benchmark drivers share (tests/e2e/e2e.py, benches/fleet/fleet.py):
-a log line with a prefix, the failure exception, free loopback ports, HTTP GET, polling with a
+a log line with a prefix, the failure exception, free loopback ports (and the port a server
+started on port 0 logged), HTTP GET, polling with a
 deadline, the started processes (stopped TERM, then KILL), the work directory a run keeps its logs
 in, and the queries of the dashboards. Standard library only.
 
@@ -11,6 +12,7 @@ import json
 import re
 import os
 import pathlib
+import random
 import shutil
 import socket
 import subprocess
@@ -37,11 +39,55 @@ class Failure(Exception):
     """A check failed or a wait ran out: the driver prints it and exits 1."""
 
 
+def ephemeral_ports(path="/proc/sys/net/ipv4/ip_local_port_range"):
+    """The kernel's ephemeral port range (lo, hi): where bind(port 0) and outgoing connections
+    take their local port. Linux's default if the file cannot be read."""
+    try:
+        lo, hi = (int(v) for v in pathlib.Path(path).read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_HANDED_OUT = set()
+
+
 def free_port():
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, for a server that binds it a moment later.
+
+    Not one the kernel would pick for bind(0): it hands those out again at once (two calls may
+    return the same port), and any outgoing connection may take one before the server binds.
+    So the port comes from outside the ephemeral range, is checked by binding it, and is never
+    returned twice by this process. Where a server can report its own port (gpu-exporter logs
+    it), start it on port 0 instead: see logged_port()."""
+    lo, hi = ephemeral_ports()
+    pool = [p for p in range(10000, 65536) if not lo <= p <= hi and p not in _HANDED_OUT]
+    for port in random.sample(pool, min(len(pool), 500)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise Failure(f"no free TCP port on 127.0.0.1 in 10000-65535 outside the ephemeral range {lo}-{hi}")
+
+
+def logged_port(procs, name, pattern, deadline_s=30):
+    """The port a process started on port 0 says it listens on: group 1 of the first line of its
+    log that matches `pattern` (a regex). Failure if it exits, or prints no such line in time."""
+    rx = re.compile(pattern)
+
+    def port():
+        if not procs.alive(name):
+            raise Failure(f"{name} exited with {procs.procs[name].returncode}:\n{procs.tail(name)}")
+        for line in (procs.logdir / f"{name}.log").read_text(errors="replace").splitlines():
+            m = rx.search(line)
+            if m:
+                return int(m.group(1))
+        return None
+
+    return wait_for(f"{name} to log its port (/{pattern}/)", port, deadline_s, 0.1)
 
 
 def http_get(url, timeout, headers=None):

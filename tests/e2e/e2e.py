@@ -353,12 +353,11 @@ def run(args, work, procs):
     sim[MIXED] += ["-f", str(mixed_csv)]
     sim[CLASSIC_PEER] += ["-f", str(UPSTREAM_CLASSIC_CSV)]
 
-    # Exporters.
+    # Exporters, on port 0: each logs the port it got (a port picked here and passed in could be
+    # taken by then: CI once lost a run to "Address already in use").
     ports = {}
     for node, argv in sim.items():
-        port = free_port()
-        ports[node] = port
-        argv = argv + ["-a", f"127.0.0.1:{port}", "-c", "1000"]
+        argv = argv + ["-a", "127.0.0.1:0", "-c", "1000"]
         if node in devices:
             argv += ["-k", "--pod-resources-kubelet-socket", str(kubelet_socket(work, node)),
                      "--container-runtime-endpoint", f"unix://{cri_socket(work, node)}",
@@ -370,6 +369,8 @@ def run(args, work, procs):
         if node == HPC_NODE:
             argv += ["--hpc-job-mapping-dir", str(hpc_dir)]
         procs.start(node, argv, env={"NODE_NAME": node})
+    for node in sim:
+        ports[node] = harness.logged_port(procs, node, r"gpu-exporter listening .*address=127\.0\.0\.1:(\d+)")
     for node, port in ports.items():
         wait_for(f"{node} /ready", lambda: http_get(f"http://127.0.0.1:{port}/ready", 5)[0] == 200, 30)
         if not procs.alive(node):
