@@ -582,7 +582,7 @@ def workloads():
     W = POD + ', pod!=""'
     mig = ', GPU_I_ID!=""'
     # The raw sides of recorded queries (the `raw` switch, as on the cluster dashboard).
-    held_ns, held_pod = NS + ', pod!="", gpu=~"$raw"', W + ', gpu=~"$raw"'
+    raw_ns, raw_pod = NS + ', pod!="", gpu=~"$raw"', W + ', gpu=~"$raw"'
     holder = "{{namespace}}/{{pod}}/{{container}}"
     # Pods are known from the device series they hold alone and from their own usage on shared GPUs.
     pod_series = names("DCGM_FI_DEV_FB_USED") + "|gpu_exporter_container_fb_used_bytes"
@@ -615,28 +615,28 @@ def workloads():
     b.row("Per namespace")
     b.add(8, 8, timeseries_panel("GPU memory per namespace", [q(recorded_or_raw(
         f'sum by (namespace) ({rec("hostname_namespace", "dcgm_fb_used_mib:sum", NS)})',
-        f'sum by (namespace) ({m("DCGM_FI_DEV_FB_USED", held_ns)})'), "{{namespace}}")],
+        f'sum by (namespace) ({m("DCGM_FI_DEV_FB_USED", raw_ns)})'), "{{namespace}}")],
         unit="mbytes", desc="Framebuffer used by the GPUs and MIG instances pods hold, MiB." + NS_DESC))
     b.add(8, 8, timeseries_panel("GPU utilization per namespace", [q(recorded_or_raw(
-        rec_avg("hostname_namespace", "namespace", NS), f'avg by (namespace) ({raw_util(held_ns)})'),
+        rec_avg("hostname_namespace", "namespace", NS), f'avg by (namespace) ({raw_util(raw_ns)})'),
         "{{namespace}}")],
         unit="percent", minv=0, maxv=100,
         desc="Average over the GPUs and MIG instances pods hold, each once." + NS_DESC))
     b.add(8, 8, bargauge_panel("GPUs and MIG slices held per namespace", [q(recorded_or_raw(
         f'sum by (namespace) ({rec("hostname_namespace", "dcgm_gpus_held:count", NS)})',
         f'count by (namespace) (count by (namespace, hostname, UUID, GPU_I_ID) '
-        f'({m("DCGM_FI_DEV_FB_USED", held_ns)}))'), "{{namespace}}", instant=True)],
+        f'({m("DCGM_FI_DEV_FB_USED", raw_ns)}))'), "{{namespace}}", instant=True)],
         display=common.BarGaugeDisplayMode.BASIC, desc="Now." + NS_DESC))
 
     b.row("Per pod and container")
     b.add(12, 8, timeseries_panel("GPU memory per pod", [q(recorded_or_raw(
         f'sum by (namespace, pod, container) '
         f'({rec("hostname_namespace_pod_container", "dcgm_fb_used_mib:sum", POD)})',
-        f'sum by (namespace, pod, container) ({m("DCGM_FI_DEV_FB_USED", held_pod)})'), holder)],
+        f'sum by (namespace, pod, container) ({m("DCGM_FI_DEV_FB_USED", raw_pod)})'), holder)],
         unit="mbytes", desc="At thousands of pods, pick a namespace: each pod is a line."))
     b.add(12, 8, timeseries_panel("GPU utilization per pod", [q(recorded_or_raw(
         rec_avg("hostname_namespace_pod_container", "namespace, pod, container", POD),
-        f'avg by (namespace, pod, container) ({raw_util(held_pod)})'), holder)],
+        f'avg by (namespace, pod, container) ({raw_util(raw_pod)})'), holder)],
         unit="percent", minv=0, maxv=100,
         desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL; MIG slices: graphics engine activity."))
     b.add(12, 8, table_panel("MIG slices per pod", [
