@@ -61,7 +61,6 @@ cp "$root/metrics-config/default-counters.csv" "$csv"
 grep -v '^DCGM_FI_DEV_MEM_CLOCK' "$root/metrics-config/default-counters.csv" > "$work/variant.csv"
 printf 'DCGM_FI_DEV_GPU_TEMP, gauge, ok\nDCGM_FI_NOT_A_FIELD, gauge, broken\n' > "$work/broken.csv"
 
-port=$((20000 + RANDOM % 20000))
 extra=()
 if [ -n "${SOAK_KUBELET_CMD:-}" ]; then
     export SOAK_KUBELET_SOCKET="$work/kubelet.sock"
@@ -69,14 +68,18 @@ if [ -n "${SOAK_KUBELET_CMD:-}" ]; then
     pids+=("$kubelet_pid")
     extra=(-k --pod-resources-kubelet-socket "$SOAK_KUBELET_SOCKET")
 fi
-"$bin" --backend sim --sim-scenario "$work/scenario.toml" -a "127.0.0.1:$port" -c 1000 \
+# On port 0: the exporter logs the port it got (one picked here could be taken before it binds).
+"$bin" --backend sim --sim-scenario "$work/scenario.toml" -a "127.0.0.1:0" -c 1000 \
     -f "$csv" --http-max-connections 1000 "${extra[@]}" 2> "$work/exporter.log" &
 exporter=$!
 pids+=("$exporter")
+port=
 for _ in $(seq 1 100); do
-    curl -fsS "http://127.0.0.1:$port/metrics" -o /dev/null 2>/dev/null && break
+    port="$(sed -n 's/.*gpu-exporter listening .*address=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/exporter.log" | head -1)"
+    [ -n "$port" ] && curl -fsS "http://127.0.0.1:$port/metrics" -o /dev/null 2>/dev/null && break
     sleep 0.2 # waiting for a separate process to start listening; not test synchronisation
 done
+[ -n "$port" ] || { echo "soak: the exporter logged no listening address:" >&2; cat "$work/exporter.log" >&2; exit 1; }
 
 python3 "$root/scripts/soak_scrape.py" --url "http://127.0.0.1:$port/metrics" --duration "$duration" \
     --gpus "$gpus" --flaky-gpu "$flaky" > "$work/scrape.json" &
