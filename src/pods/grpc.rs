@@ -57,12 +57,15 @@ pub fn classify(status: &tonic::Status, path: &Path) -> Failure {
         Code::Internal if status.message().contains("decode") => Failure::Malformed(cause()),
         Code::DeadlineExceeded => Failure::Timeout,
         Code::Cancelled if status.message().contains("Timeout") => Failure::Timeout,
-        Code::Unavailable | Code::Unknown | Code::Internal => match io_kind(status) {
-            Some(io::ErrorKind::NotFound) => Failure::SocketMissing,
-            Some(io::ErrorKind::PermissionDenied) => Failure::PermissionDenied(cause()),
-            _ if !path.exists() => Failure::SocketMissing,
-            _ => Failure::Unavailable(cause()),
-        },
+        // Cancelled otherwise: the transport dropped the call (the peer closed the connection).
+        Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled => {
+            match io_kind(status) {
+                Some(io::ErrorKind::NotFound) => Failure::SocketMissing,
+                Some(io::ErrorKind::PermissionDenied) => Failure::PermissionDenied(cause()),
+                _ if !path.exists() => Failure::SocketMissing,
+                _ => Failure::Unavailable(cause()),
+            }
+        }
         _ => Failure::Rejected(cause()),
     }
 }
