@@ -18,12 +18,14 @@
 //! - [`http`]: `/metrics`, `/health`, `/ready`; per-phase connection deadlines and eviction at the
 //!   connection limits, so that floods never lock the scraper out.
 //! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
+//! - [`godur`]: Go's duration syntax (`1h30m`, `1.5s`), for flags and files in Go's format.
 //! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
 //!
 //! `main.rs` is the only composition root.
 
 pub mod catalog;
 pub mod config;
+pub mod godur;
 pub mod gpu;
 pub mod health;
 pub mod hpc;

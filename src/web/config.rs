@@ -406,12 +406,13 @@ pub fn parse(text: &str, origin: &str) -> Result<WebConfig, WebConfigError> {
                 Some(RawDuration::Number(n)) => {
                     return Err(bad(
                         "rate_limit.interval",
-                        format!("{n} has no unit (use ms, s, m or h)"),
+                        format!("{n} has no unit (use ns, us, ms, s, m or h)"),
                     ))
                 }
                 Some(RawDuration::Text(s)) if matches!(s.trim(), "" | "0") => Duration::ZERO,
-                Some(RawDuration::Text(s)) => crate::gpu::scenario::parse_duration(&s)
-                    .map_err(|e| bad("rate_limit.interval", e))?,
+                Some(RawDuration::Text(s)) => {
+                    crate::godur::parse(&s).map_err(|e| bad("rate_limit.interval", e))?
+                }
             };
             let burst = r.burst.unwrap_or(0);
             if interval.is_zero() {
@@ -842,6 +843,18 @@ mod tests {
                 .rate_limit,
             None
         );
+        // Go's syntax, as exporter-toolkit reads it (time.ParseDuration).
+        for (text, want) in [
+            ("1h30m", Duration::from_secs(5400)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("500us", Duration::from_micros(500)),
+        ] {
+            let c = parse(
+                &format!("rate_limit:\n  interval: {text}\n  burst: 5\n"),
+                "w",
+            );
+            assert_eq!(c.unwrap().rate_limit.unwrap().interval, want, "{text}");
+        }
         let e = err("rate_limit:\n  interval: fast\n  burst: 5\n");
         assert!(e.contains("rate_limit.interval"), "{e}");
         let e = err("rate_limit:\n  interval: 1s\n");
