@@ -85,11 +85,13 @@ async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> 
     st.metrics.scrapes.fetch_add(1, Ordering::Relaxed);
     let vary = (header::VARY, HeaderValue::from_static("Accept-Encoding"));
     let content_type = (header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-    let gzip = headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(accepts_gzip);
+    // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3).
+    let gzip = accepts_gzip_in(
+        headers
+            .get_all(header::ACCEPT_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+    );
     if gzip {
         let encoding = (header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         ([content_type, encoding, vary], p.gzip_body().clone()).into_response()
@@ -101,9 +103,15 @@ async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> 
 /// Whether an `Accept-Encoding` value accepts gzip: `gzip` (or `x-gzip`) with a non-zero
 /// quality, or, when gzip is not named, `*` with a non-zero quality. `gzip;q=0` refuses it.
 pub fn accepts_gzip(accept_encoding: &str) -> bool {
+    accepts_gzip_in([accept_encoding])
+}
+
+/// [`accepts_gzip`] for a header sent on several lines: the lines are read as one list, so
+/// `gzip;q=0` on one line and `*` on another refuses gzip.
+pub fn accepts_gzip_in<'a>(lines: impl IntoIterator<Item = &'a str>) -> bool {
     let mut gzip = None;
     let mut any = None;
-    for item in accept_encoding.split(',') {
+    for item in lines.into_iter().flat_map(|l| l.split(',')) {
         let mut parts = item.split(';').map(str::trim);
         let coding = parts.next().unwrap_or_default();
         let quality = parts
