@@ -255,7 +255,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
     let metrics = Arc::new(SelfMetrics::default());
     let web = match &config.args.web_config_file {
         Some(p) => Some(Arc::new(
-            WebSecurity::load(p, gpu_exporter::web::DEFAULT_RECHECK)
+            WebSecurity::load(p, gpu_exporter::web::DEFAULT_RECHECK, Arc::clone(&metrics))
                 .context("--web-config-file")?,
         )),
         None => None,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use gpu_exporter::http::{self, AppState, Limits};
 use gpu_exporter::sampler::Published;
-use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::self_metrics::{SelfMetrics, WebConfigState};
 use gpu_exporter::web::WebSecurity;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
@@ -72,6 +72,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 struct Server {
     addr: SocketAddr,
     metrics: Arc<SelfMetrics>,
+    web: Option<Arc<WebSecurity>>,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -93,7 +94,9 @@ impl Server {
             interval: Duration::from_secs(3600),
             metrics: Arc::clone(&metrics),
         });
-        let web = web.map(|p| Arc::new(WebSecurity::load(p, Duration::ZERO).unwrap()));
+        let web = web.map(|p| {
+            Arc::new(WebSecurity::load(p, Duration::ZERO, Arc::clone(&metrics)).unwrap())
+        });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -102,16 +105,31 @@ impl Server {
             listener,
             router,
             limits,
-            web,
+            web.clone(),
             Arc::clone(&metrics),
             async move { s.cancelled().await },
         ));
         Server {
             addr,
             metrics,
+            web,
             stop,
             done,
         }
+    }
+
+    /// Waits (at most ten seconds) until the web configuration's reload figures satisfy
+    /// `cond`, re-checking after each change the watcher sees.
+    async fn web_state(&self, what: &str, cond: impl Fn(&WebConfigState) -> bool) {
+        let mut seen = self.web.as_ref().expect("a web config").changes_seen();
+        let metrics = Arc::clone(&self.metrics);
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            seen.wait_for(|_| cond(&metrics.web.state())),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}: {:?}", self.metrics.web.state()))
+        .unwrap();
     }
 
     async fn stop(self) {
@@ -409,10 +427,14 @@ async fn rotated_certificates_are_served_without_restart_and_a_broken_one_is_ign
         .unwrap()
         .server_cert;
 
-    // Rotate: a new key pair from the same CA.
+    // Rotate: a new key pair from the same CA. The watcher may see the new key with the old
+    // certificate first (rejected), then both (taken).
     let (cert2, key2) = ca.leaf(&["localhost", "127.0.0.1"], false);
     write(dir.path(), "tls.key", &key2);
     write(dir.path(), "tls.crt", &cert2);
+    server
+        .web_state("the rotation", |s| s.reloads_ok == 1 && !s.last_reload_failed)
+        .await;
     let second = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
     assert_eq!(second.status, 200);
     assert_ne!(
@@ -431,12 +453,22 @@ async fn rotated_certificates_are_served_without_restart_and_a_broken_one_is_ign
         "tls.crt",
         "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
     );
+    let failed = server.metrics.web.state().reloads_failed;
+    server
+        .web_state("the broken certificate", |s| s.reloads_failed > failed)
+        .await;
     let third = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
     assert_eq!(third.server_cert, expected.to_vec());
     // A mismatched key (new key, old cert) is also rejected.
     let (_, key3) = ca.leaf(&["localhost"], false);
     write(dir.path(), "tls.crt", &cert2);
     write(dir.path(), "tls.key", &key3);
+    let failed = server.metrics.web.state().reloads_failed;
+    server
+        .web_state("the mismatched key", |s| {
+            s.reloads_failed > failed && s.last_reload_failed
+        })
+        .await;
     let fourth = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
     assert_eq!(fourth.server_cert, expected.to_vec());
     server.stop().await;
@@ -619,7 +651,7 @@ fn startup_errors_name_the_file_and_key() {
         "web.yml",
         "tls_server_config:\n  cert_file: /nonexistent/tls.crt\n  key_file: /nonexistent/tls.key\n",
     );
-    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO).unwrap_err());
+    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err());
     assert!(
         e.contains("web.yml: tls_server_config.cert_file: reading /nonexistent/tls.crt"),
         "{e}"
@@ -637,13 +669,13 @@ fn startup_errors_name_the_file_and_key() {
             k.display()
         ),
     );
-    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO).unwrap_err());
+    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err());
     assert!(
         e.contains("tls_server_config.key_file: using the key in"),
         "{e}"
     );
     let e = gpu_exporter::error_chain(
-        &WebSecurity::load(&dir.path().join("missing.yml"), Duration::ZERO).unwrap_err(),
+        &WebSecurity::load(&dir.path().join("missing.yml"), Duration::ZERO, Arc::default()).unwrap_err(),
     );
     assert!(e.contains("reading web configuration"), "{e}");
 }

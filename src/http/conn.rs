@@ -35,6 +35,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_util::sync::PollSemaphore;
 
 use super::Limits;
 use crate::self_metrics::SelfMetrics;
@@ -171,9 +172,13 @@ impl Conn {
         self.registry.activate(self.id)
     }
 
-    /// Waits for one of the client's TLS handshake slots ([`MAX_HANDSHAKES_PER_CLIENT`]).
-    pub async fn handshake_slot(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.handshakes).acquire_owned().await.ok()
+    /// Wraps a TLS connection's socket for its handshake: see [`HandshakeIo`].
+    pub fn handshake_io(&self, stream: tokio::net::TcpStream) -> HandshakeIo {
+        HandshakeIo {
+            inner: stream,
+            slots: Some(PollSemaphore::new(Arc::clone(&self.handshakes))),
+            slot: None,
+        }
     }
 
     /// The TLS handshake finished: the request's first byte is due next.
@@ -323,10 +328,13 @@ impl Default for Peer {
     }
 }
 
-/// TLS handshakes one client address may have in progress at once; the others wait (within
-/// their handshake deadline). A burst of handshakes from one client (an attacker renewing its
-/// connections together) then costs the CPU a few at a time, and a scraper's handshake from
-/// another address does not queue behind the burst.
+/// TLS handshake steps one client address may have computing at once; the others wait
+/// (within their handshake deadline). A slot is held only from the moment a client's bytes
+/// have arrived until the server has processed them and waits for more ([`HandshakeIo`]), so
+/// a client that sends half a ClientHello and stalls holds none: a flood of those from the
+/// scraper's own address does not delay its handshake. A burst of complete handshakes from one
+/// client (an attacker renewing its connections together) costs the CPU a few at a time, and
+/// a scraper's handshake from another address does not queue behind the burst.
 pub const MAX_HANDSHAKES_PER_CLIENT: usize = 4;
 
 impl Peer {
@@ -694,6 +702,85 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
             self.conn.quiet();
         }
         r
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A TLS connection's socket during the handshake: a read waits for the client's bytes without
+/// a handshake slot, then takes one of the client's [`MAX_HANDSHAKES_PER_CLIENT`] slots before
+/// returning them, and keeps it while the TLS library processes them (signing, key exchange)
+/// until it asks for more bytes and none are there. After the handshake
+/// ([`HandshakeIo::handshake_done`]) it is a plain socket.
+#[derive(Debug)]
+pub struct HandshakeIo {
+    inner: tokio::net::TcpStream,
+    slots: Option<PollSemaphore>,
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+impl HandshakeIo {
+    /// The handshake is over: the slot is given back and reads are no longer gated.
+    pub fn handshake_done(&mut self) {
+        self.slots = None;
+        self.slot = None;
+    }
+
+    /// Whether a handshake slot is held now.
+    pub fn holds_slot(&self) -> bool {
+        self.slot.is_some()
+    }
+}
+
+impl AsyncRead for HandshakeIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(slots) = &mut this.slots {
+            if this.slot.is_none() {
+                // Wait for the client without a slot; then wait for a slot.
+                std::task::ready!(this.inner.poll_read_ready(cx))?;
+                this.slot = std::task::ready!(slots.poll_acquire(cx));
+            }
+            let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+            if r.is_pending() {
+                // Processed everything the client sent: waiting again, without the slot.
+                this.slot = None;
+            }
+            return r;
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for HandshakeIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -312,6 +312,12 @@ pub async fn serve_with(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
+    if let Some(w) = &web {
+        // The files are re-read by a thread of their own, never on this loop.
+        if let Err(e) = w.spawn_watcher(stop.clone()) {
+            tracing::warn!("cannot start the web configuration watcher ({e}); changes to --web-config-file and its certificates will not be seen");
+        }
+    }
     let registry = Registry::new(&limits, Arc::clone(&metrics));
     let limits = Arc::new(limits);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -329,16 +335,18 @@ pub async fn serve_with(
             },
         };
         registry.evictions_settled().await;
-        let active = web.as_ref().map(|w| w.current());
-        let tls = active.as_ref().is_some_and(|a| a.tls.is_some());
-        let Some(admitted) = registry.admit(peer.ip(), tls) else {
+        // The TLS configuration in force now serves this connection to its end; credentials,
+        // rate limit and headers are looked up for each request.
+        let tls = web.as_ref().and_then(|w| w.current().tls.clone());
+        let Some(admitted) = registry.admit(peer.ip(), tls.is_some()) else {
             tracing::debug!(%peer, "every connection is busy; refusing the new one");
             continue;
         };
         let ctx = Ctx {
             router: router.clone(),
             limits: Arc::clone(&limits),
-            active,
+            web: web.clone(),
+            tls,
             metrics: Arc::clone(&metrics),
             peer,
             stop: stop.clone(),
@@ -357,7 +365,8 @@ pub async fn serve_with(
 struct Ctx {
     router: Router,
     limits: Arc<Limits>,
-    active: Option<Arc<Active>>,
+    web: Option<Arc<WebSecurity>>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     metrics: Arc<SelfMetrics>,
     peer: SocketAddr,
     stop: CancellationToken,
@@ -366,12 +375,12 @@ struct Ctx {
 /// The byte stream after the first byte arrived (and the TLS handshake, if any).
 enum Stream {
     Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Tls(Box<tokio_rustls::server::TlsStream<conn::HandshakeIo>>),
 }
 
 async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> CloseReason {
     let _ = stream.set_nodelay(true);
-    let tls = ctx.active.as_ref().and_then(|a| a.tls.clone());
+    let tls = ctx.tls.clone();
     // Nothing is allocated for the connection (no hyper buffers, no TLS state) until its
     // first byte arrives.
     let opening = async {
@@ -389,9 +398,12 @@ async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> Clos
         match tls {
             // Boxed, as is the HTTP stage below: an idle connection's task stays small.
             Some(config) => {
-                let _slot = conn.handshake_slot().await;
-                match Box::pin(tokio_rustls::TlsAcceptor::from(config).accept(stream)).await {
-                    Ok(s) => {
+                // One of the client's handshake slots is held only while the server processes
+                // what the client sent (conn::HandshakeIo), not while it waits for the client.
+                let io = conn.handshake_io(stream);
+                match Box::pin(tokio_rustls::TlsAcceptor::from(config).accept(io)).await {
+                    Ok(mut s) => {
+                        s.get_mut().0.handshake_done();
                         conn.handshake_done();
                         Ok(Stream::Tls(Box::new(s)))
                     }
@@ -429,7 +441,8 @@ where
     let Ctx {
         router,
         limits,
-        active,
+        web,
+        tls: _,
         metrics,
         peer,
         stop,
@@ -442,7 +455,7 @@ where
         let work = handle(
             router.clone(),
             request_timeout,
-            active.clone(),
+            web.clone(),
             Arc::clone(&metrics),
             peer.ip(),
             req,
@@ -493,11 +506,14 @@ fn plain(status: StatusCode, body: &'static str) -> Response {
 async fn handle(
     router: Router,
     request_timeout: Duration,
-    active: Option<Arc<Active>>,
+    web: Option<Arc<WebSecurity>>,
     metrics: Arc<SelfMetrics>,
     client: IpAddr,
     req: Request<hyper::body::Incoming>,
 ) -> Response {
+    // The settings in force for this request: a password revoked since the connection opened
+    // no longer works on it.
+    let active: Option<Arc<Active>> = web.as_ref().map(|w| w.current());
     let work = async {
         if let Some(a) = &active {
             if a.rate_limit.as_ref().is_some_and(|r| !r.allow(client)) {
