@@ -94,9 +94,8 @@ impl Server {
             interval: Duration::from_secs(3600),
             metrics: Arc::clone(&metrics),
         });
-        let web = web.map(|p| {
-            Arc::new(WebSecurity::load(p, Duration::ZERO, Arc::clone(&metrics)).unwrap())
-        });
+        let web = web
+            .map(|p| Arc::new(WebSecurity::load(p, Duration::ZERO, Arc::clone(&metrics)).unwrap()));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -128,7 +127,12 @@ impl Server {
             seen.wait_for(|_| cond(&metrics.web.state())),
         )
         .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}: {:?}", self.metrics.web.state()))
+        .unwrap_or_else(|_| {
+            panic!(
+                "timed out waiting for {what}: {:?}",
+                self.metrics.web.state()
+            )
+        })
         .unwrap();
     }
 
@@ -433,7 +437,9 @@ async fn rotated_certificates_are_served_without_restart_and_a_broken_one_is_ign
     write(dir.path(), "tls.key", &key2);
     write(dir.path(), "tls.crt", &cert2);
     server
-        .web_state("the rotation", |s| s.reloads_ok == 1 && !s.last_reload_failed)
+        .web_state("the rotation", |s| {
+            s.reloads_ok == 1 && !s.last_reload_failed
+        })
         .await;
     let second = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
     assert_eq!(second.status, 200);
@@ -651,7 +657,9 @@ fn startup_errors_name_the_file_and_key() {
         "web.yml",
         "tls_server_config:\n  cert_file: /nonexistent/tls.crt\n  key_file: /nonexistent/tls.key\n",
     );
-    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err());
+    let e = gpu_exporter::error_chain(
+        &WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err(),
+    );
     assert!(
         e.contains("web.yml: tls_server_config.cert_file: reading /nonexistent/tls.crt"),
         "{e}"
@@ -669,13 +677,20 @@ fn startup_errors_name_the_file_and_key() {
             k.display()
         ),
     );
-    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err());
+    let e = gpu_exporter::error_chain(
+        &WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err(),
+    );
     assert!(
         e.contains("tls_server_config.key_file: using the key in"),
         "{e}"
     );
     let e = gpu_exporter::error_chain(
-        &WebSecurity::load(&dir.path().join("missing.yml"), Duration::ZERO, Arc::default()).unwrap_err(),
+        &WebSecurity::load(
+            &dir.path().join("missing.yml"),
+            Duration::ZERO,
+            Arc::default(),
+        )
+        .unwrap_err(),
     );
     assert!(e.contains("reading web configuration"), "{e}");
 }

@@ -478,7 +478,10 @@ mod tests {
         // A second connection of the same scraper logs in at the same moment: it waits for
         // the first check's verdict rather than being told 429.
         let mut second = std::pin::pin!(auth.check(Some(right.as_bytes()), scraper));
-        assert!(futures_poll(second.as_mut()).is_none(), "the second login was not kept waiting");
+        assert!(
+            futures_poll(second.as_mut()).is_none(),
+            "the second login was not kept waiting"
+        );
         drop(held);
         assert_eq!(first.await, Verdict::Allowed);
         assert_eq!(second.await, Verdict::Allowed);
@@ -489,7 +492,10 @@ mod tests {
     async fn until(what: &str, mut cond: impl FnMut() -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while !cond() {
-            assert!(tokio::time::Instant::now() < deadline, "timed out waiting: {what}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting: {what}"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
@@ -521,10 +527,7 @@ mod tests {
         })
         .await;
         // It was charged to the client's failures and its verdict cached.
-        let left = auth
-            .budgets
-            .failures
-            .with_bucket(attacker, |t| *t);
+        let left = auth.budgets.failures.with_bucket(attacker, |t| *t);
         assert!(
             (left - f64::from(FAILURE_BURST - 1)).abs() < 0.01,
             "failures left {left}"

@@ -83,7 +83,12 @@ fn parse_time(tag: u8, value: &[u8]) -> Option<i64> {
     };
     let (month, day) = (n(&rest[..2])?, n(&rest[2..4])?);
     let (hour, minute, second) = (n(&rest[4..6])?, n(&rest[6..8])?, n(&rest[8..10])?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
         return None;
     }
     Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)

@@ -338,7 +338,9 @@ impl WebSecurity {
                     .active
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
-                tracing::info!("{origin}: web configuration reloaded (certificates, users, headers)");
+                tracing::info!(
+                    "{origin}: web configuration reloaded (certificates, users, headers)"
+                );
             }
             Err(e) => {
                 self.metrics.web.record_failure();
@@ -444,7 +446,10 @@ mod tests {
         w.check_for_changes();
         assert_eq!(w.current().headers[0].1, "deny");
         let s = metrics.web.state();
-        assert_eq!((s.reloads_ok, s.reloads_failed, s.last_reload_failed), (0, 1, true));
+        assert_eq!(
+            (s.reloads_ok, s.reloads_failed, s.last_reload_failed),
+            (0, 1, true)
+        );
         // Unchanged: not counted again.
         w.check_for_changes();
         assert_eq!(metrics.web.state().reloads_failed, 1);
@@ -456,7 +461,10 @@ mod tests {
         w.check_for_changes();
         assert_eq!(w.current().headers[0].1, "sameorigin");
         let s = metrics.web.state();
-        assert_eq!((s.reloads_ok, s.reloads_failed, s.last_reload_failed), (1, 1, false));
+        assert_eq!(
+            (s.reloads_ok, s.reloads_failed, s.last_reload_failed),
+            (1, 1, false)
+        );
         assert_eq!(*w.changes_seen().borrow(), 2);
     }
 }
