@@ -42,6 +42,17 @@ impl Ca {
         self.issuer.pem()
     }
 
+    /// (certificate PEM, key PEM) for `sans`, valid until the given date (midnight UTC).
+    fn leaf_until(&self, sans: &[&str], (y, m, d): (i32, u8, u8)) -> (String, String) {
+        let mut p =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, sans[0]);
+        p.not_after = rcgen::date_time_ymd(y, m, d);
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
     /// (certificate PEM, key PEM) for `sans`; `expired` puts validity in 2000.
     fn leaf(&self, sans: &[&str], expired: bool) -> (String, String) {
         let mut p =
@@ -454,22 +465,27 @@ async fn rotated_certificates_are_served_without_restart_and_a_broken_one_is_ign
     assert_eq!(second.server_cert, expected.to_vec());
 
     // A broken certificate is rejected; the last good one keeps serving.
+    let failed = server.metrics.web.state().reloads_failed;
     write(
         dir.path(),
         "tls.crt",
         "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
     );
-    let failed = server.metrics.web.state().reloads_failed;
     server
         .web_state("the broken certificate", |s| s.reloads_failed > failed)
         .await;
     let third = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
     assert_eq!(third.server_cert, expected.to_vec());
     // A mismatched key (new key, old cert) is also rejected.
+    // One file at a time, each change seen before the next.
     let (_, key3) = ca.leaf(&["localhost"], false);
-    write(dir.path(), "tls.crt", &cert2);
-    write(dir.path(), "tls.key", &key3);
     let failed = server.metrics.web.state().reloads_failed;
+    write(dir.path(), "tls.key", &key3);
+    server
+        .web_state("the new key", |s| s.reloads_failed > failed)
+        .await;
+    let failed = server.metrics.web.state().reloads_failed;
+    write(dir.path(), "tls.crt", &cert2);
     server
         .web_state("the mismatched key", |s| {
             s.reloads_failed > failed && s.last_reload_failed
@@ -917,5 +933,246 @@ async fn a_flood_of_password_guesses_does_not_delay_the_scrapers_first_login() {
             .rejected(http::RejectReason::AuthThrottled),
         throttled as u64
     );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_revoked_password_stops_working_on_an_open_keep_alive_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let hash = bcrypt::hash("s3cret", 4).unwrap();
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!("basic_auth_users:\n  prometheus: {hash}\n"),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let credentials = basic("prometheus", "s3cret");
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    assert_eq!(keep_alive_get(&mut s, &credentials).await, 200);
+    // Revoked: the password is rotated in the file.
+    let rotated = bcrypt::hash("n3w-s3cret", 4).unwrap();
+    write(
+        dir.path(),
+        "web.yml",
+        &format!("basic_auth_users:\n  prometheus: {rotated}\n"),
+    );
+    server
+        .web_state("the revocation to be read", |s| s.reloads_ok == 1)
+        .await;
+    // The same connection, still open: the old password is refused, the new one works.
+    assert_eq!(keep_alive_get(&mut s, &credentials).await, 401);
+    assert_eq!(
+        keep_alive_get(&mut s, &basic("prometheus", "n3w-s3cret")).await,
+        200
+    );
+    assert_eq!(server.metrics.http.closed(http::CloseReason::Closed), 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn certificate_expiry_and_rejected_rotations_are_self_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    // Valid until 2000 (served all the same: the client decides whether it minds).
+    let (cert1, key1) = ca.leaf(&["localhost", "127.0.0.1"], true);
+    let crt = write(dir.path(), "tls.crt", &cert1);
+    let key = write(dir.path(), "tls.key", &key1);
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            crt.display(),
+            key.display()
+        ),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let s = server.metrics.web.state();
+    assert!(s.enabled);
+    assert_eq!(s.certificate_expiry_seconds, Some(949_363_200.0)); // 2000-02-01T00:00:00Z
+
+    // A rotation to a broken certificate: counted as a failure, the old expiry still shown.
+    write(
+        dir.path(),
+        "tls.crt",
+        "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
+    );
+    server
+        .web_state("the broken certificate", |s| s.reloads_failed == 1)
+        .await;
+    let s = server.metrics.web.state();
+    assert!(s.last_reload_failed);
+    assert_eq!(s.certificate_expiry_seconds, Some(949_363_200.0));
+
+    // A good rotation: counted, and the new certificate's expiry shown.
+    let (cert2, key2) = ca.leaf_until(&["localhost", "127.0.0.1"], (2031, 5, 17));
+    write(dir.path(), "tls.key", &key2);
+    write(dir.path(), "tls.crt", &cert2);
+    server
+        .web_state("the rotation", |s| s.reloads_ok >= 1 && !s.last_reload_failed)
+        .await;
+    let s = server.metrics.web.state();
+    // 2031-05-17T00:00:00Z
+    assert_eq!(s.certificate_expiry_seconds, Some(1_936_742_400.0));
+
+    // As exposed on /metrics (the families the sampler renders).
+    let mut body = String::new();
+    gpu_exporter::render::render(
+        &server.metrics.families(&gpu_exporter::self_metrics::SampleStats::default(), "sim"),
+        &mut body,
+    );
+    assert!(
+        body.contains("gpu_exporter_web_config_reloads_total{result=\"failure\"} "),
+        "{body}"
+    );
+    assert!(
+        body.contains("gpu_exporter_web_config_last_reload_success 1\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("gpu_exporter_web_tls_certificate_expiry_timestamp_seconds 1936742400\n"),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tls")
+            .join(name),
+    )
+    .unwrap()
+}
+
+#[test]
+fn keys_of_an_unsupported_curve_or_size_are_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    for (cert, key, what) in [
+        ("p521.crt", "p521.key", "ECDSA P-521"),
+        ("p521.crt", "p521-sec1.key", "ECDSA P-521"),
+        ("rsa1024.crt", "rsa1024.key", "RSA 1024-bit"),
+        ("rsa1024.crt", "rsa1024-pkcs1.key", "RSA 1024-bit"),
+    ] {
+        let crt = write(dir.path(), "tls.crt", &fixture(cert));
+        let k = write(dir.path(), "tls.key", &fixture(key));
+        let web = write(
+            dir.path(),
+            "web.yml",
+            &format!(
+                "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+                crt.display(),
+                k.display()
+            ),
+        );
+        let e = gpu_exporter::error_chain(
+            &WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err(),
+        );
+        assert!(
+            e.contains("tls_server_config.key_file: ")
+                && e.contains("unsupported curve/size")
+                && e.contains(&format!("the key is {what}")),
+            "{key}: {e}"
+        );
+        assert!(!e.contains("failed to parse"), "{key}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn a_tls_config_no_handshake_can_complete_is_refused_at_startup_and_on_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    // rcgen's keys are ECDSA P-256.
+    let (crt, key) = tls_files(dir.path(), &ca, false);
+    let base = format!(
+        "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+        crt.display(),
+        key.display()
+    );
+    let never = format!(
+        "{base}  max_version: TLS12\n  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]\n"
+    );
+    let web = write(dir.path(), "web.yml", &never);
+    let e = gpu_exporter::error_chain(
+        &WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err(),
+    );
+    assert!(
+        e.contains("tls_server_config.cipher_suites: no allowed cipher suite can be used with the ECDSA key"),
+        "{e}"
+    );
+    // The same suites with TLS 1.3 allowed, or with an ECDSA suite added, can complete.
+    write(
+        dir.path(),
+        "web.yml",
+        &format!("{base}  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]\n"),
+    );
+    WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap();
+    write(
+        dir.path(),
+        "web.yml",
+        &format!("{base}  max_version: TLS12\n  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n"),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    assert_eq!(
+        https_get(server.addr, &ca.pem(), None, "").await.unwrap().status,
+        200
+    );
+    // On reload: rejected and counted; the working configuration keeps serving.
+    write(dir.path(), "web.yml", &never);
+    server
+        .web_state("the reload", |s| s.reloads_failed == 1)
+        .await;
+    assert_eq!(
+        https_get(server.addr, &ca.pem(), None, "").await.unwrap().status,
+        200
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_client_hello_flood_from_the_scrapers_address_does_not_delay_its_scrape() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let web = tls_web_config(dir.path(), &ca);
+    let server = Server::start(Some(&web), Limits::default()).await;
+    // 300 connections from the scraper's own address, each sending the first bytes of a
+    // ClientHello and nothing more.
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        let mut s = connect_from([127, 0, 0, 1], server.addr).await;
+        s.write_all(&[0x16, 0x03]).await.unwrap();
+        flood.push(s);
+    }
+    // Wait until the server has taken every one in (each past its first byte).
+    let mut open = server.metrics.http.watch_open();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if server.metrics.http.active() >= 300 {
+                break;
+            }
+            open.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the flood's connections were not all taken in");
+    // The scrape completes, well within its deadline (a correctness bound: it must not wait
+    // behind the flood's handshakes; unhindered it takes milliseconds).
+    let started = std::time::Instant::now();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(1),
+        https_get(server.addr, &ca.pem(), None, ""),
+    )
+    .await
+    .expect("the scrape waited behind the half-sent ClientHellos")
+    .unwrap();
+    assert_eq!(reply.status, 200);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // Every flood connection was still open (none gave way for the scrape).
+    assert_eq!(
+        server.metrics.http.closed(http::CloseReason::HandshakeTimeout),
+        0
+    );
+    assert!(server.metrics.http.open() >= 300);
+    drop(flood);
     server.stop().await;
 }
