@@ -1009,7 +1009,9 @@ async fn certificate_expiry_and_rejected_rotations_are_self_metrics() {
     write(dir.path(), "tls.key", &key2);
     write(dir.path(), "tls.crt", &cert2);
     server
-        .web_state("the rotation", |s| s.reloads_ok >= 1 && !s.last_reload_failed)
+        .web_state("the rotation", |s| {
+            s.reloads_ok >= 1 && !s.last_reload_failed
+        })
         .await;
     let s = server.metrics.web.state();
     // 2031-05-17T00:00:00Z
@@ -1018,7 +1020,9 @@ async fn certificate_expiry_and_rejected_rotations_are_self_metrics() {
     // As exposed on /metrics (the families the sampler renders).
     let mut body = String::new();
     gpu_exporter::render::render(
-        &server.metrics.families(&gpu_exporter::self_metrics::SampleStats::default(), "sim"),
+        &server
+            .metrics
+            .families(&gpu_exporter::self_metrics::SampleStats::default(), "sim"),
         &mut body,
     );
     assert!(
@@ -1114,7 +1118,10 @@ async fn a_tls_config_no_handshake_can_complete_is_refused_at_startup_and_on_rel
     );
     let server = Server::start(Some(&web), Limits::default()).await;
     assert_eq!(
-        https_get(server.addr, &ca.pem(), None, "").await.unwrap().status,
+        https_get(server.addr, &ca.pem(), None, "")
+            .await
+            .unwrap()
+            .status,
         200
     );
     // On reload: rejected and counted; the working configuration keeps serving.
@@ -1123,7 +1130,10 @@ async fn a_tls_config_no_handshake_can_complete_is_refused_at_startup_and_on_rel
         .web_state("the reload", |s| s.reloads_failed == 1)
         .await;
     assert_eq!(
-        https_get(server.addr, &ca.pem(), None, "").await.unwrap().status,
+        https_get(server.addr, &ca.pem(), None, "")
+            .await
+            .unwrap()
+            .status,
         200
     );
     server.stop().await;
@@ -1169,7 +1179,10 @@ async fn a_half_sent_client_hello_flood_from_the_scrapers_address_does_not_delay
     assert!(started.elapsed() < Duration::from_secs(1));
     // Every flood connection was still open (none gave way for the scrape).
     assert_eq!(
-        server.metrics.http.closed(http::CloseReason::HandshakeTimeout),
+        server
+            .metrics
+            .http
+            .closed(http::CloseReason::HandshakeTimeout),
         0
     );
     assert!(server.metrics.http.open() >= 300);

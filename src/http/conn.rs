@@ -859,6 +859,27 @@ pub fn fd_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
+/// Checks an explicit connection limit against the soft `RLIMIT_NOFILE` (`None`: unlimited):
+/// each connection is a descriptor, and [`RESERVED_FDS`] are kept for everything else. Past
+/// the limit the server would spin on `EMFILE` instead of evicting; the error says what to
+/// change.
+///
+/// # Errors
+/// A message naming the flag, the descriptors needed and the limit.
+pub fn check_max_connections(requested: usize, soft: Option<u64>) -> Result<(), String> {
+    let Some(soft) = soft else {
+        return Ok(());
+    };
+    let need = (requested as u64).saturating_add(RESERVED_FDS);
+    if need <= soft {
+        return Ok(());
+    }
+    Err(format!(
+        "{requested} connections need {need} file descriptors ({RESERVED_FDS} kept for the rest of the exporter) but the limit (RLIMIT_NOFILE) is {soft}: raise the limit (ulimit -n, or the container runtime's nofile limit) or set --http-max-connections to at most {} (0 picks that)",
+        soft.saturating_sub(RESERVED_FDS)
+    ))
+}
+
 /// Raises the soft `RLIMIT_NOFILE` towards the hard one, as far as the default connection
 /// ceiling needs (Go programs such as dcgm-exporter raise it all the way at startup). Returns
 /// the soft limit before and after.
@@ -866,9 +887,17 @@ pub fn fd_limit() -> Option<u64> {
 /// # Errors
 /// The `setrlimit` error.
 pub fn raise_fd_limit() -> io::Result<(Option<u64>, Option<u64>)> {
+    raise_fd_limit_for(MAX_CONNECTIONS_CEILING)
+}
+
+/// [`raise_fd_limit`] for `connections` connections.
+///
+/// # Errors
+/// The `setrlimit` error.
+pub fn raise_fd_limit_for(connections: usize) -> io::Result<(Option<u64>, Option<u64>)> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let now = getrlimit(Resource::Nofile);
-    let want = MAX_CONNECTIONS_CEILING as u64 + RESERVED_FDS;
+    let want = (connections as u64).saturating_add(RESERVED_FDS);
     let target = now.maximum.map_or(want, |hard| hard.min(want));
     match now.current {
         Some(soft) if soft < target => {
@@ -1110,6 +1139,20 @@ mod tests {
         tokio::task::yield_now().await;
         let _b = reg.admit(ip(3), false).unwrap();
         assert_eq!(watch.await.unwrap(), CloseReason::Evicted);
+    }
+
+    #[test]
+    fn an_explicit_limit_past_the_descriptor_limit_is_refused_with_what_to_change() {
+        assert_eq!(check_max_connections(896, Some(1024)), Ok(()));
+        assert_eq!(check_max_connections(1_000_000, None), Ok(()));
+        let e = check_max_connections(10_000, Some(1024)).unwrap_err();
+        assert!(
+            e.contains("10000 connections need 10128 file descriptors"),
+            "{e}"
+        );
+        assert!(e.contains("RLIMIT_NOFILE) is 1024"), "{e}");
+        assert!(e.contains("--http-max-connections to at most 896"), "{e}");
+        assert!(check_max_connections(897, Some(1024)).is_err());
     }
 
     #[test]
