@@ -128,6 +128,13 @@ pub enum Phase {
 struct State {
     phase: Phase,
     since: Instant,
+    /// The instant the watchdog sleeps until (`None`: it is not sleeping). A phase change wakes
+    /// it only when the new deadline comes before this; otherwise it wakes at this instant,
+    /// finds the later deadline and sleeps again. A keep-alive connection answering requests
+    /// back to back thus moves its deadlines without waking the watchdog for each request.
+    armed: Option<Instant>,
+    /// Times a phase change woke the watchdog.
+    wakes: u64,
     /// The response body has been handed to hyper (`Serving` only).
     body_done: bool,
     /// Bytes of a next request arrived while serving (pipelining or a slow trickle).
@@ -140,7 +147,7 @@ pub struct Conn {
     id: u64,
     registry: Arc<Registry>,
     state: Mutex<State>,
-    /// Woken on every phase change, so the watchdog re-reads its deadline.
+    /// Woken on a phase change whose deadline comes before the watchdog's wake-up.
     changed: Notify,
     /// Woken when the registry evicts this connection.
     evict: Arc<Notify>,
@@ -158,7 +165,12 @@ impl Conn {
     fn enter(&self, s: &mut State, phase: Phase) {
         s.phase = phase;
         s.since = Instant::now();
-        self.changed.notify_one();
+        let deadline = s.since + self.registry.timeouts.of(phase).0;
+        if s.armed.is_some_and(|armed| deadline < armed) {
+            s.armed = None;
+            s.wakes += 1;
+            self.changed.notify_one();
+        }
     }
 
     /// The current phase.
@@ -231,31 +243,74 @@ impl Conn {
         self.registry.idle(self.id);
     }
 
-    fn deadline(&self, limits: &Limits) -> (Instant, CloseReason) {
-        let s = self.lock();
-        let (timeout, reason) = match s.phase {
-            Phase::Handshake => (limits.handshake_timeout, CloseReason::HandshakeTimeout),
-            Phase::FirstByte => (limits.first_byte_timeout, CloseReason::FirstByteTimeout),
-            Phase::Head => (limits.header_read_timeout, CloseReason::HeaderTimeout),
-            Phase::Serving => (limits.write_timeout, CloseReason::WriteTimeout),
-            Phase::Idle => (limits.idle_timeout, CloseReason::IdleTimeout),
-        };
-        (s.since + timeout, reason)
+    /// The current phase's deadline, and arms the wake-up at it.
+    fn arm(&self, timeouts: &PhaseTimeouts) -> (Instant, CloseReason) {
+        let mut s = self.lock();
+        let (timeout, reason) = timeouts.of(s.phase);
+        let deadline = s.since + timeout;
+        s.armed = Some(deadline);
+        (deadline, reason)
     }
 
     /// Resolves when the connection must close: its phase's deadline passed, or it was evicted.
     pub async fn watchdog(&self, limits: &Limits) -> CloseReason {
-        loop {
-            let changed = self.changed.notified();
-            let (deadline, reason) = self.deadline(limits);
-            if Instant::now() >= deadline {
-                return reason;
+        let timeouts = PhaseTimeouts::from(limits);
+        let result = async {
+            loop {
+                let changed = self.changed.notified();
+                let (deadline, reason) = self.arm(&timeouts);
+                if Instant::now() >= deadline {
+                    return reason;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline) => {
+                        // A later phase may have moved the deadline meanwhile: re-read it.
+                        let (now_due, reason) = self.arm(&timeouts);
+                        if Instant::now() >= now_due {
+                            return reason;
+                        }
+                    }
+                    () = changed => {}
+                    () = self.evict.notified() => return CloseReason::Evicted,
+                }
             }
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => {}
-                () = changed => {}
-                () = self.evict.notified() => return CloseReason::Evicted,
-            }
+        }
+        .await;
+        self.lock().armed = None;
+        result
+    }
+}
+
+/// The deadline of each phase (from [`Limits`]) and the reason counted when it passes.
+#[derive(Debug, Clone, Copy)]
+pub struct PhaseTimeouts {
+    handshake: Duration,
+    first_byte: Duration,
+    head: Duration,
+    serving: Duration,
+    idle: Duration,
+}
+
+impl From<&Limits> for PhaseTimeouts {
+    fn from(l: &Limits) -> Self {
+        Self {
+            handshake: l.handshake_timeout,
+            first_byte: l.first_byte_timeout,
+            head: l.header_read_timeout,
+            serving: l.write_timeout,
+            idle: l.idle_timeout,
+        }
+    }
+}
+
+impl PhaseTimeouts {
+    fn of(&self, phase: Phase) -> (Duration, CloseReason) {
+        match phase {
+            Phase::Handshake => (self.handshake, CloseReason::HandshakeTimeout),
+            Phase::FirstByte => (self.first_byte, CloseReason::FirstByteTimeout),
+            Phase::Head => (self.head, CloseReason::HeaderTimeout),
+            Phase::Serving => (self.serving, CloseReason::WriteTimeout),
+            Phase::Idle => (self.idle, CloseReason::IdleTimeout),
         }
     }
 }
@@ -461,6 +516,8 @@ impl Inner {
 /// Every open connection of one server, with the eviction policy.
 #[derive(Debug)]
 pub struct Registry {
+    /// The phase deadlines, for deciding whether a phase change must wake the watchdog.
+    timeouts: PhaseTimeouts,
     limit: usize,
     active_limit: usize,
     busy_evictable_after: Duration,
@@ -483,6 +540,7 @@ impl Registry {
         let active_limit = limits.max_active_connections.clamp(1, limit);
         metrics.http.set_limits(limit, active_limit);
         Arc::new(Self {
+            timeouts: PhaseTimeouts::from(limits),
             limit,
             active_limit,
             busy_evictable_after: limits.busy_evictable_after,
@@ -549,6 +607,8 @@ impl Registry {
                 state: Mutex::new(State {
                     phase,
                     since: now,
+                    armed: None,
+                    wakes: 0,
                     body_done: false,
                     read_while_serving: false,
                 }),
@@ -1128,6 +1188,34 @@ mod tests {
         let (reason, after) = watch.await.unwrap();
         assert_eq!(reason, CloseReason::HeaderTimeout);
         assert_eq!(after, Duration::from_secs(60) + limits.header_read_timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_back_to_back_do_not_wake_the_watchdog_and_deadlines_still_hold() {
+        let limits = Limits::default();
+        let (reg, _) = registry(8);
+        let t = reg.admit(ip(1), false).unwrap();
+        let c = Arc::clone(&t.conn);
+        let watch = tokio::spawn(async move {
+            let start = Instant::now();
+            (c.watchdog(&Limits::default()).await, start.elapsed())
+        });
+        tokio::task::yield_now().await;
+        // A keep-alive scraper's requests, each moving the phase four times: the deadlines
+        // only move later than the one the watchdog waits for, so it is not woken.
+        for _ in 0..100 {
+            serve_one(&t);
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(t.conn.lock().wakes, 0);
+        // A phase whose deadline is earlier than the one waited for still wakes it, and the
+        // deadline is exact: idle, then a request head's first byte 60 s later.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        t.conn.read_some();
+        let (reason, after) = watch.await.unwrap();
+        assert_eq!(reason, CloseReason::HeaderTimeout);
+        assert_eq!(after, Duration::from_secs(60) + limits.header_read_timeout);
+        assert_eq!(t.conn.lock().wakes, 1);
     }
 
     #[tokio::test(start_paused = true)]
