@@ -35,6 +35,8 @@ pub struct SelfMetrics {
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     last_reload_failed: AtomicBool,
+    /// Log lines (or parts) that could not be written to stderr (shared with the log writer).
+    log_write_errors: std::sync::Arc<AtomicU64>,
     /// HTTP connections and rejected requests.
     pub http: HttpStats,
 }
@@ -694,6 +696,14 @@ pub struct SampleStats {
 }
 
 impl SelfMetrics {
+    /// Renders `gpu_exporter_log_write_errors_total` from `counter` (the log writer's count of
+    /// failed writes) once it is non-zero.
+    #[must_use]
+    pub fn with_log_write_errors(mut self, counter: std::sync::Arc<AtomicU64>) -> Self {
+        self.log_write_errors = counter;
+        self
+    }
+
     /// Counts a finished sampling tick.
     pub fn count_sample(&self) {
         self.samples.fetch_add(1, Ordering::Relaxed);
@@ -858,6 +868,16 @@ impl SelfMetrics {
                 one(count(self.scrapes.load(Ordering::Relaxed))),
             ),
         ];
+        // Absent until a log line is lost (stderr closed: a log shipper restarting), so that
+        // the bodies of healthy exporters do not change.
+        let lost = self.log_write_errors.load(Ordering::Relaxed);
+        if lost > 0 {
+            families.push(counter(
+                "gpu_exporter_log_write_errors_total",
+                "Writes of log lines to stderr that failed (the lines are lost; absent until the first).",
+                one(count(lost)),
+            ));
+        }
         families.extend(self.http.families());
         families.extend(self.pod_resources.families());
         families.extend(self.cri.families());

@@ -1,0 +1,252 @@
+//! The exporter binary against what production throws at it (issue 26): a closed stderr, a
+//! SIGHUP during startup, FIFOs, devices, links and oversized files where configuration is
+//! read, an empty metrics CSV, a device selection that matches nothing.
+//!
+//! Each test runs the real binary (`--backend sim`) as a child process and talks to it over
+//! HTTP on 127.0.0.1. Waiting is on conditions with bounded deadlines: polling another
+//! process's state needs a short pause between looks, never a sleep standing in for an event.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::process::{kill_process, Pid, Signal};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+/// The pause between two looks at another process's state.
+const POLL: Duration = Duration::from_millis(25);
+
+struct Exporter {
+    child: Child,
+    addr: SocketAddr,
+    /// The log lines after the listening line (while the log is kept).
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+/// What happens to the exporter's log after its listening line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Log {
+    /// Read and kept in [`Exporter::log`].
+    Keep,
+    /// The read end of the pipe is closed (a log shipper that exited).
+    Close,
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn exporter_command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-exporter"));
+    cmd.args([
+        "--backend",
+        "sim",
+        "-a",
+        "127.0.0.1:0",
+        "--log-format",
+        "json",
+    ])
+    .args(args)
+    .env_remove("GPU_EXPORTER_LOG")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    cmd
+}
+
+/// Reads log lines until `pred` matches one (or the log ends); returns the lines read.
+fn read_log_until(
+    stderr: &mut BufReader<ChildStderr>,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> (Option<serde_json::Value>, Vec<String>) {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match stderr.read_line(&mut line) {
+            Ok(0) | Err(_) => return (None, lines),
+            Ok(_) => {}
+        }
+        lines.push(line.trim_end().to_owned());
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+            if pred(&v) {
+                return (Some(v), lines);
+            }
+        }
+    }
+}
+
+fn message(v: &serde_json::Value) -> &str {
+    v["fields"]["message"].as_str().unwrap_or("")
+}
+
+impl Exporter {
+    fn start(args: &[&str], log: Log) -> Exporter {
+        let mut child = exporter_command(args).spawn().expect("start gpu-exporter");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let (listening, lines) =
+            read_log_until(&mut stderr, |v| message(v) == "gpu-exporter listening");
+        let listening = listening.unwrap_or_else(|| panic!("no listening line: {lines:#?}"));
+        let addr = listening["fields"]["address"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        match log {
+            Log::Close => drop(stderr),
+            Log::Keep => {
+                let kept = Arc::clone(&kept);
+                std::thread::spawn(move || {
+                    for line in stderr.lines() {
+                        let Ok(line) = line else { break };
+                        kept.lock().unwrap().push(line);
+                    }
+                });
+            }
+        }
+        let e = Exporter {
+            child,
+            addr,
+            log: kept,
+        };
+        e.wait_until("the first sample", || e.scrape().0 == 200);
+        e
+    }
+
+    /// Whether a kept log line contains `needle`.
+    fn logged(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_child(&self.child)
+    }
+
+    fn scrape_path(&self, path: &str) -> (u16, String) {
+        let Ok(mut s) = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5)) else {
+            return (0, String::new());
+        };
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        if s.write_all(req.as_bytes()).is_err() {
+            return (0, String::new());
+        }
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    fn scrape(&self) -> (u16, String) {
+        self.scrape_path("/metrics")
+    }
+
+    /// Waits until `cond` holds, failing after [`DEADLINE`] or if the exporter exits.
+    fn wait_until(&self, what: &str, mut cond: impl FnMut() -> bool) {
+        let started = Instant::now();
+        while !cond() {
+            assert!(
+                started.elapsed() < DEADLINE,
+                "{what}: not within {DEADLINE:?}"
+            );
+            // SAFETY-free check that the child still runs: /proc/<pid> exists until it is reaped.
+            assert!(
+                Path::new(&format!("/proc/{}", self.child.id())).exists(),
+                "{what}: the exporter exited"
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Sends `signal` and waits for the exit.
+    fn stop_with(&mut self, signal: Signal) -> ExitStatus {
+        kill_process(self.pid(), signal).expect("signal");
+        wait_exit(&mut self.child).expect("the exporter did not exit within the deadline")
+    }
+}
+
+fn wait_exit(child: &mut Child) -> Option<ExitStatus> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if started.elapsed() > DEADLINE {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+fn value(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Item 1: a log shipper that restarts closes the read end of the exporter's stderr. Logging
+/// must not kill sampling, and SIGTERM must still end the process.
+#[test]
+fn a_closed_stderr_neither_stops_sampling_nor_blocks_shutdown() {
+    // The reader exits after the listening line: every later log write fails with EPIPE.
+    let mut e = Exporter::start(&["-c", "100", "--debug"], Log::Close);
+    // Something to log: SIGHUP makes the reloader warn (the built-in CSV cannot be reloaded).
+    kill_process(e.pid(), Signal::HUP).unwrap();
+    let first = value(&e.scrape().1, "gpu_exporter_samples_total").unwrap_or(0.0);
+    // Fresh samples keep coming: the sample count grows by several ticks, each scrape a 200.
+    let mut lost = None;
+    e.wait_until("fresh samples after stderr closed", || {
+        let (status, body) = e.scrape();
+        assert_eq!(status, 200, "{body}");
+        lost = value(&body, "gpu_exporter_log_write_errors_total");
+        value(&body, "gpu_exporter_samples_total").is_some_and(|n| n >= first + 5.0)
+            && lost.is_some()
+    });
+    assert!(lost.unwrap() >= 1.0, "the lost log lines are counted");
+    assert_eq!(e.scrape_path("/ready").0, 200);
+    let status = e.stop_with(Signal::TERM);
+    assert!(status.success(), "SIGTERM must end it cleanly: {status:?}");
+}
+
+/// Item 9: a SIGHUP as soon as the process writes its first log line (in the first
+/// milliseconds, before the reloader exists) must not end it.
+#[test]
+fn a_sighup_during_startup_does_not_kill_the_process() {
+    // An inert DCGM flag: its warning is the first log line, written before the pipeline is
+    // built.
+    let mut child = exporter_command(&["--remote-hostengine-info", "localhost:5555"])
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).unwrap();
+    kill_process(Pid::from_child(&child), Signal::HUP).unwrap();
+    let (listening, lines) =
+        read_log_until(&mut stderr, |v| message(v) == "gpu-exporter listening");
+    let status = child.try_wait().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        listening.is_some(),
+        "killed by an early SIGHUP ({status:?}); log: {first}{lines:#?}"
+    );
+}
