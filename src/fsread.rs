@@ -100,14 +100,14 @@ pub enum ReadError {
         /// 1-based line of the first invalid byte.
         line: usize,
     },
-    /// Another I/O error.
-    #[error("{}: cannot read", path.display())]
+    /// Another I/O error (the cause is in the message, so that a wrapping error can show this
+    /// one whole).
+    #[error("{}: cannot read: {cause}", path.display())]
     Io {
         /// The path.
         path: PathBuf,
         /// The cause.
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
@@ -176,7 +176,7 @@ pub fn read(path: &Path, cap: Cap, symlinks: Symlinks) -> Result<Vec<u8>, ReadEr
         },
         _ => ReadError::Io {
             path: path.to_owned(),
-            source,
+            cause: source,
         },
     };
     #[allow(clippy::cast_possible_wrap)]

@@ -132,7 +132,7 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
     match nvml {
         Some(source) if source.init_error().is_none() || config.args.backend == Backend::Nvml => {
             serve(
-                config_with_supported(&mut config, &source),
+                config_with_supported(&mut config, &source)?,
                 Arc::new(source),
                 hup,
                 log_write_errors,
@@ -149,7 +149,7 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
             );
             let source = sim_source(&config)?;
             serve(
-                config_with_supported(&mut config, &source),
+                config_with_supported(&mut config, &source)?,
                 Arc::new(source),
                 hup,
                 log_write_errors,
@@ -162,7 +162,7 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
                 return list_devices(&source);
             }
             serve(
-                config_with_supported(&mut config, &source),
+                config_with_supported(&mut config, &source)?,
                 Arc::new(source),
                 hup,
                 log_write_errors,
@@ -276,7 +276,7 @@ fn seed_from(hostname: &str) -> u64 {
     })
 }
 
-fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Config {
+fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Result<Config> {
     for m in config.retain_supported(|f| source.supports(f)) {
         tracing::warn!(
             "{}:{}: skipping {}: the {} backend cannot read it",
@@ -286,7 +286,14 @@ fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Config
             source.name()
         );
     }
-    config.clone()
+    if config.catalog.metrics.is_empty() {
+        return Err(gpu_exporter::catalog::CatalogError::NoneSupported {
+            origin: config.catalog_origin.clone(),
+            backend: source.name().to_owned(),
+        })
+        .context("--collectors");
+    }
+    Ok(config.clone())
 }
 
 async fn serve<S: GpuSource>(
@@ -310,9 +317,14 @@ async fn serve<S: GpuSource>(
     essential.spawn("SIGHUP listener", forward_sighup(hup, reload_tx));
     match &config.catalog_path {
         Some(path) => {
-            let initial = std::fs::read(path).unwrap_or_default();
+            let initial = gpu_exporter::catalog::read(path).unwrap_or_default();
             let s = Arc::clone(&source);
-            let reloader = CatalogReloader::new(path.clone(), &initial, move |f| s.supports(f));
+            let reloader = CatalogReloader::new(
+                path.clone(),
+                initial.as_bytes(),
+                move |f| s.supports(f),
+                source.name(),
+            );
             essential.spawn(
                 "metrics CSV reloader",
                 reloader.run(
@@ -343,9 +355,14 @@ async fn serve<S: GpuSource>(
         build: config.build_options(),
     };
     let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
-    if config.args.kubernetes {
-        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
+    // The devices found, for the pod refresher (kubelet device ids) and the HPC watcher (which
+    // mapping files to read).
+    let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
+    if config.args.kubernetes || config.args.hpc_job_mapping_dir.is_some() {
         sampler = sampler.with_inventory(inventory_tx);
+    }
+    if config.args.kubernetes {
+        let inventory_rx = inventory_rx.clone();
         let socket = &config.args.pod_resources_kubelet_socket;
         let timeout = Duration::from_millis(config.args.pod_resources_timeout);
         let kubelet =
@@ -431,7 +448,7 @@ async fn serve<S: GpuSource>(
             poll_ms = every.as_millis() as u64,
             "HPC job labels from --hpc-job-mapping-dir"
         );
-        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics));
+        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics), inventory_rx.clone());
         essential.spawn(
             "HPC job mapping watcher",
             watcher.run(hpc_tx, every, shutdown.clone()),

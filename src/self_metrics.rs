@@ -365,6 +365,8 @@ pub struct HpcJobsState {
     pub files_bad: u64,
     /// Problems seen, by reason (each counted when it appears).
     pub errors: BTreeMap<&'static str, u64>,
+    /// Directory entries not read at the last scan, by reason.
+    pub ignored: BTreeMap<&'static str, u64>,
 }
 
 impl HpcJobsStatus {
@@ -384,6 +386,11 @@ impl HpcJobsStatus {
         let mut s = self.lock();
         s.files_ok = ok as u64;
         s.files_bad = bad as u64;
+    }
+
+    /// Records the entries the last scan did not read, by reason.
+    pub fn record_ignored(&self, ignored: &BTreeMap<&'static str, usize>) {
+        self.lock().ignored = ignored.iter().map(|(&k, &v)| (k, v as u64)).collect();
     }
 
     /// Counts a new problem.
@@ -427,6 +434,15 @@ impl HpcJobsStatus {
                 series: crate::hpc::HpcError::REASONS
                     .iter()
                     .map(|r| labelled("reason", r, s.errors.get(r).copied().unwrap_or(0)))
+                    .collect(),
+            },
+            Family {
+                name: "gpu_exporter_hpc_job_files_ignored".to_owned(),
+                help: "Entries of --hpc-job-mapping-dir not read at the last scan, by reason: no_such_gpu (named for a GPU or MIG instance not on this node), not_a_mapping_name.".to_owned(),
+                kind: MetricType::Gauge,
+                series: crate::hpc::Ignored::REASONS
+                    .iter()
+                    .map(|r| labelled("reason", r, s.ignored.get(r).copied().unwrap_or(0)))
                     .collect(),
             },
         ]
