@@ -302,6 +302,13 @@ async fn serve<S: GpuSource>(
     hup: Hangup,
     log_write_errors: Arc<AtomicU64>,
 ) -> Result<()> {
+    // A selection that matches none of the GPUs found is a mistake: refuse it, as dcgm-exporter
+    // does. (If NVML is not up yet, the sampler says so on /ready once it finds the GPUs.)
+    if let Ok(devices) = source.devices() {
+        if let Some(why) = config.selection.selects_nothing(&devices) {
+            anyhow::bail!("{why}");
+        }
+    }
     let shutdown = CancellationToken::new();
     let metrics = Arc::new(SelfMetrics::default().with_log_write_errors(log_write_errors));
     let mut essential = Essential::new();

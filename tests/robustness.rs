@@ -250,3 +250,228 @@ fn a_sighup_during_startup_does_not_kill_the_process() {
         "killed by an early SIGHUP ({status:?}); log: {first}{lines:#?}"
     );
 }
+
+fn mkfifo(path: &Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .expect("mkfifo");
+}
+
+/// Runs the exporter to its exit (it must exit within the deadline); returns the status and log.
+fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
+    let mut child = exporter_command(args).spawn().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let status = wait_exit(&mut child);
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let log = reader.join().unwrap();
+    (
+        status.unwrap_or_else(|| panic!("still running after {DEADLINE:?}; log: {log}")),
+        log,
+    )
+}
+
+const GOOD_CSV: &str =
+    "# a comment\nDCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\nDCGM_FI_DEV_GPU_TEMP, gauge, Temperature (in C).\n";
+
+/// Items 6, 7, 9 at startup: each bad metrics CSV stops startup with an error naming the file
+/// (and line), without waiting on a FIFO or reading /dev/zero for ever.
+#[test]
+fn bad_metrics_csvs_stop_startup_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fifo = d.join("fifo.csv");
+    mkfifo(&fifo);
+    let empty = d.join("empty.csv");
+    std::fs::write(&empty, "").unwrap();
+    let comments = d.join("comments.csv");
+    std::fs::write(
+        &comments,
+        "# Format\n# DCGM FIELD, Prometheus metric type, help message\n\n",
+    )
+    .unwrap();
+    let latin1 = d.join("latin1.csv");
+    std::fs::write(
+        &latin1,
+        b"DCGM_FI_DEV_GPU_UTIL, gauge, ok\nDCGM_FI_DEV_GPU_TEMP, gauge, temp\xe9rature\n",
+    )
+    .unwrap();
+    let huge = d.join("huge.csv");
+    let row = "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n";
+    std::fs::write(&huge, row.repeat((1 << 20) / row.len() + 1)).unwrap();
+    let cases: [(&Path, String); 6] = [
+        (
+            &fifo,
+            format!(
+                "metrics CSV {}: is a FIFO (named pipe), not a regular file; refused",
+                fifo.display()
+            ),
+        ),
+        (
+            Path::new("/dev/zero"),
+            "metrics CSV /dev/zero: is a character device, not a regular file; refused".to_owned(),
+        ),
+        (&empty, format!("{}: lists no metric", empty.display())),
+        (
+            &comments,
+            format!("{}: lists no metric", comments.display()),
+        ),
+        (
+            &latin1,
+            format!("metrics CSV {}:2: not UTF-8 text", latin1.display()),
+        ),
+        (
+            &huge,
+            format!(
+                "metrics CSV {}: larger than 1048576 bytes; refused",
+                huge.display()
+            ),
+        ),
+    ];
+    for (path, want) in cases {
+        let (status, log) = run_to_exit(&["-f", path.to_str().unwrap()]);
+        assert!(!status.success(), "{}: started: {log}", path.display());
+        assert!(
+            log.contains(&want),
+            "{}: want {want:?} in {log}",
+            path.display()
+        );
+    }
+}
+
+/// Item 9: a UTF-8 byte-order mark (Windows editors) is accepted.
+#[test]
+fn a_csv_with_a_byte_order_mark_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("bom.csv");
+    std::fs::write(&csv, format!("\u{feff}{GOOD_CSV}")).unwrap();
+    let e = Exporter::start(&["-f", csv.to_str().unwrap(), "-c", "100"], Log::Keep);
+    let body = e.scrape().1;
+    assert!(body.contains("\nDCGM_FI_DEV_GPU_UTIL{"), "{body}");
+    assert!(body.contains("\nDCGM_FI_DEV_GPU_TEMP{"), "{body}");
+}
+
+/// Items 6, 7: the metrics CSV is a ConfigMap mount (links through `..data`). Each bad new
+/// version (a FIFO, /dev/zero, an empty file) is rejected on SIGHUP with the previous catalog
+/// still serving, and SIGTERM still ends the process.
+#[test]
+fn bad_csv_reloads_are_rejected_and_sigterm_still_ends_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // counters.csv -> ..data/counters.csv; ..data -> ..v1 (what the kubelet writes).
+    let version = |name: &str| {
+        let v = d.join(name);
+        std::fs::create_dir(&v).unwrap();
+        v.join("counters.csv")
+    };
+    std::fs::write(version("..v1"), GOOD_CSV).unwrap();
+    std::os::unix::fs::symlink("..v1", d.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/counters.csv", d.join("counters.csv")).unwrap();
+    let swap_to = |name: &str| {
+        let tmp = d.join("..data_tmp");
+        std::os::unix::fs::symlink(name, &tmp).unwrap();
+        std::fs::rename(&tmp, d.join("..data")).unwrap();
+    };
+    mkfifo(&version("..fifo"));
+    std::os::unix::fs::symlink("/dev/zero", version("..zero")).unwrap();
+    std::fs::write(version("..empty"), "").unwrap();
+
+    let csv = d.join("counters.csv");
+    let mut e = Exporter::start(&["-f", csv.to_str().unwrap(), "-c", "100"], Log::Keep);
+    let rss_before = rss_kib(e.child.id());
+    let mut rejected = 0.0;
+    for (name, why) in [
+        (
+            "..fifo",
+            "is a FIFO (named pipe), not a regular file; refused",
+        ),
+        (
+            "..zero",
+            "is a character device, not a regular file; refused",
+        ),
+        ("..empty", "lists no metric"),
+    ] {
+        swap_to(name);
+        kill_process(e.pid(), Signal::HUP).unwrap();
+        rejected += 1.0;
+        e.wait_until(&format!("{name} rejected"), || {
+            let body = e.scrape().1;
+            value(
+                &body,
+                "gpu_exporter_config_reloads_total{result=\"failure\"}",
+            ) == Some(rejected)
+                && e.logged(why)
+        });
+        let body = e.scrape().1;
+        assert_eq!(
+            value(&body, "gpu_exporter_config_last_reload_success"),
+            Some(0.0)
+        );
+        assert!(
+            body.contains("\nDCGM_FI_DEV_GPU_TEMP{"),
+            "the previous catalog serves: {body}"
+        );
+        assert!(
+            e.logged(&csv.display().to_string()),
+            "the log names the file"
+        );
+    }
+    // Reading /dev/zero would have grown memory by gigabytes; the cap holds it to 1 MiB.
+    let grown = rss_kib(e.child.id()).saturating_sub(rss_before);
+    assert!(grown < 16 * 1024, "RSS grew by {grown} KiB");
+    // A good version again is accepted.
+    std::fs::write(version("..v2"), "DCGM_FI_DEV_GPU_UTIL, gauge, u\n").unwrap();
+    swap_to("..v2");
+    kill_process(e.pid(), Signal::HUP).unwrap();
+    e.wait_until("the good version", || {
+        let body = e.scrape().1;
+        value(&body, "gpu_exporter_config_last_reload_success") == Some(1.0)
+            && !body.contains("\nDCGM_FI_DEV_GPU_TEMP{")
+    });
+    let status = e.stop_with(Signal::TERM);
+    assert!(status.success(), "{status:?}");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Item 7: a device selection that matches none of the GPUs found stops startup with a clear
+/// error (dcgm-exporter refuses it too), instead of serving no GPU series with /ready 200.
+#[test]
+fn a_device_selection_that_matches_nothing_stops_startup() {
+    for (args, want) in [
+        (
+            &["-d", "g:99"][..],
+            "-d/--devices \"g:99\" selects none of the 8 GPUs (indices 0, 1, 2, 3, 4, 5, 6, 7) and 0 MIG instances found",
+        ),
+        (
+            &["-d", "i"][..],
+            "-d/--devices \"i\" selects none of the 8 GPUs (indices 0, 1, 2, 3, 4, 5, 6, 7) and 0 MIG instances found",
+        ),
+    ] {
+        let (status, log) = run_to_exit(args);
+        assert!(!status.success(), "{args:?} started: {log}");
+        assert!(log.contains(want), "{args:?}: want {want:?} in {log}");
+    }
+    // A selection that matches something still starts.
+    let e = Exporter::start(&["-d", "g:1", "-c", "100"], Log::Keep);
+    assert!(e.scrape().1.contains("gpu=\"1\""));
+}
