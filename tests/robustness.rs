@@ -227,13 +227,17 @@ fn a_closed_stderr_neither_stops_sampling_nor_blocks_shutdown() {
     assert!(status.success(), "SIGTERM must end it cleanly: {status:?}");
 }
 
-/// Item 9: a SIGHUP as soon as the process writes its first log line (in the first
-/// milliseconds, before the reloader exists) must not end it.
+/// Item 9: a SIGHUP during startup, before the reloader exists, must not end the process.
 #[test]
 fn a_sighup_during_startup_does_not_kill_the_process() {
-    // An inert DCGM flag: its warning is the first log line, written before the pipeline is
-    // built.
-    let mut child = exporter_command(&["--remote-hostengine-info", "localhost:5555"])
+    // A CSV that repeats its row 3,000 times: startup logs one warning per repeat, far more
+    // than the pipe holds. This test reads only the first line, so the exporter is held in
+    // its startup (blocked on the full pipe, before it listens) when the SIGHUP arrives.
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("repeats.csv");
+    let row = "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n";
+    std::fs::write(&csv, row.repeat(3000)).unwrap();
+    let mut child = exporter_command(&["-f", csv.to_str().unwrap()])
         .spawn()
         .unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
@@ -247,7 +251,8 @@ fn a_sighup_during_startup_does_not_kill_the_process() {
     let _ = child.wait();
     assert!(
         listening.is_some(),
-        "killed by an early SIGHUP ({status:?}); log: {first}{lines:#?}"
+        "killed by a SIGHUP during startup ({status:?}); log: {first}{:#?}",
+        &lines[lines.len().saturating_sub(3)..]
     );
 }
 
@@ -474,4 +479,53 @@ fn a_device_selection_that_matches_nothing_stops_startup() {
     // A selection that matches something still starts.
     let e = Exporter::start(&["-d", "g:1", "-c", "100"], Log::Keep);
     assert!(e.scrape().1.contains("gpu=\"1\""));
+}
+
+/// Item 5: a link in the HPC job mapping directory is not followed (its target's lines never
+/// become labels), a FIFO is not opened, and files for GPUs that do not exist are not read.
+#[test]
+fn the_hpc_directory_publishes_only_regular_files_of_existing_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("tls.key");
+    std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkq\n").unwrap();
+    let hpc = dir.path().join("hpc");
+    std::fs::create_dir(&hpc).unwrap();
+    std::os::unix::fs::symlink(&key, hpc.join("0")).unwrap();
+    mkfifo(&hpc.join("1"));
+    std::fs::write(hpc.join("2"), "job-2\n").unwrap();
+    for ghost in 8..208 {
+        std::fs::write(hpc.join(ghost.to_string()), "ghost\n").unwrap();
+    }
+    let e = Exporter::start(
+        &["--hpc-job-mapping-dir", hpc.to_str().unwrap(), "-c", "100"],
+        Log::Keep,
+    );
+    let mut body = String::new();
+    e.wait_until("the first scan", || {
+        body = e.scrape().1;
+        body.contains("hpc_job=\"job-2\"")
+    });
+    assert!(
+        !body.contains("PRIVATE KEY") && !body.contains("MIIEvQ"),
+        "{body}"
+    );
+    assert!(!body.contains("ghost"));
+    for (series, want) in [
+        (
+            "gpu_exporter_hpc_job_file_errors_total{reason=\"symlink\"}",
+            1.0,
+        ),
+        (
+            "gpu_exporter_hpc_job_file_errors_total{reason=\"not_regular\"}",
+            1.0,
+        ),
+        (
+            "gpu_exporter_hpc_job_files_ignored{reason=\"no_such_gpu\"}",
+            200.0,
+        ),
+        ("gpu_exporter_hpc_job_files{state=\"ok\"}", 1.0),
+    ] {
+        assert_eq!(value(&body, series), Some(want), "{series}");
+    }
+    assert!(e.logged("/hpc/0: is a symbolic link; not followed"));
 }
