@@ -519,7 +519,7 @@ mod tests {
         // A FIFO: never opened for reading (it would block the watcher).
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &d.join("8"),
+            d.join("8"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o600),
             0,

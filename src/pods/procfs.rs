@@ -134,7 +134,7 @@ mod tests {
         // A FIFO: reading it would wait for a writer for ever, stopping the sampler.
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &cgroup(50),
+            cgroup(50),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o600),
             0,
