@@ -14,18 +14,20 @@ DCGM_EXPORTER_COLLECTORS=/etc/dcgm-exporter/dcp-metrics-included.csv, NODE_NAME)
                  /health answers 200 to a kubelet-style probe, /ready 503 naming the missing
                  libnvidia-ml.so.1, /metrics serves the self-metrics saying why and no GPU series;
                  the CSV the Operator names is the one loaded; pod-resources is reachable.
-  2. simulated:  args --backend=auto --sim-seed=1: NVML cannot load, so the simulated 8xH100 node
+  2. simulated:  args --backend=auto --sim-seed=1 -c 1000: NVML cannot load, so the simulated 8xH100 node
                  is served, with hostname=NODE_NAME and the fake kubelet's pods as labels.
   3. nvml:       runtimeClassName "nvidia" (a toolkit stand-in that bind-mounts the C NVML
                  stand-in at /usr/lib64/libnvidia-ml.so.1 and runs ldconfig in the container),
-                 args --backend nvml: the stand-in's two GPUs are served through the real loader
+                 args --backend nvml -c 1000: the stand-in's two GPUs are served through the real loader
                  path of the image, with pod labels.
 Every wait is bounded; everything is cleaned up (lab.py) even when a check fails.
 """
 
 import argparse
 import re
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -135,12 +137,11 @@ def pod_operator(lab: Lab, image: str, kubelet_dir: Path):
     st, body = probe(port, "/ready")
     check(st == 503 and "libnvidia-ml.so.1" in body,
           "GET /ready -> 503 naming the missing libnvidia-ml.so.1", f"{st} {body}")
-    # The pod-resources self-metrics are taken with each sample (every 30 s by default): the
-    # first sample may come before the first answer from the kubelet socket.
-    def pod_resources_up():
+    def sampled():
         s = scrape(port)
-        return s if [v for _, _, v in series(s, "gpu_exporter_pod_resources_up")] == ["1"] else None
-    samples = wait_for(pod_resources_up, PATIENCE, "gpu_exporter_pod_resources_up 1")
+        errs = series(s, "gpu_exporter_sample_errors_total", reason="discovery_error")
+        return s if errs and float(errs[0][2]) >= 1 else None
+    samples = wait_for(sampled, PATIENCE, "the first sample (a discovery error)")
     check(series(samples, "gpu_exporter_build_info", backend="nvml") != [],
           "gpu_exporter_build_info{backend=\"nvml\"}: the default backend, as the Operator passes none")
     check(all(v == "0" for _, _, v in series(samples, "gpu_exporter_gpus")),
@@ -148,8 +149,6 @@ def pod_operator(lab: Lab, image: str, kubelet_dir: Path):
     errs = series(samples, "gpu_exporter_sample_errors_total", reason="discovery_error")
     check(errs and float(errs[0][2]) >= 1, "gpu_exporter_sample_errors_total{reason=\"discovery_error\"} >= 1")
     check(not any(n.startswith("DCGM_FI_") for n, _, _ in samples), "no DCGM_FI_* series without a GPU")
-    up = series(samples, "gpu_exporter_pod_resources_up")
-    check(up and up[0][2] == "1", "gpu_exporter_pod_resources_up 1 (the mounted kubelet socket answers)")
     log = pod.log("nvidia-dcgm-exporter")
     check(re.search(r"listening.*metrics=24.*collectors=" + re.escape(DCP_CSV), log) is not None,
           f"the exporter loaded {DCP_CSV} (24 metrics)", log)
@@ -160,9 +159,10 @@ def pod_operator(lab: Lab, image: str, kubelet_dir: Path):
 
 
 def pod_simulated(lab: Lab, image: str, kubelet_dir: Path):
-    print("pod 2 (simulated): args --backend=auto --sim-seed=1", flush=True)
+    print("pod 2 (simulated): args --backend=auto --sim-seed=1 -c 1000", flush=True)
     port = free_port()
-    pod = start_exporter(lab, "exporter-sim", image, port, ["--backend=auto", "--sim-seed=1"], kubelet_dir)
+    # -c 1000: a sample every second (default 30 s), so the pod labels show within seconds.
+    pod = start_exporter(lab, "exporter-sim", image, port, ["--backend=auto", "--sim-seed=1", "-c", "1000"], kubelet_dir)
 
     def attributed():
         s = scrape(port)
@@ -175,6 +175,8 @@ def pod_simulated(lab: Lab, image: str, kubelet_dir: Path):
     check(len(train) == 2, "GPUs 0 and 1 carry pod=\"llm-train-0\", namespace=\"ml\", container=\"trainer\"")
     check(series(samples, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") != [], "the dcp CSV's profiling rows are served")
     check(series(samples, "gpu_exporter_build_info", backend="sim") != [], "gpu_exporter_build_info{backend=\"sim\"}")
+    up = series(samples, "gpu_exporter_pod_resources_up")
+    check(up and up[0][2] == "1", "gpu_exporter_pod_resources_up 1 (the mounted kubelet socket answers)")
     st, _ = probe(port, "/ready")
     check(st == 200, "GET /ready -> 200")
     log = pod.log("nvidia-dcgm-exporter")
@@ -208,10 +210,10 @@ def standin_node() -> str:
 
 
 def pod_nvml(lab: Lab, image: str, kubelet_dir: Path, node_dir: Path):
-    print("pod 3 (nvml): runtimeClassName nvidia injects the NVML stand-in; args --backend nvml", flush=True)
+    print("pod 3 (nvml): runtimeClassName nvidia injects the NVML stand-in; args --backend nvml -c 1000", flush=True)
     port = free_port()
     pod = start_exporter(
-        lab, "exporter-nvml", image, port, ["--backend", "nvml"], kubelet_dir,
+        lab, "exporter-nvml", image, port, ["--backend", "nvml", "-c", "1000"], kubelet_dir,
         env_extra={"NVML_STANDIN_CONFIG": "/etc/nvml-standin/node.conf"},
         mounts=[(str(node_dir), "/etc/nvml-standin", True)],
         runtime_handler="nvidia",
@@ -238,6 +240,19 @@ def pod_nvml(lab: Lab, image: str, kubelet_dir: Path, node_dir: Path):
     check(len(series(samples, "DCGM_FI_DEV_GPU_TEMP", pod="infer-0", namespace="serving", container="server")) == 1,
           "GPU 1 carries pod=\"infer-0\", namespace=\"serving\", container=\"server\"")
     check(series(samples, "gpu_exporter_build_info", backend="nvml") != [], "gpu_exporter_build_info{backend=\"nvml\"}")
+    # The library was found through the ld cache, not a default directory: the exporter mapped
+    # the injected file, the container's cache lists it, and the image's loader does not search
+    # /usr/lib64 by itself.
+    pid = pod.pid("nvidia-dcgm-exporter")
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    check("/usr/lib64/libnvidia-ml.so.1" in maps, f"the exporter (host PID {pid}) mapped /usr/lib64/libnvidia-ml.so.1")
+    cache = Path(f"/proc/{pid}/root/etc/ld.so.cache").read_bytes()
+    check(b"/usr/lib64/libnvidia-ml.so.1" in cache, "the container's /etc/ld.so.cache lists /usr/lib64/libnvidia-ml.so.1")
+    loader = next(Path(f"/proc/{pid}/root/lib/x86_64-linux-gnu").glob("ld-linux-*.so.*"))
+    search = subprocess.run([str(loader), "--help"], capture_output=True, text=True, timeout=10).stdout
+    default_dirs = [l.split()[0] for l in search.splitlines() if "(system search path)" in l]
+    check(default_dirs and not any(d.startswith("/usr/lib64") for d in default_dirs),
+          f"the image's loader searches {default_dirs} by default (no /usr/lib64): the cache is what found it")
     st, body = probe(port, "/ready")
     check(st == 200, "GET /ready -> 200", body)
     log = pod.log("nvidia-dcgm-exporter")
@@ -254,7 +269,10 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the lab's directory (logs) afterwards")
     a = ap.parse_args()
     start = time.monotonic()
-    with Lab(keep=a.keep) as lab:
+    # A timeout's SIGTERM unwinds through the cleanup below like any failure.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("image_test.py: terminated"))
+    lab = Lab(keep=a.keep)
+    try:
         try:
             wrapper = lab.dir / "nvidia-container-runtime"
             wrapper.write_text(
@@ -287,6 +305,10 @@ def main():
             print("--- containerd log (tail) ---\n" + lab.containerd_log(), file=sys.stderr)
             print("--- toolkit stand-in log ---\n" + lab.read_log("toolkit.log"), file=sys.stderr)
             raise
+    finally:
+        problems = lab.cleanup()
+    # The pods were removed through CRI and containerd stopped: nothing should have needed force.
+    check(not problems, "clean shutdown: pods removed through CRI, nothing killed or left mounted", "\n".join(problems))
     print(f"image test passed: {len(checks)} checks in {time.monotonic() - start:.1f}s", flush=True)
 
 

@@ -156,6 +156,11 @@ class Cri:
     def container_status(self, cid: str):
         return self.rt.ContainerStatus(self.pb.ContainerStatusRequest(container_id=cid), timeout=self.timeout).status
 
+    def container_pid(self, cid: str) -> int:
+        """The container's init PID on the host (containerd's verbose status info)."""
+        resp = self.rt.ContainerStatus(self.pb.ContainerStatusRequest(container_id=cid, verbose=True), timeout=self.timeout)
+        return int(json.loads(resp.info["info"])["pid"])
+
 
 class Pod:
     """A pod sandbox created through CRI, the way the kubelet creates it."""
@@ -220,6 +225,10 @@ class Pod:
             return ""
         return "\n".join(line.split(" ", 3)[3] if line.count(" ") >= 3 else line for line in raw.splitlines())
 
+    def pid(self, container: str) -> int:
+        """The container's main process, as a host PID."""
+        return self.lab.cri.container_pid(self.containers[container])
+
     def state(self, container: str) -> str:
         st = self.lab.cri.container_status(self.containers[container])
         return self.lab.cri.pb.ContainerState.Name(st.state)
@@ -237,20 +246,30 @@ class Pod:
 class Lab:
     """A temp dir holding a private containerd (config, root, state, socket, logs)."""
 
-    def __init__(self, keep: bool = False, log: Callable[[str], None] = print):
+    def __init__(self, keep: bool = False, log: Callable[[str], None] = print, base: str | None = None):
+        """`base` (default $GPU_EXPORTER_LAB_BASE, else the temp dir) is where the lab's own
+        directory is made; `python3 lab.py teardown DIR` undoes a lab whose process died."""
         self.keep = keep
         self.log = log
-        self.dir = Path(tempfile.mkdtemp(prefix="gpu-exporter-lab-"))
+        base = base or os.environ.get("GPU_EXPORTER_LAB_BASE") or None
+        self.dir = Path(tempfile.mkdtemp(prefix="gpu-exporter-lab-", dir=base))
         self.socket = self.dir / "containerd.sock"
         self.proc: subprocess.Popen | None = None
         self.cri: Cri | None = None
         self.pods: list[Pod] = []
-        self.pod_uids: list[str] = []
         self.children: list[subprocess.Popen] = []
         self.runtimes: dict[str, str] = {}
-        self._run_containerd_existed = Path("/run/containerd").exists()
-        self._run_containerd_s_existed = Path("/run/containerd/s").exists()
-        self._kubepods_existed = {d: (d / "kubepods").exists() for d in _cgroup_roots()}
+        # What teardown needs, on disk so that another process can undo a lab that died.
+        self.state = {
+            "pod_uids": [],
+            "run_containerd_existed": Path("/run/containerd").exists(),
+            "run_containerd_s_existed": Path("/run/containerd/s").exists(),
+            "kubepods_existed": [str(d) for d in _cgroup_roots() if (d / "kubepods").exists()],
+        }
+        self._save_state()
+
+    def _save_state(self):
+        (self.dir / STATE_FILE).write_text(json.dumps(self.state))
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -393,7 +412,8 @@ class Lab:
         (a host-network sandbox cannot set one)."""
         pb = self.cri.pb
         uid = str(uuid.uuid4())
-        self.pod_uids.append(uid)
+        self.state["pod_uids"].append(uid)
+        self._save_state()
         log_dir = self.dir / "pod-logs" / f"{namespace}_{name}_{uid}"
         log_dir.mkdir(parents=True)
         ns = pb.NamespaceOption(network=pb.NODE if host_network else pb.POD, pid=pb.CONTAINER, ipc=pb.POD)
@@ -435,8 +455,10 @@ class Lab:
 
     # ---- cleanup -------------------------------------------------------------------------------
 
-    def cleanup(self):
-        """Undoes everything, whatever state the lab is in; reports what it could not undo."""
+    def cleanup(self) -> list[str]:
+        """Undoes everything, whatever state the lab is in: removes the pods through CRI, stops
+        the helper processes and containerd, then `teardown`. Returns (and logs) what had to be
+        forced or could not be undone; empty when the lab shut down cleanly."""
         problems = []
         for pod in list(self.pods):
             try:
@@ -449,38 +471,66 @@ class Lab:
             _stop(p)
         if self.proc is not None:
             _stop(self.proc, grace=10)
-        # Shims outlive containerd when pods could not be removed: stop those started for this
-        # lab (their command line names its socket), by PID.
-        for pid in _pids_mentioning(str(self.socket)):
+        problems += teardown(self.dir, self.state, keep=self.keep)
+        if self.keep:
+            self.log(f"lab kept at {self.dir}")
+        for p in problems:
+            self.log(f"cleanup: {p}")
+        return problems
+
+
+STATE_FILE = "lab-state.json"
+
+
+def teardown(lab_dir: Path, state: dict, keep: bool = False) -> list[str]:
+    """Forces what a graceful shutdown left: kills (by PID) the processes in the lab's pod cgroups
+    and any process whose command line names the lab's directory (containerd, shims, helpers),
+    unmounts what is mounted under it, removes the pods' cgroup directories (the kubelet's job),
+    the kubepods directories and /run/containerd/s if the lab created them, and the directory."""
+    problems = []
+    roots = _cgroup_roots()
+    pod_dirs = [r / "kubepods" / "besteffort" / f"pod{uid}" for r in roots for uid in state.get("pod_uids", [])]
+    for _ in range(3):
+        pids = set(_pids_mentioning(str(lab_dir)))
+        for d in pod_dirs:
+            for procs in d.rglob("cgroup.procs") if d.is_dir() else []:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(x) for x in procs.read_text().split())
+        pids.discard(os.getpid())
+        if not pids:
+            break
+        for pid in sorted(pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 problems.append(f"killed leftover process {pid}")
-        for target in _mounts_under(self.dir):
-            r = subprocess.run(["umount", "-l", target], capture_output=True, text=True)
-            if r.returncode != 0:
-                problems.append(f"umount {target}: {r.stderr.strip()}")
-        for root in _cgroup_roots():
-            for uid in self.pod_uids:
-                _rmdir_tree(root / "kubepods" / "besteffort" / f"pod{uid}")
-            if not self._kubepods_existed.get(root, False):
-                for d in (root / "kubepods" / "besteffort", root / "kubepods"):
-                    with contextlib.suppress(OSError):
-                        d.rmdir()
-        # containerd 1.6 creates /run/containerd/s for shim sockets even with its own state dir.
-        if not self._run_containerd_s_existed:
-            with contextlib.suppress(OSError):
-                Path("/run/containerd/s").rmdir()
-        if not self._run_containerd_existed:
-            with contextlib.suppress(OSError):
-                Path("/run/containerd").rmdir()
-        if self.keep:
-            self.log(f"lab kept at {self.dir}")
-        else:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            if self.dir.exists():
-                problems.append(f"could not remove {self.dir}")
-        for p in problems:
-            self.log(f"cleanup: {p}")
+        with contextlib.suppress(LabError):
+            wait_for(lambda: all(_gone(pid) for pid in pids), 10, "killed processes to exit")
+    for target in _mounts_under(lab_dir):
+        r = subprocess.run(["umount", "-l", target], capture_output=True, text=True)
+        if r.returncode != 0:
+            problems.append(f"umount {target}: {r.stderr.strip()}")
+    for d in pod_dirs:
+        _rmdir_tree(d)
+        if d.exists():
+            problems.append(f"could not remove cgroup {d}")
+    existed = set(state.get("kubepods_existed", []))
+    for r in roots:
+        if str(r) not in existed:
+            for d in (r / "kubepods" / "besteffort", r / "kubepods"):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+    # containerd 1.6 creates /run/containerd/s for shim sockets even with its own state dir.
+    if not state.get("run_containerd_s_existed", True):
+        with contextlib.suppress(OSError):
+            Path("/run/containerd/s").rmdir()
+    if not state.get("run_containerd_existed", True):
+        with contextlib.suppress(OSError):
+            Path("/run/containerd").rmdir()
+    if not keep:
+        shutil.rmtree(lab_dir, ignore_errors=True)
+        if lab_dir.exists():
+            problems.append(f"could not remove {lab_dir}")
+    return problems
 
 
 def _stop(p: subprocess.Popen, grace: float = 5):
@@ -494,6 +544,15 @@ def _stop(p: subprocess.Popen, grace: float = 5):
         with contextlib.suppress(ProcessLookupError):
             p.kill()
         p.wait(timeout=grace)
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (no longer listed, or a zombie waiting for its parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _pids_mentioning(needle: str) -> list[int]:
@@ -542,3 +601,17 @@ def _rmdir_tree(d: Path):
             child.rmdir()
     with contextlib.suppress(OSError):
         d.rmdir()
+
+
+if __name__ == "__main__":
+    # python3 lab.py teardown DIR...: undo labs whose process died (scripts' exit traps).
+    if len(sys.argv) >= 2 and sys.argv[1] == "teardown":
+        for d in sys.argv[2:]:
+            d = Path(d)
+            state_path = d / STATE_FILE
+            if not state_path.exists():
+                continue
+            for p in teardown(d, json.loads(state_path.read_text())):
+                print(f"teardown {d}: {p}")
+    else:
+        sys.exit("usage: lab.py teardown DIR...")
