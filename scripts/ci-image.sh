@@ -50,7 +50,8 @@ cgroups_before="$(find /sys/fs/cgroup -maxdepth 4 -path '*kubepods*' -type d 2>/
 cleanup() {
   rc=$?
   # Whatever the test process could not undo (it was killed, or failed mid-way).
-  python3 tests/containerd/lab.py teardown "$work"/gpu-exporter-lab-* || true
+  # The test process is found by its arguments (paths under $work), killed if still there.
+  python3 tests/containerd/lab.py teardown --kill-mentioning "$work/image.tar" "$work"/gpu-exporter-lab-* || true
   rm -rf "$work"
   exit "$rc"
 }

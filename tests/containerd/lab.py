@@ -90,30 +90,28 @@ def run(cmd: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProce
     return p
 
 
-def _cri_modules():
-    """Compiles tests/containerd/cri_v1.proto with grpcio-tools into a cache directory (once per
-    proto content) and imports the generated modules."""
-    import hashlib
+_CRI_MODULES = None
 
-    proto = HERE / "cri_v1.proto"
-    digest = hashlib.sha256(proto.read_bytes()).hexdigest()[:16]
-    out = Path(tempfile.gettempdir()) / f"gpu-exporter-cri-{digest}"
-    if not (out / "cri_v1_pb2_grpc.py").exists():
+
+def _cri_modules():
+    """Compiles tests/containerd/cri_v1.proto with grpcio-tools into a temporary directory
+    (removed when the process exits) and imports the generated modules; once per process."""
+    global _CRI_MODULES
+    if _CRI_MODULES is None:
+        import atexit
         from grpc_tools import protoc  # type: ignore
 
-        tmp = Path(tempfile.mkdtemp(prefix="gpu-exporter-cri-"))
-        rc = protoc.main([
-            "protoc", f"-I{HERE}", f"--python_out={tmp}", f"--grpc_python_out={tmp}", str(proto),
-        ])
+        # Under the labs' base directory when a script gives one, so its exit trap removes it
+        # even when this process is killed before atexit runs.
+        out = Path(tempfile.mkdtemp(prefix="gpu-exporter-cri-", dir=os.environ.get("GPU_EXPORTER_LAB_BASE") or None))
+        atexit.register(shutil.rmtree, out, True)
+        proto = HERE / "cri_v1.proto"
+        rc = protoc.main(["protoc", f"-I{HERE}", f"--python_out={out}", f"--grpc_python_out={out}", str(proto)])
         if rc != 0:
             raise LabError(f"protoc failed on {proto} ({rc})")
-        try:
-            tmp.rename(out)
-        except OSError:  # another process got there first
-            shutil.rmtree(tmp, ignore_errors=True)
-    if str(out) not in sys.path:
         sys.path.insert(0, str(out))
-    return importlib.import_module("cri_v1_pb2"), importlib.import_module("cri_v1_pb2_grpc")
+        _CRI_MODULES = (importlib.import_module("cri_v1_pb2"), importlib.import_module("cri_v1_pb2_grpc"))
+    return _CRI_MODULES
 
 
 class Cri:
@@ -519,10 +517,17 @@ def teardown(lab_dir: Path, state: dict, keep: bool = False) -> list[str]:
             for d in (r / "kubepods" / "besteffort", r / "kubepods"):
                 with contextlib.suppress(OSError):
                     d.rmdir()
-    # containerd 1.6 creates /run/containerd/s for shim sockets even with its own state dir.
+    # containerd 1.6 creates /run/containerd/s for shim sockets even with its own state dir. A
+    # killed shim leaves its socket there: when the lab created the directory, sockets nobody
+    # listens on any more are the lab's shims'.
     if not state.get("run_containerd_s_existed", True):
+        shim_dir = Path("/run/containerd/s")
+        for sock in shim_dir.glob("*") if shim_dir.is_dir() else []:
+            if sock.is_socket() and not _listening(sock):
+                with contextlib.suppress(OSError):
+                    sock.unlink()
         with contextlib.suppress(OSError):
-            Path("/run/containerd/s").rmdir()
+            shim_dir.rmdir()
     if not state.get("run_containerd_existed", True):
         with contextlib.suppress(OSError):
             Path("/run/containerd").rmdir()
@@ -544,6 +549,18 @@ def _stop(p: subprocess.Popen, grace: float = 5):
         with contextlib.suppress(ProcessLookupError):
             p.kill()
         p.wait(timeout=grace)
+
+
+def _listening(path: Path) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1)
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
 
 
 def _gone(pid: int) -> bool:
@@ -604,9 +621,21 @@ def _rmdir_tree(d: Path):
 
 
 if __name__ == "__main__":
-    # python3 lab.py teardown DIR...: undo labs whose process died (scripts' exit traps).
+    # python3 lab.py teardown [--kill-mentioning TEXT] DIR...: undo labs whose process died or
+    # hangs (scripts' exit traps); first kill, by PID, the processes whose command line contains
+    # TEXT (the test process that owns the labs).
     if len(sys.argv) >= 2 and sys.argv[1] == "teardown":
-        for d in sys.argv[2:]:
+        dirs = sys.argv[2:]
+        if dirs[:1] == ["--kill-mentioning"] and len(dirs) >= 2:
+            owners = set(_pids_mentioning(dirs[1])) - {os.getpid()}
+            for pid in owners:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    print(f"teardown: killed {pid}, which was still running")
+            with contextlib.suppress(LabError):
+                wait_for(lambda: all(_gone(pid) for pid in owners), 10, "killed processes to exit")
+            dirs = dirs[2:]
+        for d in dirs:
             d = Path(d)
             state_path = d / STATE_FILE
             if not state_path.exists():
