@@ -110,6 +110,27 @@ for f in ["usr/bin/gpu-exporter", "etc/dcgm-exporter/default-counters.csv",
           "etc/ld.so.conf.d/x86_64-linux-gnu.conf", "etc/passwd", "etc/group", "tmp",
           "lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"]:
     check(f in names, f"/{f}")
+
+# The Dockerfile (not buildable here: no Docker, no registry) fills its image with the same
+# scripts/image-rootfs.sh; its config must say what this image's says.
+text = Path("Dockerfile").read_text().replace("\\\n", " ")
+instr = {}
+for line in text.splitlines():
+    line = line.strip()
+    if line and not line.startswith("#"):
+        word, _, rest = line.partition(" ")
+        instr.setdefault(word.upper(), []).append(rest.strip())
+check("scripts/image-rootfs.sh" in " ".join(instr.get("RUN", [])) and instr["FROM"][-1] == "scratch",
+      "Dockerfile: a scratch image filled by scripts/image-rootfs.sh")
+check(json.loads(instr["ENTRYPOINT"][-1]) == config["Entrypoint"] and "CMD" not in instr,
+      "Dockerfile: the same ENTRYPOINT, no CMD")
+denv = {}
+for rest in instr.get("ENV", []):
+    for kv in rest.split():
+        k, _, v = kv.partition("=")
+        denv[k] = v.strip('"')
+check(denv == env, f"Dockerfile: the same ENV ({sorted(denv)})")
+check(instr["USER"][-1] == config["User"], f"Dockerfile: the same USER ({instr['USER'][-1]})")
 EOF
 
 step "the image under containerd + runc (tests/containerd/image_test.py)"
