@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::pods::EntityKey;
+use crate::pods::{Answered, EntityKey};
 use crate::self_metrics::SelfMetrics;
 
 /// Largest mapping file read, bytes.
@@ -249,6 +249,7 @@ pub struct HpcWatcher {
     metrics: Arc<SelfMetrics>,
     /// The problems of the last scan (each is logged and counted when it first appears).
     problems: Vec<HpcError>,
+    answered: watch::Sender<Answered>,
 }
 
 impl HpcWatcher {
@@ -259,7 +260,13 @@ impl HpcWatcher {
             dir,
             metrics,
             problems: Vec::new(),
+            answered: watch::Sender::new(Answered::default()),
         }
+    }
+
+    /// Follows the scans taken in (for the sampler's first sample, which waits for the first).
+    pub fn answered(&self) -> watch::Receiver<Answered> {
+        self.answered.subscribe()
     }
 
     /// The watched directory.
@@ -293,14 +300,17 @@ impl HpcWatcher {
             .filter(|e| !matches!(e, HpcError::DirUnreadable { .. }))
             .count();
         self.metrics.hpc_jobs.record_scan(scanned.files, bad);
-        tx.send_if_modified(|cur| {
+        let changed = tx.send_if_modified(|cur| {
             if **cur == scanned {
                 false
             } else {
                 *cur = Arc::new(scanned);
                 true
             }
-        })
+        });
+        // A scan is an answer, whatever it found (a missing directory means no jobs).
+        self.answered.send_modify(|a| a.answers += 1);
+        changed
     }
 
     /// Scans every `every` until `shutdown`, publishing on `tx`.

@@ -325,6 +325,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             Arc::clone(&metrics),
             refresher_opts,
         );
+        sampler = sampler.with_first_answer("kubelet", refresher.answered(), timeout);
         tokio::spawn(refresher.run(shutdown.clone()));
         if config.cri {
             let endpoint = &config.args.container_runtime_endpoint;
@@ -352,7 +353,13 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
                 pod_labels = config.args.kubernetes_enable_pod_labels,
                 "pod metadata from the container runtime (CRI)"
             );
-            sampler = sampler.with_directory(dir_rx, cri.waker());
+            sampler = sampler
+                .with_directory(dir_rx, cri.waker())
+                .with_first_answer(
+                    "cri",
+                    cri.answered(),
+                    Duration::from_millis(config.args.cri_timeout),
+                );
             tokio::spawn(cri.run(shutdown.clone()));
         }
         if config.process_usage {
@@ -381,6 +388,8 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             "HPC job labels from --hpc-job-mapping-dir"
         );
         let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics));
+        // Reading a local directory has no call timeout: one poll period bounds the wait.
+        sampler = sampler.with_first_answer("hpc", watcher.answered(), every);
         tokio::spawn(watcher.run(hpc_tx, every, shutdown.clone()));
     }
     let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
