@@ -310,6 +310,16 @@ impl Variant {
     }
 }
 
+/// The fields whose per-pod copies carry each holder's own use with
+/// `--kubernetes-virtual-gpus` (dcgm-exporter's `isPerProcessMetric`: GPU utilisation and
+/// framebuffer used, here in either naming generation's unit).
+fn is_per_process(field: Field) -> bool {
+    matches!(
+        field,
+        Field::GpuUtil | Field::GpuUtilRatio | Field::FbUsed | Field::FbUsedBytes
+    )
+}
+
 /// Renders a pod's labels (`,name="value"` each, after the other labels), leaving out names
 /// in `reserved`.
 fn render_pod_labels(meta: Option<&PodMeta>, reserved: &HashSet<String>) -> String {
@@ -336,6 +346,10 @@ struct Entity<'a> {
     prefix: String,
     /// Attribute sets, one per exported copy of each series.
     variants: Vec<Variant>,
+    /// With `--kubernetes-virtual-gpus` on an entity shared through the device plugin: the
+    /// device-level copies (no pod attributes; one per HPC job) that dcgm-exporter keeps next
+    /// to the per-pod copies of the per-process fields. Empty otherwise.
+    device_variants: Vec<Variant>,
     /// Who holds the entity.
     holders: &'a [Holder],
     /// Who runs processes on it, when known.
@@ -601,19 +615,25 @@ fn entity<'a>(
     let usage = ctx.workload.usage.get(&key);
     let mut prefix = identity_labels(outcome, instance, ctx.opts);
     push_label_fields(&mut prefix, ctx.catalog, outcome, |_| true);
-    let variants = ctx.variants(
-        &prefix,
-        holders,
-        instance,
-        ctx.attribution.jobs_of(key),
-        usage,
-    );
+    let jobs = ctx.attribution.jobs_of(key);
+    let variants = ctx.variants(&prefix, holders, instance, jobs, usage);
+    // dcgm-exporter 4.8.2+ (#594): "original device-level metric" kept next to the per-pod
+    // copies of GPU_UTIL and FB_USED when pods share the device (DRA holders take another path).
+    let shared = ctx.opts.virtual_gpus
+        && !holders.is_empty()
+        && holders.iter().all(|h| h.dra.is_none());
+    let device_variants = if shared {
+        ctx.variants(&prefix, &[], instance, jobs, None)
+    } else {
+        Vec::new()
+    };
     Entity {
         outcome,
         instance,
         link: None,
         prefix,
         variants,
+        device_variants,
         holders,
         usage,
     }
@@ -656,6 +676,7 @@ fn link_entity<'a>(ctx: &Ctx<'a>, outcome: &'a DeviceOutcome, link: &'a LinkSamp
         link: Some(link),
         prefix,
         variants,
+        device_variants: Vec::new(),
         // Shared GPUs are joined through the GPU's own pod-info series.
         holders: &[],
         usage: None,
@@ -796,6 +817,14 @@ fn entity_series(
         }
         field => match e.reading(field) {
             Some(Ok(v @ (Value::Int(_) | Value::Float(_)))) => {
+                if is_per_process(field) {
+                    for d in &e.device_variants {
+                        fam.series.push(Series {
+                            labels: Arc::clone(&d.full),
+                            value: v.clone(),
+                        });
+                    }
+                }
                 for variant in &e.variants {
                     fam.series.push(Series {
                         labels: Arc::clone(&variant.full),
@@ -1782,19 +1811,28 @@ mod tests {
             .iter()
             .map(|l| value(l))
             .collect();
-        // a (capped at 100), a's second replica 0, b, the idle holder 0.
-        assert_eq!(util, ["100", "0", "12", "0"]);
+        // As dcgm-exporter 4.8.2+: the device-level series first (no pod labels, the device's
+        // value), then a (capped at 100), a's second replica 0, b, the idle holder 0.
+        assert_eq!(util, ["99", "100", "0", "12", "0"]);
+        let device_level = &lines(&s, "DCGM_FI_DEV_GPU_UTIL")[0];
+        assert!(
+            !device_level.contains("pod=") && !device_level.contains("vgpu="),
+            "{device_level}"
+        );
         let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED")
             .iter()
             .map(|l| value(l))
             .collect();
-        assert_eq!(fb, ["100", "0", "50", "0"]);
-        // Other fields stay copies.
+        assert_eq!(fb, ["160", "100", "0", "50", "0"]);
+        // Other fields stay copies, without a device-level series.
         let temp: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_TEMP")
             .iter()
             .map(|l| value(l))
             .collect();
         assert_eq!(temp, ["50", "50", "50", "50"]);
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")
+            .iter()
+            .all(|l| l.contains("pod=")));
 
         // An incomplete entity (a process not attributed) keeps the device's value everywhere.
         w.usage.get_mut(&gpu0()).unwrap().complete = false;
@@ -1803,14 +1841,14 @@ mod tests {
             .iter()
             .map(|l| value(l))
             .collect();
-        assert_eq!(util, ["99", "99", "99", "99"]);
+        assert_eq!(util, ["99", "99", "99", "99", "99"]);
         // No usage at all (per-process attribution off or failed): copies too.
         let s = build_with(&cat(), std::slice::from_ref(&out), &att, &workload(&[]), &o);
         let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED")
             .iter()
             .map(|l| value(l))
             .collect();
-        assert_eq!(fb, ["160", "160", "160", "160"]);
+        assert_eq!(fb, ["160", "160", "160", "160", "160"]);
     }
 
     fn with_util(mut o: DeviceOutcome, util: i64) -> DeviceOutcome {
@@ -1956,9 +1994,12 @@ mod tests {
         let out = with_util(outcome(device(0, "H100", &[]), 50, 160), 99);
         let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
         let util = lines(&s, "DCGM_FI_DEV_GPU_UTIL");
+        // The device-level series (dcgm-exporter 4.8.2+) are multiplied by the jobs too.
         assert_eq!(
             util,
             [
+                r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",hpc_job="j1"} 99"#,
+                r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",hpc_job="j2"} 99"#,
                 r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",hpc_job="j1",namespace="ns",pod="a",pod_uid="uid-a",vgpu="0"} 30"#,
                 r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",hpc_job="j2",namespace="ns",pod="a",pod_uid="uid-a",vgpu="0"} 30"#,
             ]
@@ -2007,12 +2048,19 @@ mod tests {
             .iter()
             .map(value)
             .collect();
-        assert_eq!(util, ["0.3", "0"]);
+        assert_eq!(util, ["0.99", "0.3", "0"]);
         let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED_BYTES")
             .iter()
             .map(value)
             .collect();
-        assert_eq!(fb, [(100 * 1_048_576 + 7).to_string(), "0".to_owned()]);
+        assert_eq!(
+            fb,
+            [
+                (160 << 20).to_string(),
+                (100 * 1_048_576 + 7).to_string(),
+                "0".to_owned()
+            ]
+        );
     }
 
     #[test]
