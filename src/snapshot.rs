@@ -619,9 +619,8 @@ fn entity<'a>(
     let variants = ctx.variants(&prefix, holders, instance, jobs, usage);
     // dcgm-exporter 4.8.2+ (#594): "original device-level metric" kept next to the per-pod
     // copies of GPU_UTIL and FB_USED when pods share the device (DRA holders take another path).
-    let shared = ctx.opts.virtual_gpus
-        && !holders.is_empty()
-        && holders.iter().all(|h| h.dra.is_none());
+    let shared =
+        ctx.opts.virtual_gpus && !holders.is_empty() && holders.iter().all(|h| h.dra.is_none());
     let device_variants = if shared {
         ctx.variants(&prefix, &[], instance, jobs, None)
     } else {
@@ -808,6 +807,10 @@ fn entity_series(
                 return;
             }
             let window = ("window_size_in_ms", opts.clock_window_ms.to_string());
+            // As dcgm-exporter's expcollector: an entity without events gets one series, 0.
+            if recent.clock_event_counts.is_empty() {
+                push(std::slice::from_ref(&window), Value::Int(0));
+            }
             for &(reason, n) in &recent.clock_event_counts {
                 push(
                     &[("clock_event", reason.to_owned()), window.clone()],

@@ -103,6 +103,27 @@ async fn eight_h100() {
         Attribution::default(),
     )
     .await;
+    // As dcgm-exporter's expcollector: every monitored GPU has a clock-events series, 0 with
+    // only the window label where it had no event.
+    let clock = common::series(&body, "DCGM_EXP_CLOCK_EVENTS_COUNT");
+    for gpu in 0..8 {
+        let g = format!("gpu=\"{gpu}\",");
+        assert!(
+            clock.iter().any(|l| l.contains(&g)),
+            "GPU {gpu}: {clock:#?}"
+        );
+    }
+    let quiet: Vec<&&str> = clock
+        .iter()
+        .filter(|l| !l.contains("clock_event="))
+        .collect();
+    assert!(!quiet.is_empty());
+    assert!(
+        quiet
+            .iter()
+            .all(|l| l.ends_with(",window_size_in_ms=\"300000\"} 0")),
+        "{quiet:#?}"
+    );
     check("8xH100-SXM", &body);
 }
 
@@ -218,10 +239,24 @@ async fn processes_on_shared_and_mig_gpus() {
 
 #[tokio::test(start_paused = true)]
 async fn processes_on_shared_and_mig_gpus_virtual() {
-    check(
-        "4xA100-80GB-MIG-processes-virtual",
-        &render_processes(true).await,
-    );
+    let body = render_processes(true).await;
+    // As dcgm-exporter 4.8.2+ (#594): the device-level GPU_UTIL and FB_USED series stay next to
+    // the per-pod copies of the shared GPU 3; other fields have only the copies.
+    for metric in [
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_GPU_TEMP",
+    ] {
+        let gpu3: Vec<&str> = common::series(&body, metric)
+            .into_iter()
+            .filter(|l| l.contains("gpu=\"3\","))
+            .collect();
+        let device_level = gpu3.iter().filter(|l| !l.contains("pod=")).count();
+        let per_pod = gpu3.iter().filter(|l| l.contains("vgpu=")).count();
+        let want = usize::from(metric != "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!((device_level, per_pod), (want, 3), "{metric}: {gpu3:#?}");
+    }
+    check("4xA100-80GB-MIG-processes-virtual", &body);
 }
 
 #[tokio::test(start_paused = true)]

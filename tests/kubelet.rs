@@ -442,7 +442,11 @@ async fn time_slicing_with_four_replicas_keeps_device_series_and_lists_every_hol
     let body = v.body().await;
     let util = lines_for(&body, UTIL, 3, None);
     assert_eq!(util.len(), 5, "{body}");
-    assert!(!util[0].contains("pod=") && !util[0].contains("vgpu="), "{}", util[0]);
+    assert!(
+        !util[0].contains("pod=") && !util[0].contains("vgpu="),
+        "{}",
+        util[0]
+    );
     let temps = lines_for(&body, "DCGM_FI_DEV_GPU_TEMP", 3, None);
     assert_eq!(temps.len(), 4, "{body}");
     assert!(temps.iter().all(|l| l.contains("pod=")), "{temps:#?}");
