@@ -152,6 +152,37 @@ async fn incidents_lost_gpu_dbe_overheat_xid() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn xid_texts_are_dcgm_exporters() {
+    let body = render_case(
+        "8xH100-SXM",
+        Some("xids.toml"),
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    // err_msg is a label value: the exact text of dcgm-exporter's table.
+    let xid = common::series(&body, "DCGM_FI_DEV_XID_ERRORS");
+    for (gpu, code, text) in [
+        (0, 109, "Context Switch Timeout Error"),
+        (1, 140, "Unrecovered ECC Error"),
+        (
+            2,
+            45,
+            "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+        ),
+        (3, 154, "GPU Recovery Action Changed"),
+        (4, 173, "Unknown Error"),
+        (5, 0, "No Error"),
+    ] {
+        let g = format!("gpu=\"{gpu}\",");
+        let line = xid.iter().find(|l| l.contains(&g)).expect("XID series");
+        let want = format!(",err_code=\"{code}\",err_msg=\"{text}\"}} {code}");
+        assert!(line.ends_with(&want), "{line}");
+    }
+    check("8xH100-SXM-xids", &body);
+}
+
+#[tokio::test(start_paused = true)]
 async fn pods_whole_shared_and_mig() {
     let mut holders = BTreeMap::new();
     // GPU 3 (MIG disabled) held by one pod; GPU 0's 3g.40gb instance by one pod; its 1g.10gb
