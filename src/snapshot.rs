@@ -221,7 +221,7 @@ const DRA_LABELS: [&str; 7] = [
 /// Label names a pod label may not take: the identity labels (GPU and NVLink entities, both
 /// generations of names), every per-series attribute, and the attributes of pod, DRA and HPC
 /// attribution. A pod label with one of these names (or a label-type CSV field's, or the hostname
-/// label's) is left out, as dcgm-exporter never lets pod labels override its own.
+/// label's) is renamed ([`pod_label_names`]), as dcgm-exporter 4.8.3 does.
 const RESERVED_LABELS: &[&str] = &[
     "gpu",
     "UUID",
@@ -320,14 +320,72 @@ fn is_per_process(field: Field) -> bool {
     )
 }
 
-/// Renders a pod's labels (`,name="value"` each, after the other labels), leaving out names
-/// in `reserved`.
+/// The label names in use with these options, which a pod label may not take
+/// ([`pod_label_names`] renames it): [`RESERVED_LABELS`] and the DRA labels, less the names of
+/// the naming generation (`-o`) and hostname label not in use, plus the hostname label and the
+/// catalog's label-type fields.
+pub fn reserved_labels(catalog: &Catalog, opts: &BuildOptions) -> HashSet<String> {
+    let unused: &[&str] = if opts.old_namespace {
+        &["UUID", "pod", "namespace", "container"]
+    } else {
+        &["uuid", "pod_name", "pod_namespace", "container_name"]
+    };
+    let mut reserved: HashSet<String> = RESERVED_LABELS
+        .iter()
+        .chain(&DRA_LABELS)
+        .filter(|l| !unused.contains(l))
+        // NVLink series always say `hostname`; `Hostname` only when it is the hostname label.
+        .filter(|l| **l != "Hostname")
+        .map(|s| (*s).to_owned())
+        .collect();
+    reserved.insert(opts.hostname_label.clone());
+    reserved.extend(catalog.labels.iter().map(|l| l.name.clone()));
+    reserved
+}
+
+/// The prefix of a pod label renamed because its name is in use (dcgm-exporter 4.8.3's
+/// `podLabelPrefix`).
+pub const POD_LABEL_PREFIX: &str = "pod_label_";
+
+/// A pod's labels, named as dcgm-exporter 4.8.3 names them (`copyPodLabels` and
+/// `availablePodLabelName`, upstream commit 181290c, #711): labels whose name is free keep it;
+/// then each label whose name is in `reserved`, in name order, becomes `pod_label_<name>`, or
+/// `pod_label_<name>_conflict<N>` with the smallest N from 1 that is free (not reserved and not
+/// taken by another pod label). Sorted by name.
+pub fn pod_label_names<'a>(
+    labels: &'a [(String, String)],
+    reserved: &HashSet<String>,
+) -> Vec<(String, &'a str)> {
+    let (colliding, free): (Vec<_>, Vec<_>) = labels
+        .iter()
+        .partition(|(k, _)| reserved.contains(k.as_str()));
+    let mut out: Vec<(String, &str)> = free.iter().map(|(k, v)| (k.clone(), v.as_str())).collect();
+    let mut sorted = colliding;
+    sorted.sort();
+    for (k, v) in sorted {
+        let base = format!("{POD_LABEL_PREFIX}{k}");
+        let in_use = |name: &str, out: &[(String, &str)]| {
+            reserved.contains(name) || out.iter().any(|(n, _)| n == name)
+        };
+        let mut name = base.clone();
+        let mut n = 1u32;
+        while in_use(&name, &out) {
+            name = format!("{base}_conflict{n}");
+            n += 1;
+        }
+        out.push((name, v.as_str()));
+    }
+    out.sort();
+    out
+}
+
+/// Renders a pod's labels (`,name="value"` each, after the other labels), those whose name the
+/// exporter uses (`reserved`) renamed as [`pod_label_names`] says.
 fn render_pod_labels(meta: Option<&PodMeta>, reserved: &HashSet<String>) -> String {
     let mut out = String::new();
-    for (k, v) in meta.map_or(&[][..], |m| m.labels.as_slice()) {
-        if !reserved.contains(k.as_str()) {
-            push_label(&mut out, k, v);
-        }
+    let labels = meta.map_or(&[][..], |m| m.labels.as_slice());
+    for (k, v) in pod_label_names(labels, reserved) {
+        push_label(&mut out, &k, v);
     }
     // push_label separates pairs with commas; the suffix follows other labels.
     if out.is_empty() {
@@ -397,13 +455,7 @@ pub fn build_with(
     workload: &Workload,
     opts: &BuildOptions,
 ) -> Snapshot {
-    let mut reserved: HashSet<String> = RESERVED_LABELS
-        .iter()
-        .chain(&DRA_LABELS)
-        .map(|s| (*s).to_owned())
-        .collect();
-    reserved.insert(opts.hostname_label.clone());
-    reserved.extend(catalog.labels.iter().map(|l| l.name.clone()));
+    let reserved = reserved_labels(catalog, opts);
     let ctx = Ctx {
         catalog,
         attribution,
@@ -1666,8 +1718,10 @@ mod tests {
             &[
                 ("team", "search"),
                 ("app.kubernetes.io/name", "embed"),
-                // These would clash with labels the exporter sets: left out.
+                // These would clash with labels the exporter sets: renamed as dcgm-exporter
+                // 4.8.3 renames them (`pod_label_<name>`, then `_conflict<N>`).
                 ("pod", "evil"),
+                ("pod_label_pod", "taken"),
                 ("gpu", "9"),
                 ("DCGM_FI_DRIVER_VERSION", "x"),
             ],
@@ -1684,14 +1738,14 @@ mod tests {
         let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
         assert_eq!(temp.len(), 1);
         assert!(
-            temp[0].ends_with(r#"container="c",namespace="ns",pod="a",pod_uid="uid-a",app_kubernetes_io_name="embed",team="search"} 50"#),
+            temp[0].ends_with(r#"container="c",namespace="ns",pod="a",pod_uid="uid-a",app_kubernetes_io_name="embed",pod_label_DCGM_FI_DRIVER_VERSION="x",pod_label_gpu="9",pod_label_pod="taken",pod_label_pod_conflict1="evil",team="search"} 50"#),
             "{}",
             temp[0]
         );
         let info = lines(&s, POD_INFO);
         assert!(
             info[0].ends_with(
-                r#"vgpu="",pod_uid="uid-a",app_kubernetes_io_name="embed",team="search"} 1"#
+                r#"vgpu="",pod_uid="uid-a",app_kubernetes_io_name="embed",pod_label_DCGM_FI_DRIVER_VERSION="x",pod_label_gpu="9",pod_label_pod="taken",pod_label_pod_conflict1="evil",team="search"} 1"#
             ),
             "{}",
             info[0]
@@ -1891,11 +1945,11 @@ mod tests {
         let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
         assert_eq!(
             temp[0],
-            r#"DCGM_FI_DEV_GPU_TEMP{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",team="t"} 50"#
+            r#"DCGM_FI_DEV_GPU_TEMP{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",pod_label_pod_name="clash",team="t"} 50"#
         );
         let info = lines(&s, POD_INFO);
         assert!(
-            info[0].ends_with(r#"uuid="GPU-0",pod_name="a",pod_namespace="ns",container_name="c",vgpu="",pod_uid="uid-a",team="t"} 1"#),
+            info[0].ends_with(r#"uuid="GPU-0",pod_name="a",pod_namespace="ns",container_name="c",vgpu="",pod_uid="uid-a",pod_label_pod_name="clash",team="t"} 1"#),
             "{}",
             info[0]
         );
@@ -1904,7 +1958,7 @@ mod tests {
         assert_eq!(
             sm,
             [
-                r#"gpu_exporter_container_sm_utilization_percent{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",team="t"} 30"#
+                r#"gpu_exporter_container_sm_utilization_percent{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",pod_label_pod_name="clash",team="t"} 30"#
             ]
         );
         // Without -o the pod label `pod_name` clashes with nothing and is kept.
@@ -1916,7 +1970,8 @@ mod tests {
             &w,
             &o,
         );
-        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")[0].contains(r#"pod_uid="uid-a",team="t""#));
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")[0]
+            .contains(r#"pod_uid="uid-a",pod_name="clash",team="t""#));
     }
 
     #[test]
@@ -2067,6 +2122,47 @@ mod tests {
     }
 
     #[test]
+    fn colliding_pod_labels_are_renamed_as_dcgm_exporter_4_8_3_does() {
+        let reserved: HashSet<String> = ["gpu", "pod", "pod_label_gpu"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let l = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let labels = l(&[
+            ("gpu", "a"),
+            ("pod", "b"),
+            ("pod_label_pod", "c"),
+            ("pod_label_pod_conflict1", "d"),
+            ("team", "e"),
+        ]);
+        let named = pod_label_names(&labels, &reserved);
+        let named: Vec<(&str, &str)> = named.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(
+            named,
+            [
+                // gpu: pod_label_gpu is in use too, so the first free _conflict<N>.
+                ("pod_label_gpu_conflict1", "a"),
+                // Free names keep theirs, before colliding ones are placed.
+                ("pod_label_pod", "c"),
+                ("pod_label_pod_conflict1", "d"),
+                ("pod_label_pod_conflict2", "b"),
+                ("team", "e"),
+            ]
+        );
+        // Nothing collides: unchanged.
+        let plain = l(&[("app", "x")]);
+        assert_eq!(
+            pod_label_names(&plain, &reserved),
+            [("app".to_owned(), "x")]
+        );
+    }
+
+    #[test]
     fn no_pod_label_can_take_a_name_the_exporter_uses() {
         // Every label the exporter itself writes, in every mode, with DRA, HPC jobs and links,
         // is reserved: a pod label by that name would never reach a series.
@@ -2106,11 +2202,15 @@ mod tests {
             o.pod_uid = true;
             o.hostname_label = label.into();
             let s = build_with(&cat, &outcomes, &att, &w, &o);
+            let in_use = reserved_labels(&cat, &o);
             for fam in &s.families {
                 for series in &fam.series {
                     for pair in series.labels.split("\",") {
                         let name = pair.split('=').next().unwrap_or_default();
-                        seen.insert(name.trim_start_matches(',').to_owned());
+                        let name = name.trim_start_matches(',');
+                        // Each build's own names are in use for its pod labels.
+                        assert!(in_use.contains(name), "{name} not reserved with {o:?}");
+                        seen.insert(name.to_owned());
                     }
                 }
             }

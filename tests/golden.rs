@@ -264,6 +264,50 @@ async fn render_processes(virtual_gpus: bool) -> String {
 }
 
 #[tokio::test(start_paused = true)]
+async fn colliding_pod_labels_are_renamed() {
+    // etl-0's pod carries labels named like labels the exporter writes (and one named like the
+    // renamed form): dcgm-exporter 4.8.3 renames them `pod_label_<name>`, then
+    // `pod_label_<name>_conflict<N>`, instead of dropping them.
+    let text = std::fs::read_to_string(common::pods_fixture("a100-mig-shared-seed1.toml"))
+        .expect("fixture");
+    let text = text.replace(
+        r#"labels = { app = "etl" }"#,
+        r#"labels = { app = "etl", gpu = "spoof", pod = "spoof-pod", pod_label_pod = "mine", modelName = "m", "DCGM_FI_DRIVER_VERSION" = "1" }"#,
+    );
+    let node = Assignments::parse(&text, "colliding").expect("fixture parses");
+    let opts = BuildOptions {
+        pod_uid: true,
+        ..common::build_options()
+    };
+    let h = common::harness(
+        common::sim("4xA100-80GB-MIG", None),
+        common::shipped_catalog(),
+        opts,
+    );
+    h.pods_tx
+        .send_replace(Arc::new(common::holders("4xA100-80GB-MIG", &node)));
+    let (_dir_tx, dir_rx) = watch::channel(Arc::new(common::directory(&node, true)));
+    let mut sampler = h.sampler.with_directory(dir_rx, Arc::new(Notify::new()));
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(sampler.tick().await);
+    }
+    let body = common::normalise(&last.expect("three ticks").body);
+    let etl: Vec<&str> = common::series(&body, "DCGM_FI_DEV_FB_USED")
+        .into_iter()
+        .filter(|l| l.contains("pod=\"etl-0\""))
+        .collect();
+    assert_eq!(etl.len(), 1, "{etl:#?}");
+    assert!(
+        etl[0].contains(r#",pod="etl-0",pod_uid="8c1d5e7a-2b44-4f19-9a6e-0c3b7d9e5f10",app="etl",pod_label_DCGM_FI_DRIVER_VERSION="1",pod_label_gpu="spoof",pod_label_modelName="m",pod_label_pod="mine",pod_label_pod_conflict1="spoof-pod"}"#),
+        "{}",
+        etl[0]
+    );
+    assert!(etl[0].starts_with(r#"DCGM_FI_DEV_FB_USED{gpu="0","#));
+    check("4xA100-80GB-MIG-pod-label-collisions", &body);
+}
+
+#[tokio::test(start_paused = true)]
 async fn processes_on_shared_and_mig_gpus() {
     check("4xA100-80GB-MIG-processes", &render_processes(false).await);
 }
