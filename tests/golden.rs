@@ -376,6 +376,12 @@ async fn newest_upstream_names_and_units() {
     .await;
     assert!(body.contains("DCGM_FI_SYSTEM_DRIVER_VERSION=\"570.172.08\""));
     assert!(!body.contains("DCGM_FI_DRIVER_VERSION="));
+    // The CSV lists DCGM_FI_DEV_VGPU_LICENSE_STATUS; the simulated GPUs are bare metal, where
+    // NVML has no vGPU licensing: no series and no read error, as on a real bare-metal GPU.
+    assert!(
+        !body.contains("VGPU_LICENSE_STATUS"),
+        "bare metal has no vGPU licence status"
+    );
     check("8xH100-SXM-dcgm-exporter-4.10", &body);
 }
 
