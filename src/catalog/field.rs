@@ -190,8 +190,8 @@ fields! {
     RowRemapPending = 396, Int, Parent;
     /// NVLink flow-control CRC errors, all links.
     NvlinkCrcFlitErrorCountTotal = 409, Int, Parent;
-    /// vGPU licence status in a vGPU guest: 1 licensed, 0 not (or vGPU licensing not
-    /// supported); absent on bare metal, where the driver has no licensing (as DCGM).
+    /// vGPU licence status in a vGPU guest: 1 licensed, 0 not (or vGPU licensing does not
+    /// apply); absent where NVML does not support the call (as DCGM).
     VgpuLicenseStatus = 526, Int, Parent;
     /// NVLink data CRC errors, all links.
     NvlinkCrcDataErrorCountTotal = 419, Int, Parent;
