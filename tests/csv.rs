@@ -249,3 +249,107 @@ fn upstream_1x_compatibility_csv_loads_with_its_lowercase_names() {
         .all(|s| s.name.starts_with("dcgm_fi_prof_pcie_") && s.duplicate_of.is_some()));
     assert!(cat.labels.is_empty());
 }
+
+/// Every CSV under metrics-config/ is shipped (the image installs them all at
+/// /etc/dcgm-exporter/): each must load with the catalog, serve at least one series, and skip
+/// only what the file's own comments say it skips.
+#[test]
+fn every_shipped_csv_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("metrics-config");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("metrics-config/")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    files.sort();
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    // The four files the image ships (scripts/build-image.sh, Dockerfile).
+    for expected in [
+        "1.x-compatibility-metrics.csv",
+        "dcgm-exporter-4.10-default-counters.csv",
+        "dcp-metrics-included.csv",
+        "default-counters.csv",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing: {names:?}"
+        );
+    }
+    for path in &files {
+        let (cat, skipped) =
+            catalog::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            !cat.metrics.is_empty(),
+            "{}: no metric rows",
+            path.display()
+        );
+        let text = std::fs::read_to_string(path).expect("read");
+        for s in &skipped {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with('#') && l.contains(&s.name)),
+                "{}:{}: {} is skipped but the file's comments do not say so",
+                path.display(),
+                s.line,
+                s.name
+            );
+        }
+    }
+}
+
+/// The file the GPU Operator selects has dcgm-exporter's active rows, in its order, with its
+/// types and help texts (the fixture holds them as upstream has them).
+#[test]
+fn shipped_dcp_metrics_included_has_upstreams_active_rows() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rows = |p: &Path| -> Vec<(String, String, String)> {
+        let (cat, skipped) = catalog::load(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let mut all: Vec<(u64, String, String, String)> = cat
+            .metrics
+            .iter()
+            .chain(cat.labels.iter())
+            .map(|m| {
+                (
+                    m.line,
+                    m.name.clone(),
+                    m.kind.as_str().to_owned(),
+                    m.help.clone(),
+                )
+            })
+            .chain(
+                skipped
+                    .iter()
+                    .map(|s| (s.line, s.name.clone(), "skipped".into(), String::new())),
+            )
+            .collect();
+        all.sort();
+        all.into_iter().map(|(_, n, k, h)| (n, k, h)).collect()
+    };
+    let ours = rows(&root.join("metrics-config/dcp-metrics-included.csv"));
+    let upstream = rows(&fixture("upstream/dcp-metrics-included.csv"));
+    assert_eq!(ours, upstream);
+    assert_eq!(ours.len(), 26, "{ours:?}");
+}
+
+/// The 1.x names file serves the same series as upstream's (the fixture is upstream's file).
+#[test]
+fn shipped_1x_compatibility_csv_matches_upstream() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let load = |p: &Path| {
+        let (cat, skipped) = catalog::load(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let m: Vec<(String, String, String)> = cat
+            .metrics
+            .iter()
+            .map(|m| (m.name.clone(), m.kind.as_str().to_owned(), m.help.clone()))
+            .collect();
+        let s: Vec<String> = skipped.iter().map(|s| s.name.clone()).collect();
+        (m, s)
+    };
+    let ours = load(&root.join("metrics-config/1.x-compatibility-metrics.csv"));
+    let upstream = load(&fixture("upstream/1.x-compatibility-metrics.csv"));
+    assert_eq!(ours, upstream);
+    assert_eq!(ours.0.len(), 20);
+}
