@@ -102,6 +102,8 @@ struct Exporter {
     child: Child,
     addr: SocketAddr,
     log: mpsc::Receiver<serde_json::Value>,
+    /// Lines read while waiting for another message, oldest first (not yet waited for).
+    backlog: Vec<serde_json::Value>,
 }
 
 impl Exporter {
@@ -137,6 +139,7 @@ impl Exporter {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             log,
+            backlog: Vec::new(),
         };
         let listening = e.wait_for("gpu-exporter listening");
         e.addr = listening["fields"]["address"]
@@ -147,8 +150,17 @@ impl Exporter {
         e
     }
 
-    /// Waits for the next log line whose message starts with `message`; returns it.
+    /// Waits for the next log line whose message starts with `message` (one logged while
+    /// waiting for another counts); returns it.
     fn wait_for(&mut self, message: &str) -> serde_json::Value {
+        let is = |v: &serde_json::Value| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(message))
+        };
+        if let Some(i) = self.backlog.iter().position(is) {
+            return self.backlog.remove(i);
+        }
         let until = Instant::now() + DEADLINE;
         loop {
             let left = until.saturating_duration_since(Instant::now());
@@ -156,12 +168,10 @@ impl Exporter {
                 let exited = self.child.try_wait().ok().flatten();
                 panic!("the exporter never logged {message:?} (exited: {exited:?})");
             };
-            if v["fields"]["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with(message))
-            {
+            if is(&v) {
                 return v;
             }
+            self.backlog.push(v);
         }
     }
 
