@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fsread::{self, Cap, ReadError, Symlinks};
 use crate::gpu::Device;
-use crate::pods::EntityKey;
+use crate::pods::{Answered, EntityKey};
 use crate::self_metrics::SelfMetrics;
 
 /// Largest mapping file read, bytes.
@@ -313,6 +313,7 @@ pub struct HpcWatcher {
     problems: Vec<HpcError>,
     /// The ignored entries of the last scan (logged when they change).
     ignored: BTreeMap<&'static str, usize>,
+    answered: watch::Sender<Answered>,
 }
 
 impl HpcWatcher {
@@ -330,7 +331,13 @@ impl HpcWatcher {
             inventory,
             problems: Vec::new(),
             ignored: BTreeMap::new(),
+            answered: watch::Sender::new(Answered::default()),
         }
+    }
+
+    /// Follows the scans taken in (for the sampler's first sample, which waits for the first).
+    pub fn answered(&self) -> watch::Receiver<Answered> {
+        self.answered.subscribe()
     }
 
     /// The watched directory.
@@ -376,14 +383,17 @@ impl HpcWatcher {
             .filter(|e| !matches!(e, HpcError::DirUnreadable { .. }))
             .count();
         self.metrics.hpc_jobs.record_scan(scanned.files, bad);
-        tx.send_if_modified(|cur| {
+        let changed = tx.send_if_modified(|cur| {
             if **cur == scanned {
                 false
             } else {
                 *cur = Arc::new(scanned);
                 true
             }
-        })
+        });
+        // A scan is an answer, whatever it found (a missing directory means no jobs).
+        self.answered.send_modify(|a| a.answers += 1);
+        changed
     }
 
     /// Scans every `every` until `shutdown`, publishing on `tx`.

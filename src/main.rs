@@ -397,6 +397,7 @@ async fn serve<S: GpuSource>(
             Arc::clone(&metrics),
             refresher_opts,
         );
+        sampler = sampler.with_first_answer("kubelet", refresher.answered(), timeout);
         essential.spawn(
             "kubelet pod-resources refresher",
             refresher.run(shutdown.clone()),
@@ -427,7 +428,13 @@ async fn serve<S: GpuSource>(
                 pod_labels = config.args.kubernetes_enable_pod_labels,
                 "pod metadata from the container runtime (CRI)"
             );
-            sampler = sampler.with_directory(dir_rx, cri.waker());
+            sampler = sampler
+                .with_directory(dir_rx, cri.waker())
+                .with_first_answer(
+                    "cri",
+                    cri.answered(),
+                    Duration::from_millis(config.args.cri_timeout),
+                );
             essential.spawn("container runtime refresher", cri.run(shutdown.clone()));
         }
         if config.process_usage {
@@ -456,6 +463,8 @@ async fn serve<S: GpuSource>(
             "HPC job labels from --hpc-job-mapping-dir"
         );
         let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics), inventory_rx.clone());
+        // Reading a local directory has no call timeout: one poll period bounds the wait.
+        sampler = sampler.with_first_answer("hpc", watcher.answered(), every);
         essential.spawn(
             "HPC job mapping watcher",
             watcher.run(hpc_tx, every, shutdown.clone()),

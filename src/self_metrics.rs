@@ -32,6 +32,9 @@ pub struct SelfMetrics {
     pub processes: ProcessStatus,
     /// HPC job mapping health, rendered only with `--hpc-job-mapping-dir`.
     pub hpc_jobs: HpcJobsStatus,
+    /// The first sample's wait for attribution, and updates between samples; rendered only
+    /// when an attribution source runs.
+    pub attribution: AttributionStatus,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     last_reload_failed: AtomicBool,
@@ -344,6 +347,76 @@ impl PodResourcesStatus {
             ));
         }
         families
+    }
+}
+
+/// The first sample's wait for the attribution sources (kubelet, container runtime, HPC
+/// directory) and the bodies re-published between samples because attribution changed; updated
+/// by the sampler and rendered as `gpu_exporter_attribution_*`.
+#[derive(Debug, Default)]
+pub struct AttributionStatus {
+    inner: Mutex<AttributionState>,
+}
+
+/// A copy of [`AttributionStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttributionState {
+    /// Each source the first sample waits for, with the number of first samples published
+    /// without its first answer (it did not answer within its call timeout).
+    pub first_answer_timeouts: BTreeMap<&'static str, u64>,
+    /// Bodies re-rendered from the last readings because attribution changed.
+    pub updates: u64,
+}
+
+impl AttributionStatus {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AttributionState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Registers a source the first sample waits for (turns the families on).
+    pub fn add_source(&self, source: &'static str) {
+        self.lock().first_answer_timeouts.entry(source).or_default();
+    }
+
+    /// Counts a first sample published without `source`'s first answer.
+    pub fn count_timeout(&self, source: &'static str) {
+        *self.lock().first_answer_timeouts.entry(source).or_default() += 1;
+    }
+
+    /// Counts a body re-rendered because attribution changed.
+    pub fn count_update(&self) {
+        self.lock().updates += 1;
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> AttributionState {
+        self.lock().clone()
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let s = self.state();
+        if s.first_answer_timeouts.is_empty() {
+            return Vec::new();
+        }
+        vec![
+            family(
+                "gpu_exporter_attribution_first_answer_timeouts_total",
+                "First samples published without this attribution source's first answer: it did not answer within its call timeout, so that sample went out without its labels (they follow as soon as it answers).",
+                MetricType::Counter,
+                s.first_answer_timeouts
+                    .iter()
+                    .map(|(src, n)| labelled(&[("source", src)], count(*n)))
+                    .collect(),
+            ),
+            family(
+                "gpu_exporter_attribution_updates_total",
+                "Bodies re-published between samples because attribution changed (pods, containers, HPC jobs): re-rendered from the last GPU readings, without reading the GPUs again.",
+                MetricType::Counter,
+                one(count(s.updates)),
+            ),
+        ]
     }
 }
 
@@ -899,6 +972,7 @@ impl SelfMetrics {
         families.extend(self.cri.families());
         families.extend(self.processes.families());
         families.extend(self.hpc_jobs.families());
+        families.extend(self.attribution.families());
         families
     }
 }

@@ -248,7 +248,7 @@ mod tests {
             "\n\n",
             "# only comments\n",
             "DCGM_FI_DRIVER_VERSION, label, Driver Version\n",
-            "DCGM_FI_DEV_VGPU_LICENSE_STATUS, gauge, uncollected\n",
+            "DCGM_FI_DEV_VGPU_MEMORY_USAGE, gauge, uncollected\n",
         ] {
             assert_eq!(
                 err(text),
@@ -273,11 +273,13 @@ mod tests {
 
     #[test]
     fn known_but_uncollected_field_is_skipped_with_its_line() {
-        let (c, skipped) = ok("DCGM_FI_DEV_GPU_UTIL, gauge, u\nDCGM_FI_DEV_VGPU_LICENSE_STATUS, gauge, vGPU License status\n");
+        let (c, skipped) = ok(
+            "DCGM_FI_DEV_GPU_UTIL, gauge, u\nDCGM_FI_DEV_VGPU_MEMORY_USAGE, gauge, vGPU memory\n",
+        );
         assert_eq!(c.metrics.len(), 1);
         assert_eq!(skipped.len(), 1);
         assert_eq!(skipped[0].line, 2);
-        assert_eq!(skipped[0].id, 526);
+        assert_eq!(skipped[0].id, 525);
     }
 
     #[test]
