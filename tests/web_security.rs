@@ -1189,3 +1189,35 @@ async fn a_half_sent_client_hello_flood_from_the_scrapers_address_does_not_delay
     drop(flood);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_as_key_file_is_rejected_on_reload_and_connections_keep_being_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let web = tls_web_config(dir.path(), &ca);
+    let server = Server::start(Some(&web), Limits::default()).await;
+    // The key is replaced by a FIFO nobody writes to (a read of it would wait for ever).
+    let fifo = dir.path().join(".fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    std::fs::rename(&fifo, dir.path().join("tls.key")).unwrap();
+    server
+        .web_state("the FIFO to be rejected", |s| s.reloads_failed >= 1)
+        .await;
+    // New connections are served (the files are read by the watcher, and never waited on).
+    for _ in 0..3 {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(5),
+            https_get(server.addr, &ca.pem(), None, ""),
+        )
+        .await
+        .expect("a new connection hung")
+        .unwrap();
+        assert_eq!(reply.status, 200);
+    }
+    assert!(server.metrics.web.state().last_reload_failed);
+    server.stop().await;
+}
