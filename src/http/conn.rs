@@ -162,7 +162,8 @@ impl Conn {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn enter(&self, s: &mut State, phase: Phase) {
+    /// Moves to `phase` now; returns the instant (one clock read serves the registry too).
+    fn enter(&self, s: &mut State, phase: Phase) -> Instant {
         s.phase = phase;
         s.since = Instant::now();
         let deadline = s.since + self.registry.timeouts.of(phase).0;
@@ -171,6 +172,7 @@ impl Conn {
             s.wakes += 1;
             self.changed.notify_one();
         }
+        s.since
     }
 
     /// The current phase.
@@ -205,7 +207,9 @@ impl Conn {
     fn read_some(&self) {
         let mut s = self.lock();
         match s.phase {
-            Phase::FirstByte | Phase::Idle => self.enter(&mut s, Phase::Head),
+            Phase::FirstByte | Phase::Idle => {
+                self.enter(&mut s, Phase::Head);
+            }
             Phase::Serving => s.read_while_serving = true,
             Phase::Handshake | Phase::Head => {}
         }
@@ -216,9 +220,9 @@ impl Conn {
         let mut s = self.lock();
         s.body_done = false;
         s.read_while_serving = false;
-        self.enter(&mut s, Phase::Serving);
+        let now = self.enter(&mut s, Phase::Serving);
         drop(s);
-        self.registry.busy(self.id);
+        self.registry.busy(self.id, now);
     }
 
     /// hyper has taken the whole response body.
@@ -238,9 +242,9 @@ impl Conn {
         } else {
             Phase::Idle
         };
-        self.enter(&mut s, next);
+        let now = self.enter(&mut s, next);
         drop(s);
-        self.registry.idle(self.id);
+        self.registry.idle(self.id, now);
     }
 
     /// The current phase's deadline, and arms the wake-up at it.
@@ -639,12 +643,12 @@ impl Registry {
         true
     }
 
-    fn busy(&self, id: u64) {
-        self.lock().reclass(id, Class::Busy(Instant::now()));
+    fn busy(&self, id: u64, since: Instant) {
+        self.lock().reclass(id, Class::Busy(since));
     }
 
-    fn idle(&self, id: u64) {
-        self.lock().reclass(id, Class::Idle(Instant::now()));
+    fn idle(&self, id: u64, since: Instant) {
+        self.lock().reclass(id, Class::Idle(since));
     }
 
     fn remove(&self, id: u64, reason: CloseReason) {

@@ -69,7 +69,9 @@ async fn not_found() -> (StatusCode, &'static str) {
     (StatusCode::NOT_FOUND, "not found\n")
 }
 
-async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+// The request itself, not a `HeaderMap` extractor: that one clones every header per scrape.
+async fn metrics(State(st): State<AppState>, req: axum::extract::Request) -> Response {
+    let headers = req.headers();
     let published = st.published.borrow().clone();
     let Some(p) = published else {
         return (
