@@ -143,7 +143,13 @@ impl PodDirectory {
             .filter(|(id, _)| !id.is_empty())
             .map(|(id, (pod, meta))| {
                 let meta = Arc::clone(meta);
-                (id.to_ascii_lowercase(), ContainerMeta { pod: pod.clone(), meta })
+                (
+                    id.to_ascii_lowercase(),
+                    ContainerMeta {
+                        pod: pod.clone(),
+                        meta,
+                    },
+                )
             })
             .collect();
         let mut containers = HashMap::with_capacity(snapshot.containers.len());
@@ -372,7 +378,7 @@ mod tests {
             ("infer", "embed-a", "")
         );
         assert_eq!(pause.meta.uid, "uid-new");
-        assert_eq!(pause.meta, *d.pod("infer", "embed-a").unwrap().as_ref());
+        assert!(Arc::ptr_eq(&pause.meta, d.pod("infer", "embed-a").unwrap()));
         // An old sandbox of a recreated pod keeps its own UID, as its containers do.
         assert_eq!(d.container("s-old").unwrap().meta.uid, "uid-old");
         // Sandboxes are not counted as containers.
