@@ -15,6 +15,8 @@ reads the real /proc and asks the private containerd over CRI; a fake kubelet se
 pod-resources from the same file (the exporter's per-process mode runs under -k).
 
 Checks:
+  0. the first scrape after /ready already has all of the below (the first sample waits for the
+     first answers of the kubelet and the runtime);
   1. the CRI listing: gpu_exporter_cri_up 1, 2 pods, 3 containers (the sandboxes are not counted);
   2. per-container series of every real container carry its pod, namespace, container, pod UID
      and pod labels, with its real process count (trainer/main: 2, its main PID and its child);
@@ -173,8 +175,13 @@ def main():
                     return False
             return True
 
-        samples = wait_for(lambda: (lambda s: s if attributed(s, expected) else None)(alive() and scrape(port)),
-                           PATIENCE, "every real container's processes attributed")
+        # The first published sample waits for the first answer of the kubelet and the runtime:
+        # the first scrape after /ready already attributes every real container.
+        wait_for(lambda: alive() and probe(port, "/ready")[0] == 200, PATIENCE, f"exporter /ready on :{port}")
+        samples = scrape(port)
+        check(attributed(samples, expected),
+              "the first scrape after /ready attributes every real container's processes",
+              "\n".join(f"{n}{l} {v}" for n, l, v in series(samples, "gpu_exporter_container_processes")))
 
         # 1. The CRI listing.
         check(value(samples, "gpu_exporter_cri_up") == 1, "gpu_exporter_cri_up 1 (the real containerd answers)")
@@ -217,12 +224,18 @@ def main():
         check(errors(down, "unavailable") + errors(down, "socket_missing") > before,
               "containerd down: gpu_exporter_cri_errors_total counts the failed listings "
               f"(unavailable {errors(down, 'unavailable')}, socket_missing {errors(down, 'socket_missing')})")
+        def runtime_unavailable(s):
+            return value(s, "gpu_exporter_process_attribution_errors_total", reason="runtime_unavailable") or 0
+
+        # The series may go as soon as the directory is dropped (re-rendered), the count comes
+        # with the next tick that meets pod processes without a runtime answer: wait for both.
         dropped = wait_for(
-            lambda: (lambda s: s if not series(s, "gpu_exporter_container_processes") else None)(alive() and scrape(port)),
-            CRI_TTL_MS / 1000 + ONE_REFRESH_S + 5, "per-container series dropped past --cri-ttl")
-        ru = value(dropped, "gpu_exporter_process_attribution_errors_total", reason="runtime_unavailable") or 0
-        check(ru > 0 and value(dropped, "gpu_exporter_cri_pods") == 0,
-              f"past the TTL: no per-container series, runtime_unavailable counted ({ru:.0f}), 0 pods in use")
+            lambda: (lambda s: s if not series(s, "gpu_exporter_container_processes") and runtime_unavailable(s) > 0
+                     else None)(alive() and scrape(port)),
+            CRI_TTL_MS / 1000 + ONE_REFRESH_S + 5, "per-container series dropped past --cri-ttl, runtime_unavailable counted")
+        check(value(dropped, "gpu_exporter_cri_pods") == 0,
+              f"past the TTL: no per-container series, runtime_unavailable counted ({runtime_unavailable(dropped):.0f}), "
+              "0 pods in use")
         check(probe(port)[0] == 200 and exp.poll() is None, "the exporter keeps serving without containerd")
         lab.restart_containerd()
         back = wait_for(lambda: (lambda s: s if attributed(s, expected) else None)(alive() and scrape(port)),
