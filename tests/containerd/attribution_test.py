@@ -29,6 +29,8 @@ Checks:
      state: the pods' shims survived): the same series come back with the same labels;
   5. serve/embed deleted mid-run (CRI StopPodSandbox + RemovePodSandbox; the fake kubelet's file
      rewritten without it, as the kubelet would): no series names it within one refresh.
+A second exporter at the default 30 s collect interval, on the same pods, checks 0 and 5 without
+waiting for a tick (the first sample waits for the first answers; a change is re-rendered).
 Every wait is bounded; everything is cleaned up even when a check fails.
 """
 
@@ -145,6 +147,19 @@ def main():
             "-a", f"127.0.0.1:{port}", "-c", str(INTERVAL_MS),
         ], "exporter.log")
 
+        # The same, at the default collect interval (30 s): its first scrape and a pod's
+        # deletion must not wait for a tick.
+        port30 = free_port()
+        exp30 = lab.spawn([
+            args.exporter, "--backend", "sim", "--sim-profile", "8xH100-SXM", "--sim-seed", "1",
+            "--sim-processes", str(afile), "-k", "--pod-resources-kubelet-socket", str(kubelet_sock),
+            "--pod-resources-refresh", str(KUBELET_REFRESH_MS),
+            "--container-runtime-endpoint", f"unix://{lab.socket}", "--path.procfs", "/proc",
+            "--cri-refresh", str(CRI_REFRESH_MS), "--cri-ttl", str(CRI_TTL_MS), "--cri-timeout", "1000",
+            "--kubernetes-process-usage", "--kubernetes-enable-pod-uid", "--kubernetes-enable-pod-labels",
+            "-a", f"127.0.0.1:{port30}",
+        ], "exporter-30s.log")
+
         def exporter_log():
             return lab.read_log("exporter.log")[-4000:]
 
@@ -182,6 +197,13 @@ def main():
         check(attributed(samples, expected),
               "the first scrape after /ready attributes every real container's processes",
               "\n".join(f"{n}{l} {v}" for n, l, v in series(samples, "gpu_exporter_container_processes")))
+
+        wait_for(lambda: probe(port30, "/ready")[0] == 200 or exp30.poll() is not None, PATIENCE,
+                 f"exporter (30 s interval) /ready on :{port30}")
+        first30 = scrape(port30)
+        check(attributed(first30, expected),
+              "at the default 30 s interval too, the first scrape after /ready attributes every real container",
+              lab.read_log("exporter-30s.log")[-2000:])
 
         # 1. The CRI listing.
         check(value(samples, "gpu_exporter_cri_up") == 1, "gpu_exporter_cri_up 1 (the real containerd answers)")
@@ -259,6 +281,12 @@ def main():
               f"serve/embed deleted: gone from every series after {took:.1f}s; ml/trainer still attributed")
         check(value(gone, "gpu_exporter_cri_pods") == 1 and value(gone, "gpu_exporter_cri_containers") == 1,
               "the CRI listing now has 1 pod, 1 container")
+        # At the default interval the deletion is published on the refresh, not the next tick.
+        gone30 = wait_for(lambda: (lambda s: s if not names_embed(s) else None)(scrape(port30)), ONE_REFRESH_S,
+                          f"serve/embed gone at the 30 s interval within one refresh ({ONE_REFRESH_S:.0f}s)")
+        check(exp30.poll() is None and attributed(gone30, [k for k in expected if k[1] == "trainer"]),
+              f"at the default 30 s interval: serve/embed gone {time.monotonic() - t0:.1f}s after its deletion, "
+              "ml/trainer still attributed")
     except (AssertionError, LabError) as e:
         failed = True
         print(e, file=sys.stderr)
