@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Parser;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -40,7 +39,17 @@ const HPC_POLL_MIN: Duration = Duration::from_secs(1);
 const HPC_POLL_MAX: Duration = Duration::from_secs(5);
 
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
+    let args = match gpu_exporter::config::goflags::parse(
+        std::env::args_os(),
+        &gpu_exporter::config::goflags::process_env,
+    ) {
+        Ok(a) => a,
+        Err(gpu_exporter::config::goflags::CliError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("gpu-exporter: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     init_logging(args.log_format, args.debug);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -12,13 +12,16 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+pub mod file;
+pub mod goflags;
+
 use crate::catalog::{self, Catalog, CatalogError, MetricSpec, Skipped};
 use crate::gpu::scenario::{self, Scenario, ScenarioError};
 use crate::snapshot::{BuildOptions, DeviceSelection};
 
 /// The metrics CSV shipped with gpu-exporter, used when `--collectors` is not given and
 /// dcgm-exporter's default path does not exist.
-pub const BUILTIN_COUNTERS: &str = include_str!("../metrics-config/default-counters.csv");
+pub const BUILTIN_COUNTERS: &str = include_str!("../../metrics-config/default-counters.csv");
 
 /// dcgm-exporter's default `--collectors` path.
 pub const DCGM_DEFAULT_COLLECTORS: &str = "/etc/dcgm-exporter/default-counters.csv";
@@ -344,6 +347,115 @@ pub struct Args {
     /// and pass it with --collectors.
     #[arg(short = 'm', long, env = "DCGM_EXPORTER_CONFIGMAP_DATA", hide = true)]
     pub configmap_data: Option<String>,
+
+    /// dcgm-exporter's YAML configuration file (`version: 1` or `2`): `metrics.file`,
+    /// `metrics.fields`, `metrics.enableExporterMetrics`, the collection interval and
+    /// `server.maxConcurrentScrapes` apply; DCGM watch settings are accepted and reported as
+    /// having no effect. Flags and environment variables given explicitly win over the file.
+    #[arg(long, env = "DCGM_EXPORTER_CONFIG_FILE")]
+    pub config_file: Option<PathBuf>,
+
+    /// Deadline for reading a request's head (Go duration: `10s`, `1m30s`). Default 10s. The
+    /// first byte of a new connection must still come within 2 s (docs/security.md).
+    #[arg(long, env = "DCGM_EXPORTER_WEB_READ_TIMEOUT", value_parser = goflags::parse_duration)]
+    pub web_read_timeout: Option<Duration>,
+
+    /// Deadline from a request's head to the last byte of its response (Go duration). Default
+    /// 60s; a handler slower than min(30s, this) gets 503.
+    #[arg(long, env = "DCGM_EXPORTER_WEB_WRITE_TIMEOUT", value_parser = goflags::parse_duration)]
+    pub web_write_timeout: Option<Duration>,
+
+    /// `/metrics` responses being sent at once; more get 503 at once. 0: no limit. Every scrape
+    /// sends the same pre-rendered body, so overlapping scrapes are coalesced by construction
+    /// and this bounds only the responses in flight.
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_MAX_CONCURRENT_SCRAPES",
+        default_value_t = 0
+    )]
+    pub max_concurrent_scrapes: u32,
+
+    /// Also serve the standard `process_*` series of the exporter itself (CPU, memory, file
+    /// descriptors, start time) on /metrics.
+    #[arg(long, env = "DCGM_EXPORTER_ENABLE_EXPORTER_METRICS")]
+    pub enable_exporter_metrics: bool,
+
+    /// `/health` answers 503 while no GPU is collected (so a liveness probe restarts an
+    /// exporter that came up blind).
+    #[arg(long, env = "DCGM_EXPORTER_HEALTH_REQUIRE_GPUS")]
+    pub health_require_gpus: bool,
+
+    /// Omit the hostname label.
+    #[arg(short = 'n', long, env = "DCGM_EXPORTER_NO_HOSTNAME")]
+    pub no_hostname: bool,
+
+    /// Serve on the socket systemd passes (socket activation: LISTEN_FDS / LISTEN_PID, fd 3)
+    /// instead of binding --address.
+    #[arg(long, env = "DCGM_EXPORTER_SYSTEMD_SOCKET")]
+    pub web_systemd_socket: bool,
+
+    /// dcgm-exporter's runtime container labels. No effect: gpu-exporter copies pod labels from
+    /// the container runtime with --kubernetes-enable-pod-labels.
+    #[arg(long, env = "DCGM_EXPORTER_CONTAINER_LABELS", hide = true)]
+    pub container_labels: bool,
+
+    /// The container runtime's socket path (dcgm-exporter's name for
+    /// --container-runtime-endpoint, which it sets when that is not given).
+    #[arg(long, env = "DCGM_CONTAINER_RUNTIME_SOCKET")]
+    pub container_runtime_socket: Option<String>,
+
+    /// dcgm-exporter's CPU entity selection. No effect: gpu-exporter has no CPU entities.
+    #[arg(short = 'p', long, env = "DCGM_EXPORTER_CPU_DEVICES_STR", hide = true)]
+    pub cpu_devices: Option<String>,
+
+    /// dcgm-exporter's switch for DCGM's fake GPUs. No effect: use --backend sim.
+    #[arg(long, env = "DCGM_EXPORTER_USE_FAKE_GPUS", hide = true)]
+    pub fake_gpus: bool,
+
+    /// dcgm-exporter's debug dumps. No effect (see docs/operations.md for the debug logs).
+    #[arg(long, env = "DCGM_EXPORTER_DUMP_ENABLED", hide = true)]
+    pub dump_enabled: bool,
+
+    /// dcgm-exporter's debug dump directory. No effect.
+    #[arg(long, env = "DCGM_EXPORTER_DUMP_DIRECTORY", hide = true)]
+    pub dump_directory: Option<PathBuf>,
+
+    /// dcgm-exporter's debug dump retention, hours. No effect.
+    #[arg(long, env = "DCGM_EXPORTER_DUMP_RETENTION", hide = true)]
+    pub dump_retention: Option<u64>,
+
+    /// dcgm-exporter's debug dump compression (default true there). No effect.
+    #[arg(long, env = "DCGM_EXPORTER_DUMP_COMPRESSION", hide = true, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_parser = goflags::parse_bool)]
+    pub dump_compression: Option<bool>,
+
+    /// dcgm-exporter's DCGM watch retention age. No effect: there are no DCGM watches.
+    #[arg(long, env = "DCGM_EXPORTER_WATCH_MAX_KEEP_AGE", hide = true,
+          value_parser = goflags::parse_duration)]
+    pub watch_max_keep_age: Option<Duration>,
+
+    /// dcgm-exporter's DCGM watch retention samples. No effect: there are no DCGM watches.
+    #[arg(long, env = "DCGM_EXPORTER_WATCH_MAX_KEEP_SAMPLES", hide = true)]
+    pub watch_max_keep_samples: Option<i64>,
+
+    /// dcgm-exporter's DCGM bind/unbind watch. No effect: gpu-exporter rediscovers GPUs every
+    /// minute through NVML.
+    #[arg(long, env = "DCGM_EXPORTER_ENABLE_GPU_BIND_UNBIND_WATCH", hide = true)]
+    pub enable_gpu_bind_unbind_watch: bool,
+
+    /// dcgm-exporter's DCGM bind/unbind poll interval. No effect.
+    #[arg(long, env = "DCGM_EXPORTER_GPU_BIND_UNBIND_POLL_INTERVAL", hide = true,
+          value_parser = goflags::parse_duration)]
+    pub gpu_bind_unbind_poll_interval: Option<Duration>,
+
+    /// dcgm-exporter's Go profiler endpoints. No effect: there is no Go runtime.
+    #[arg(long, env = "DCGM_EXPORTER_ENABLE_PPROF", hide = true)]
+    pub enable_pprof: bool,
+
+    /// The settings given explicitly (flag or environment), which a --config-file does not
+    /// override. Filled by [`goflags::parse`].
+    #[arg(skip)]
+    pub explicit: goflags::Explicit,
 }
 
 /// Errors resolving the configuration. Each names the flag (and file) concerned.
@@ -399,6 +511,17 @@ pub enum ConfigError {
         #[source]
         cause: regex::Error,
     },
+    /// The `--config-file` is unusable.
+    #[error("--config-file")]
+    File(#[source] file::FileError),
+    /// `--container-runtime-socket` and `--container-runtime-endpoint` disagree.
+    #[error("--container-runtime-socket {socket:?} and --container-runtime-endpoint {endpoint:?} name different sockets; give one")]
+    RuntimeSocket {
+        /// The socket path.
+        socket: String,
+        /// The endpoint.
+        endpoint: String,
+    },
     /// A flag names a feature that is not available.
     #[error("{flag}: {reason}")]
     Unsupported {
@@ -448,7 +571,12 @@ impl Config {
     pub fn build_options(&self) -> BuildOptions {
         BuildOptions {
             hostname_label: self.args.hostname_label.clone(),
-            hostname: self.hostname.clone(),
+            // An empty hostname is no label (-n/--no-hostname).
+            hostname: if self.args.no_hostname {
+                String::new()
+            } else {
+                self.hostname.clone()
+            },
             replace_blanks_in_model_name: self.args.replace_blanks_in_model_name,
             selection: self.selection.clone(),
             virtual_gpus: self.args.kubernetes_virtual_gpus,
@@ -463,7 +591,36 @@ impl Config {
     ///
     /// # Errors
     /// A [`ConfigError`] naming the flag at fault.
-    pub fn resolve(args: Args) -> Result<Config, ConfigError> {
+    pub fn resolve(mut args: Args) -> Result<Config, ConfigError> {
+        let mut notices = Vec::new();
+        let inline_csv = match args.config_file.clone() {
+            Some(path) => apply_file(&mut args, &path, &mut notices)?,
+            None => None,
+        };
+        if let Some(socket) = args
+            .container_runtime_socket
+            .clone()
+            .filter(|s| !s.is_empty())
+        {
+            if !args.explicit.contains("container_runtime_endpoint") {
+                args.container_runtime_endpoint = socket;
+            } else if grpc_path(&socket) != grpc_path(&args.container_runtime_endpoint) {
+                return Err(ConfigError::RuntimeSocket {
+                    socket,
+                    endpoint: args.container_runtime_endpoint.clone(),
+                });
+            }
+        }
+        for (value, flag) in [
+            (&mut args.web_read_timeout, "--web-read-timeout"),
+            (&mut args.web_write_timeout, "--web-write-timeout"),
+        ] {
+            if value.is_some_and(|d| d.is_zero()) {
+                *value = None;
+                notices.push(format!("{flag} 0 (no deadline) is not supported: every phase of a connection has a deadline here; using the default"));
+            }
+        }
+        notices.extend(inert_notices(&args));
         if args.configmap_data.as_deref().is_some_and(|v| v != "none") {
             return Err(ConfigError::Unsupported {
                 flag: "--configmap-data",
@@ -493,10 +650,29 @@ impl Config {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let (catalog, skipped, catalog_origin) = load_catalog(args.collectors.as_deref())?;
-        let catalog_path = match &args.collectors {
-            Some(p) => Some(p.clone()),
-            None => Some(PathBuf::from(DCGM_DEFAULT_COLLECTORS)).filter(|p| p.exists()),
+        let (catalog, skipped, catalog_origin, catalog_path) = match inline_csv {
+            Some((csv, path)) => {
+                let origin = format!("{} metrics.fields", path.display());
+                let (c, s) = catalog::parse(&csv, &origin).map_err(|e| match e {
+                    CatalogError::Invalid { line, defect, .. } => {
+                        ConfigError::File(file::FileError::Invalid {
+                            path: path.display().to_string(),
+                            key: format!("metrics.fields[{}]", line.saturating_sub(1)),
+                            reason: defect.to_string(),
+                        })
+                    }
+                    other => ConfigError::Catalog(other),
+                })?;
+                (c, s, origin, None)
+            }
+            None => {
+                let (c, s, origin) = load_catalog(args.collectors.as_deref())?;
+                let path = match &args.collectors {
+                    Some(p) => Some(p.clone()),
+                    None => Some(PathBuf::from(DCGM_DEFAULT_COLLECTORS)).filter(|p| p.exists()),
+                };
+                (c, s, origin, path)
+            }
         };
         let listen = parse_address(&args.address)?;
         let selection = parse_devices(&args.devices)?;
@@ -515,7 +691,6 @@ impl Config {
             Some(n) => n.to_owned(),
             None => system_hostname(),
         };
-        let mut notices = Vec::new();
         if args.remote_hostengine_info.is_some() {
             notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect: gpu-exporter reads NVML directly and needs no DCGM hostengine".to_owned());
         }
@@ -591,6 +766,102 @@ impl Config {
     ) -> Vec<MetricSpec> {
         self.catalog.retain_supported(supported)
     }
+}
+
+/// Applies `--config-file` to the settings not given explicitly; returns the inline CSV of
+/// `metrics.fields` (and the file) when that is the metric source.
+fn apply_file(
+    args: &mut Args,
+    path: &std::path::Path,
+    notices: &mut Vec<String>,
+) -> Result<Option<(String, PathBuf)>, ConfigError> {
+    let f = file::load(path).map_err(ConfigError::File)?;
+    notices.extend(f.notices);
+    let mut inline = None;
+    let explicit = |id: &str| args.explicit.contains(id);
+    match f.metrics {
+        Some(file::MetricSource::File(p)) if !explicit("collectors") => args.collectors = Some(p),
+        Some(file::MetricSource::Inline(csv)) if !explicit("collectors") => {
+            inline = Some((csv, path.to_owned()));
+        }
+        _ => {}
+    }
+    if let Some(ms) = f.interval_ms.filter(|_| !explicit("collect_interval")) {
+        args.collect_interval = ms;
+    }
+    if let Some(on) = f
+        .enable_exporter_metrics
+        .filter(|_| !explicit("enable_exporter_metrics"))
+    {
+        args.enable_exporter_metrics = on;
+    }
+    if let Some(n) = f
+        .max_concurrent_scrapes
+        .filter(|_| !explicit("max_concurrent_scrapes"))
+    {
+        args.max_concurrent_scrapes = n;
+    }
+    Ok(inline)
+}
+
+/// The socket path of a CRI endpoint (`unix:///x` or `/x`).
+fn grpc_path(endpoint: &str) -> &str {
+    endpoint.strip_prefix("unix://").unwrap_or(endpoint)
+}
+
+/// dcgm-exporter flags that mean nothing here: (Args field, why). Each one given (by flag,
+/// environment or a non-default value) is reported once.
+const INERT: &[(&str, &str)] = &[
+    ("cpu_devices", "gpu-exporter has no CPU entities (they come from DCGM)"),
+    ("fake_gpus", "there are no DCGM fake GPUs; --backend sim runs a simulated fleet"),
+    ("dump_enabled", "gpu-exporter writes no debug dumps; use --debug logs and /metrics"),
+    ("dump_directory", "gpu-exporter writes no debug dumps"),
+    ("dump_retention", "gpu-exporter writes no debug dumps"),
+    ("dump_compression", "gpu-exporter writes no debug dumps"),
+    ("watch_max_keep_age", "there are no DCGM field watches; NVML is read each interval"),
+    ("watch_max_keep_samples", "there are no DCGM field watches; NVML is read each interval"),
+    ("enable_gpu_bind_unbind_watch", "GPUs are rediscovered through NVML every minute"),
+    ("gpu_bind_unbind_poll_interval", "GPUs are rediscovered through NVML every minute"),
+    ("enable_pprof", "there is no Go runtime to profile"),
+    ("container_labels", "container labels are not read; --kubernetes-enable-pod-labels copies pod labels from the container runtime"),
+];
+
+fn inert_notices(args: &Args) -> Vec<String> {
+    let given = |id: &str| {
+        args.explicit.contains(id)
+            || match id {
+                "cpu_devices" => args.cpu_devices.is_some(),
+                "fake_gpus" => args.fake_gpus,
+                "dump_enabled" => args.dump_enabled,
+                "dump_directory" => args.dump_directory.is_some(),
+                "dump_retention" => args.dump_retention.is_some(),
+                "dump_compression" => args.dump_compression.is_some(),
+                "watch_max_keep_age" => args.watch_max_keep_age.is_some(),
+                "watch_max_keep_samples" => args.watch_max_keep_samples.is_some(),
+                "enable_gpu_bind_unbind_watch" => args.enable_gpu_bind_unbind_watch,
+                "gpu_bind_unbind_poll_interval" => args.gpu_bind_unbind_poll_interval.is_some(),
+                "enable_pprof" => args.enable_pprof,
+                "container_labels" => args.container_labels,
+                _ => false,
+            }
+    };
+    let cmd = <Args as clap::CommandFactory>::command();
+    INERT
+        .iter()
+        .filter(|(id, _)| given(id))
+        .map(|(id, why)| {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == *id);
+            let mut name = String::new();
+            if let Some(s) = arg.and_then(clap::Arg::get_short) {
+                name.push_str(&format!("-{s}/"));
+            }
+            name.push_str(&format!("--{}", id.replace('_', "-")));
+            if let Some(e) = arg.and_then(clap::Arg::get_env) {
+                name.push_str(&format!(" ({})", e.to_string_lossy()));
+            }
+            format!("{name} has no effect: {why}")
+        })
+        .collect()
 }
 
 fn load_catalog(
