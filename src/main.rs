@@ -395,12 +395,12 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
     let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
 
     let limits = http_limits(&config);
-    let listener = http::bind(config.listen).with_context(|| {
-        format!(
-            "--address {}: cannot listen on {}",
-            config.args.address, config.listen
-        )
-    })?;
+    let listener = if config.args.web_systemd_socket {
+        http::listen::from_systemd()?
+    } else {
+        http::listen::bind(config.listen_on)
+            .with_context(|| format!("--address {}", config.args.address))?
+    };
     tracing::info!(
         tls = web.as_ref().is_some_and(|w| w.tls_enabled()),
         address = %listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
@@ -411,11 +411,18 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
         max_active_connections = limits.max_active_connections,
         "gpu-exporter listening"
     );
-    let router = http::router(AppState {
-        published: pub_rx,
-        interval: config.interval,
-        metrics: Arc::clone(&metrics),
-    });
+    let router = http::router_with(
+        AppState {
+            published: pub_rx,
+            interval: config.interval,
+            metrics: Arc::clone(&metrics),
+        },
+        http::HttpOptions {
+            max_concurrent_scrapes: config.args.max_concurrent_scrapes as usize,
+            health_require_gpus: config.args.health_require_gpus,
+            exporter_metrics: config.args.enable_exporter_metrics,
+        },
+    );
     let stop = shutdown.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -450,12 +457,26 @@ fn http_limits(config: &Config) -> http::Limits {
         }
         http::conn::connections_for_fd_limit(http::conn::fd_limit())
     };
+    // dcgm-exporter's Go server timeouts onto the per-phase deadlines: ReadTimeout bounds
+    // reading the request (our request-head deadline), WriteTimeout the time from the request
+    // head to the end of the response (ours exactly); a handler gets at most that long too.
+    let defaults = http::Limits::default();
+    let write_timeout = config
+        .args
+        .web_write_timeout
+        .unwrap_or(defaults.write_timeout);
     http::Limits {
+        header_read_timeout: config
+            .args
+            .web_read_timeout
+            .unwrap_or(defaults.header_read_timeout),
+        request_timeout: defaults.request_timeout.min(write_timeout),
+        write_timeout,
         max_connections,
         max_active_connections: usize::try_from(config.args.http_max_active_connections)
             .unwrap_or(usize::MAX)
             .min(max_connections),
-        ..http::Limits::default()
+        ..defaults
     }
 }
 

@@ -543,8 +543,10 @@ pub struct Config {
     pub catalog_path: Option<PathBuf>,
     /// Rows naming DCGM fields gpu-exporter does not collect.
     pub skipped: Vec<Skipped>,
-    /// Socket address to bind.
+    /// Socket address to bind (`:PORT`: 0.0.0.0:PORT; see `listen_on`).
     pub listen: SocketAddr,
+    /// Where to listen: `:PORT` is every address of both IP families.
+    pub listen_on: crate::http::listen::ListenOn,
     /// Sampling interval.
     pub interval: Duration,
     /// Hostname label value.
@@ -675,6 +677,11 @@ impl Config {
             }
         };
         let listen = parse_address(&args.address)?;
+        let listen_on = if args.address.starts_with(':') {
+            crate::http::listen::ListenOn::AnyAddress(listen.port())
+        } else {
+            crate::http::listen::ListenOn::Address(listen)
+        };
         let selection = parse_devices(&args.devices)?;
         let switches = parse_devices(&args.switch_devices).map_err(|e| match e {
             ConfigError::Devices { value, reason } => ConfigError::SwitchDevices { value, reason },
@@ -750,6 +757,7 @@ impl Config {
             catalog_path,
             skipped,
             listen,
+            listen_on,
             interval: Duration::from_millis(args.collect_interval),
             hostname,
             selection,
