@@ -283,7 +283,11 @@ async fn mtls_serves_metrics_only_to_clients_with_a_certificate_from_the_client_
     // No certificate: the handshake completes (the kubelet's probes present none) but
     // /metrics is refused; tests/flags.rs probes /health and /ready the kubelet's way.
     let none = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
-    assert_eq!(none.status, 403, "a client without a certificate got in: {}", none.text);
+    assert_eq!(
+        none.status, 403,
+        "a client without a certificate got in: {}",
+        none.text
+    );
     assert!(!none.text.contains("DCGM_FI_DEV_GPU_TEMP"));
 
     let rogue = Ca::new("rogue CA").leaf(&["prometheus"], false);

@@ -152,7 +152,8 @@ impl Explicit {
 /// [`Args`]' command with Go's syntax: bool flags take an optional `=VALUE` parsed by
 /// [`parse_bool`], and environment variables that `env` reports empty are ignored.
 pub fn command(env: &dyn Fn(&OsStr) -> Option<OsString>) -> clap::Command {
-    Args::command().mut_args(|arg| {
+    // Go's flag package lets a repeated flag override the earlier one.
+    Args::command().args_override_self(true).mut_args(|arg| {
         let empty_env = arg
             .get_env()
             .is_some_and(|name| env(name).is_some_and(|v| v.is_empty()));
@@ -385,6 +386,12 @@ mod tests {
         assert!(!go(&["--kubernetes=False"]).unwrap().kubernetes);
         assert!(!go(&[]).unwrap().kubernetes);
         assert!(go(&["-kubernetes=T"]).unwrap().kubernetes);
+        // Repeated: the last one wins, as in Go.
+        assert!(!go(&["-k", "--kubernetes=false"]).unwrap().kubernetes);
+        assert_eq!(
+            go(&["-c", "5000", "-c", "6000"]).unwrap().collect_interval,
+            6000
+        );
         let e = go(&["--kubernetes=yes"]).unwrap_err().to_string();
         assert!(
             e.contains("--kubernetes") && e.contains("is not a boolean"),
