@@ -29,6 +29,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::goflags::parse_duration;
+use super::Args;
 
 /// An unusable configuration file; names the file and the key.
 #[derive(Debug, thiserror::Error)]
@@ -362,6 +363,45 @@ pub fn parse(text: &str, origin: &str) -> Result<FileSettings, FileError> {
         }
     }
     Ok(out)
+}
+
+/// Applies `--config-file` to the settings not given explicitly; returns the inline CSV of
+/// `metrics.fields` (and the file) when that is the metric source.
+///
+/// # Errors
+/// [`FileError`] naming the file and key.
+pub fn apply(
+    args: &mut Args,
+    path: &Path,
+    notices: &mut Vec<String>,
+) -> Result<Option<(String, PathBuf)>, FileError> {
+    let f = load(path)?;
+    notices.extend(f.notices);
+    let mut inline = None;
+    let explicit = |id: &str| args.explicit.contains(id);
+    match f.metrics {
+        Some(MetricSource::File(p)) if !explicit("collectors") => args.collectors = Some(p),
+        Some(MetricSource::Inline(csv)) if !explicit("collectors") => {
+            inline = Some((csv, path.to_owned()));
+        }
+        _ => {}
+    }
+    if let Some(ms) = f.interval_ms.filter(|_| !explicit("collect_interval")) {
+        args.collect_interval = ms;
+    }
+    if let Some(on) = f
+        .enable_exporter_metrics
+        .filter(|_| !explicit("enable_exporter_metrics"))
+    {
+        args.enable_exporter_metrics = on;
+    }
+    if let Some(n) = f
+        .max_concurrent_scrapes
+        .filter(|_| !explicit("max_concurrent_scrapes"))
+    {
+        args.max_concurrent_scrapes = n;
+    }
+    Ok(inline)
 }
 
 type Invalid<'a> = dyn Fn(&str, String) -> FileError + 'a;

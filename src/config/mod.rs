@@ -5,6 +5,11 @@
 //! Operator setup keeps working. Flags that only make sense for DCGM are accepted and reported
 //! once at startup as having no effect; flags for features that are not built yet refuse to
 //! start rather than be silently ignored.
+//!
+//! - [`goflags`]: dcgm-exporter's (Go's) syntax on top of clap: `--bool=false`, ParseBool
+//!   environment values, empty variables unset, errors naming the variable; which settings were
+//!   given explicitly.
+//! - [`file`]: dcgm-exporter's YAML `--config-file`, applied to what was not given explicitly.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -14,6 +19,7 @@ use clap::{Parser, ValueEnum};
 
 pub mod file;
 pub mod goflags;
+mod inert;
 
 use crate::catalog::{self, Catalog, CatalogError, MetricSpec, Skipped};
 use crate::gpu::scenario::{self, Scenario, ScenarioError};
@@ -596,7 +602,7 @@ impl Config {
     pub fn resolve(mut args: Args) -> Result<Config, ConfigError> {
         let mut notices = Vec::new();
         let inline_csv = match args.config_file.clone() {
-            Some(path) => apply_file(&mut args, &path, &mut notices)?,
+            Some(path) => file::apply(&mut args, &path, &mut notices).map_err(ConfigError::File)?,
             None => None,
         };
         if let Some(socket) = args
@@ -622,7 +628,7 @@ impl Config {
                 notices.push(format!("{flag} 0 (no deadline) is not supported: every phase of a connection has a deadline here; using the default"));
             }
         }
-        notices.extend(inert_notices(&args));
+        notices.extend(inert::notices(&args));
         if args.configmap_data.as_deref().is_some_and(|v| v != "none") {
             return Err(ConfigError::Unsupported {
                 flag: "--configmap-data",
@@ -776,100 +782,9 @@ impl Config {
     }
 }
 
-/// Applies `--config-file` to the settings not given explicitly; returns the inline CSV of
-/// `metrics.fields` (and the file) when that is the metric source.
-fn apply_file(
-    args: &mut Args,
-    path: &std::path::Path,
-    notices: &mut Vec<String>,
-) -> Result<Option<(String, PathBuf)>, ConfigError> {
-    let f = file::load(path).map_err(ConfigError::File)?;
-    notices.extend(f.notices);
-    let mut inline = None;
-    let explicit = |id: &str| args.explicit.contains(id);
-    match f.metrics {
-        Some(file::MetricSource::File(p)) if !explicit("collectors") => args.collectors = Some(p),
-        Some(file::MetricSource::Inline(csv)) if !explicit("collectors") => {
-            inline = Some((csv, path.to_owned()));
-        }
-        _ => {}
-    }
-    if let Some(ms) = f.interval_ms.filter(|_| !explicit("collect_interval")) {
-        args.collect_interval = ms;
-    }
-    if let Some(on) = f
-        .enable_exporter_metrics
-        .filter(|_| !explicit("enable_exporter_metrics"))
-    {
-        args.enable_exporter_metrics = on;
-    }
-    if let Some(n) = f
-        .max_concurrent_scrapes
-        .filter(|_| !explicit("max_concurrent_scrapes"))
-    {
-        args.max_concurrent_scrapes = n;
-    }
-    Ok(inline)
-}
-
 /// The socket path of a CRI endpoint (`unix:///x` or `/x`).
 fn grpc_path(endpoint: &str) -> &str {
     endpoint.strip_prefix("unix://").unwrap_or(endpoint)
-}
-
-/// dcgm-exporter flags that mean nothing here: (Args field, why). Each one given (by flag,
-/// environment or a non-default value) is reported once.
-const INERT: &[(&str, &str)] = &[
-    ("cpu_devices", "gpu-exporter has no CPU entities (they come from DCGM)"),
-    ("fake_gpus", "there are no DCGM fake GPUs; --backend sim runs a simulated fleet"),
-    ("dump_enabled", "gpu-exporter writes no debug dumps; use --debug logs and /metrics"),
-    ("dump_directory", "gpu-exporter writes no debug dumps"),
-    ("dump_retention", "gpu-exporter writes no debug dumps"),
-    ("dump_compression", "gpu-exporter writes no debug dumps"),
-    ("watch_max_keep_age", "there are no DCGM field watches; NVML is read each interval"),
-    ("watch_max_keep_samples", "there are no DCGM field watches; NVML is read each interval"),
-    ("enable_gpu_bind_unbind_watch", "GPUs are rediscovered through NVML every minute"),
-    ("gpu_bind_unbind_poll_interval", "GPUs are rediscovered through NVML every minute"),
-    ("enable_pprof", "there is no Go runtime to profile"),
-    ("container_labels", "container labels are not read; --kubernetes-enable-pod-labels copies pod labels from the container runtime"),
-];
-
-fn inert_notices(args: &Args) -> Vec<String> {
-    let given = |id: &str| {
-        args.explicit.contains(id)
-            || match id {
-                "cpu_devices" => args.cpu_devices.is_some(),
-                "fake_gpus" => args.fake_gpus,
-                "dump_enabled" => args.dump_enabled,
-                "dump_directory" => args.dump_directory.is_some(),
-                "dump_retention" => args.dump_retention.is_some(),
-                "dump_compression" => args.dump_compression.is_some(),
-                "watch_max_keep_age" => args.watch_max_keep_age.is_some(),
-                "watch_max_keep_samples" => args.watch_max_keep_samples.is_some(),
-                "enable_gpu_bind_unbind_watch" => args.enable_gpu_bind_unbind_watch,
-                "gpu_bind_unbind_poll_interval" => args.gpu_bind_unbind_poll_interval.is_some(),
-                "enable_pprof" => args.enable_pprof,
-                "container_labels" => args.container_labels,
-                _ => false,
-            }
-    };
-    let cmd = <Args as clap::CommandFactory>::command();
-    INERT
-        .iter()
-        .filter(|(id, _)| given(id))
-        .map(|(id, why)| {
-            let arg = cmd.get_arguments().find(|a| a.get_id() == *id);
-            let mut name = String::new();
-            if let Some(s) = arg.and_then(clap::Arg::get_short) {
-                name.push_str(&format!("-{s}/"));
-            }
-            name.push_str(&format!("--{}", id.replace('_', "-")));
-            if let Some(e) = arg.and_then(clap::Arg::get_env) {
-                name.push_str(&format!(" ({})", e.to_string_lossy()));
-            }
-            format!("{name} has no effect: {why}")
-        })
-        .collect()
 }
 
 fn load_catalog(
