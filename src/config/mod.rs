@@ -909,6 +909,91 @@ mod tests {
         Args::try_parse_from(v).unwrap()
     }
 
+    fn go(extra: &[&str]) -> Args {
+        let argv = std::iter::once("gpu-exporter")
+            .chain(extra.iter().copied())
+            .map(std::ffi::OsString::from);
+        goflags::parse(argv, &|_| None).unwrap()
+    }
+
+    #[test]
+    fn container_runtime_socket_maps_onto_the_endpoint() {
+        let c =
+            Config::resolve(go(&["--container-runtime-socket", "/run/crio/crio.sock"])).unwrap();
+        assert_eq!(c.args.container_runtime_endpoint, "/run/crio/crio.sock");
+        let e = Config::resolve(go(&[
+            "--container-runtime-socket=/a.sock",
+            "--container-runtime-endpoint=unix:///b.sock",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("name different sockets"), "{e}");
+        let c = Config::resolve(go(&[
+            "--container-runtime-socket=/a.sock",
+            "--container-runtime-endpoint=unix:///a.sock",
+        ]))
+        .unwrap();
+        assert_eq!(c.args.container_runtime_endpoint, "unix:///a.sock");
+    }
+
+    #[test]
+    fn no_hostname_drops_the_label_value_only() {
+        let mut a = go(&["-n"]);
+        a.node_name = Some("node-7".into());
+        let c = Config::resolve(a).unwrap();
+        assert_eq!(c.hostname, "node-7");
+        assert_eq!(c.build_options().hostname, "");
+        let mut a = go(&["--no-hostname=false"]);
+        a.node_name = Some("node-7".into());
+        assert_eq!(
+            Config::resolve(a).unwrap().build_options().hostname,
+            "node-7"
+        );
+    }
+
+    #[test]
+    fn any_address_and_explicit_addresses() {
+        use crate::http::listen::ListenOn;
+        assert_eq!(
+            Config::resolve(go(&[])).unwrap().listen_on,
+            ListenOn::AnyAddress(9400)
+        );
+        assert_eq!(
+            Config::resolve(go(&["-a", "0.0.0.0:9400"]))
+                .unwrap()
+                .listen_on,
+            ListenOn::Address("0.0.0.0:9400".parse().unwrap())
+        );
+        assert_eq!(
+            Config::resolve(go(&["-a", "[::1]:1"])).unwrap().listen_on,
+            ListenOn::Address("[::1]:1".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn zero_web_timeouts_keep_the_defaults_and_say_so() {
+        let c = Config::resolve(go(&["--web-read-timeout=0", "--web-write-timeout=0s"])).unwrap();
+        assert_eq!(c.args.web_read_timeout, None);
+        assert_eq!(c.args.web_write_timeout, None);
+        assert_eq!(c.notices.len(), 2, "{:?}", c.notices);
+        let c = Config::resolve(go(&["--web-write-timeout=1m30s"])).unwrap();
+        assert_eq!(c.args.web_write_timeout, Some(Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn inert_flags_warn_once_each_whatever_their_value() {
+        let c = Config::resolve(go(&[
+            "--enable-pprof=false",
+            "-p",
+            "g",
+            "--dump-retention=1",
+        ]))
+        .unwrap();
+        assert_eq!(c.notices.len(), 3, "{:?}", c.notices);
+        assert!(c.notices[0]
+            .starts_with("-p/--cpu-devices (DCGM_EXPORTER_CPU_DEVICES_STR) has no effect"));
+        assert!(Config::resolve(go(&[])).unwrap().notices.is_empty());
+    }
+
     #[test]
     fn log_colour_needs_a_terminal_and_no_no_color() {
         use std::ffi::OsStr;
