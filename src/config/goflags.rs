@@ -392,6 +392,14 @@ mod tests {
             go(&["-c", "5000", "-c", "6000"]).unwrap().collect_interval,
             6000
         );
+        // Lists append, as Go's string-slice flags do.
+        let a = go(&[
+            "--nvidia-resource-names",
+            "a",
+            "--nvidia-resource-names=b,c",
+        ])
+        .unwrap();
+        assert_eq!(a.nvidia_resource_names, ["a", "b", "c"]);
         let e = go(&["--kubernetes=yes"]).unwrap_err().to_string();
         assert!(
             e.contains("--kubernetes") && e.contains("is not a boolean"),
