@@ -223,6 +223,28 @@ fn errors_name_the_env_var_the_flag_or_the_file_and_key() {
         },
         &["--configmap-data", "mount the ConfigMap"],
     );
+    // Values that parse but do not resolve name their variable too.
+    fails(
+        &|c| {
+            c.env("DCGM_EXPORTER_CONFIGMAP_DATA", "gpu-operator:metrics");
+        },
+        &[
+            "environment variable DCGM_EXPORTER_CONFIGMAP_DATA: --configmap-data:",
+            "mount the ConfigMap",
+        ],
+    );
+    fails(
+        &|c| {
+            c.env("DCGM_EXPORTER_DEVICES_STR", "x:1");
+        },
+        &["environment variable DCGM_EXPORTER_DEVICES_STR: --devices \"x:1\": unknown device type"],
+    );
+    fails(
+        &|c| {
+            c.env("GPU_EXPORTER_POD_RESOURCES_TTL", "1000");
+        },
+        &["environment variable GPU_EXPORTER_POD_RESOURCES_TTL: --pod-resources-ttl 1000"],
+    );
     let bad = write(
         dir.path(),
         "bad.yaml",
@@ -247,7 +269,11 @@ fn errors_name_the_env_var_the_flag_or_the_file_and_key() {
         &|c| {
             c.env("DCGM_EXPORTER_CONFIG_FILE", &unknown);
         },
-        &["unknown.yaml: metrics: unknown field `flie`", "line 3"],
+        &[
+            "environment variable DCGM_EXPORTER_CONFIG_FILE: --config-file:",
+            "unknown.yaml: metrics: unknown field `flie`",
+            "line 3",
+        ],
     );
     let fields = write(
         dir.path(),

@@ -10,7 +10,7 @@
 //! [`parse`] applies these rules to [`Args`] and records which settings were given explicitly
 //! (flag or environment), so a `--config-file` fills in only the rest.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::time::Duration;
 
@@ -135,17 +135,22 @@ pub enum CliError {
 
 /// The settings given explicitly, by flag or environment variable: `Args` field names.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Explicit(BTreeSet<String>);
+pub struct Explicit(BTreeMap<String, Option<String>>);
 
 impl Explicit {
     /// Whether the setting `id` (an `Args` field name) was given by flag or environment.
     pub fn contains(&self, id: &str) -> bool {
-        self.0.contains(id)
+        self.0.contains_key(id)
     }
 
-    /// Marks `id` as given explicitly.
-    pub fn insert(&mut self, id: &str) {
-        self.0.insert(id.to_owned());
+    /// Marks `id` as given explicitly (by the environment variable `env`, if so).
+    pub fn insert(&mut self, id: &str, env: Option<&str>) {
+        self.0.insert(id.to_owned(), env.map(str::to_owned));
+    }
+
+    /// The environment variable that gave `id`, when one did (not a flag).
+    pub fn env_var(&self, id: &str) -> Option<&str> {
+        self.0.get(id)?.as_deref()
     }
 }
 
@@ -296,11 +301,17 @@ pub fn parse(
     let matches = cmd.try_get_matches_from_mut(argv)?;
     let mut args = Args::from_arg_matches(&matches)?;
     for id in matches.ids() {
-        if matches!(
-            matches.value_source(id.as_str()),
-            Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
-        ) {
-            args.explicit.insert(id.as_str());
+        match matches.value_source(id.as_str()) {
+            Some(clap::parser::ValueSource::CommandLine) => args.explicit.insert(id.as_str(), None),
+            Some(clap::parser::ValueSource::EnvVariable) => {
+                let var = cmd
+                    .get_arguments()
+                    .find(|a| a.get_id() == id)
+                    .and_then(clap::Arg::get_env)
+                    .map(|v| v.to_string_lossy().into_owned());
+                args.explicit.insert(id.as_str(), var.as_deref());
+            }
+            _ => {}
         }
     }
     Ok(args)
@@ -435,6 +446,7 @@ mod tests {
         assert!(a.explicit.contains("collect_interval"));
         assert!(!a.explicit.contains("collectors"));
         assert!(!a.explicit.contains("debug"));
+        assert_eq!(a.explicit.env_var("kubernetes"), None);
     }
 
     #[test]

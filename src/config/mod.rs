@@ -528,6 +528,15 @@ pub enum ConfigError {
         /// The endpoint.
         endpoint: String,
     },
+    /// An error in a value that came from an environment variable.
+    #[error("environment variable {var}")]
+    FromEnv {
+        /// The variable.
+        var: String,
+        /// The error, naming the flag.
+        #[source]
+        source: Box<ConfigError>,
+    },
     /// A flag names a feature that is not available.
     #[error("{flag}: {reason}")]
     Unsupported {
@@ -536,6 +545,29 @@ pub enum ConfigError {
         /// Why.
         reason: &'static str,
     },
+}
+
+impl ConfigError {
+    /// The `Args` field whose value is at fault.
+    fn arg(&self) -> Option<&'static str> {
+        Some(match self {
+            ConfigError::Catalog(_) => "collectors",
+            ConfigError::Scenario(_) => "sim_scenario",
+            ConfigError::Address(_) => "address",
+            ConfigError::Devices { .. } => "devices",
+            ConfigError::SwitchDevices { .. } => "switch_devices",
+            ConfigError::PodResourcesTtl { .. } => "pod_resources_ttl",
+            ConfigError::CriTtl { .. } => "cri_ttl",
+            ConfigError::AllowlistRegex { .. } => "kubernetes_pod_label_allowlist_regex",
+            ConfigError::File(_) => "config_file",
+            ConfigError::RuntimeSocket { .. } => "container_runtime_socket",
+            ConfigError::Unsupported { flag, .. } => match *flag {
+                "--configmap-data" => "configmap_data",
+                _ => return None,
+            },
+            ConfigError::FromEnv { .. } => return None,
+        })
+    }
 }
 
 /// The resolved configuration.
@@ -599,7 +631,18 @@ impl Config {
     ///
     /// # Errors
     /// A [`ConfigError`] naming the flag at fault.
-    pub fn resolve(mut args: Args) -> Result<Config, ConfigError> {
+    pub fn resolve(args: Args) -> Result<Config, ConfigError> {
+        let explicit = args.explicit.clone();
+        Self::resolve_args(args).map_err(|e| match e.arg().and_then(|id| explicit.env_var(id)) {
+            Some(var) => ConfigError::FromEnv {
+                var: var.to_owned(),
+                source: Box::new(e),
+            },
+            None => e,
+        })
+    }
+
+    fn resolve_args(mut args: Args) -> Result<Config, ConfigError> {
         let mut notices = Vec::new();
         let inline_csv = match args.config_file.clone() {
             Some(path) => file::apply(&mut args, &path, &mut notices).map_err(ConfigError::File)?,

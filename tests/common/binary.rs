@@ -22,12 +22,39 @@ pub fn command() -> Command {
 }
 
 /// Runs `cmd` to its exit (a start that must fail); returns the status and stderr.
+///
+/// # Panics
+/// If it is still running after [`DEADLINE`] (it started instead of failing).
 pub fn run_to_exit(mut cmd: Command) -> (ExitStatus, String) {
-    let out = cmd.stdin(Stdio::null()).output().expect("run gpu-exporter");
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run gpu-exporter");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "gpu-exporter did not exit within {DEADLINE:?}:\n{}",
+                reader.join().unwrap_or_default()
+            );
+        }
+        // Polling another process's state.
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, reader.join().unwrap_or_default())
 }
 
 /// A running exporter; killed when dropped.
