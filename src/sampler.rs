@@ -2,6 +2,14 @@
 //! attribution, also its processes and their cgroups) → record events → attribute processes to
 //! containers → build the snapshot → render it once → publish the bytes.
 //!
+//! Attribution is there from the first sample: the first tick after a successful device
+//! discovery waits for the first answer of every configured attribution source (kubelet,
+//! container runtime, HPC directory), each at most its call timeout; a source that did not
+//! answer in time is logged and counted (`gpu_exporter_attribution_first_answer_timeouts_total`).
+//! After that, a change of attribution is published as soon as a source publishes it: the last
+//! readings are attributed and rendered again, without reading the GPUs
+//! (`gpu_exporter_attribution_updates_total`).
+//!
 //! Scrapes never reach this code: they clone the last published [`Published`] body. A slow
 //! source delays the next sample (ticks are skipped, not queued); a failing device only removes
 //! its own series and is counted in `gpu_exporter_sample_errors_total`.
@@ -25,7 +33,7 @@ use crate::hpc::HpcJobs;
 use crate::pods::directory::PodDirectory;
 use crate::pods::procfs::ProcRoot;
 use crate::pods::usage::{self, Owner};
-use crate::pods::Attribution;
+use crate::pods::{Answered, Attribution};
 use crate::render::render;
 use crate::self_metrics::{GpuStates, SampleStats, SelfMetrics};
 use crate::snapshot::{self, BuildOptions, DeviceOutcome, Workload};
@@ -87,6 +95,30 @@ struct TickRead {
     owners: HashMap<u32, Owner>,
     examples: BTreeMap<&'static str, String>,
     xids: Vec<(String, XidEvent)>,
+}
+
+/// An attribution source the first sample waits for.
+#[derive(Debug)]
+struct FirstAnswer {
+    /// `kubelet`, `cri` or `hpc`.
+    source: &'static str,
+    answered: watch::Receiver<Answered>,
+    /// The longest wait: the source's call timeout.
+    wait: Duration,
+}
+
+/// The last sample's readings, kept so that a change of attribution can be published at once
+/// by attributing and rendering them again.
+#[derive(Debug)]
+struct LastSample {
+    catalog: Arc<Catalog>,
+    outcomes: Vec<DeviceOutcome>,
+    /// Per device, in `outcomes` order (empty when per-process attribution is off).
+    processes: Vec<Option<Result<Vec<GpuProcess>, FieldError>>>,
+    owners: HashMap<u32, Owner>,
+    begun: Instant,
+    duration_seconds: f64,
+    timestamp_seconds: f64,
 }
 
 /// Sampler settings.
@@ -163,6 +195,12 @@ pub struct Sampler<S: GpuSource> {
     hpc_jobs: Option<watch::Receiver<Arc<HpcJobs>>>,
     /// The last pod attribution and HPC jobs, and the two merged (reused while unchanged).
     merged: Option<(Arc<Attribution>, Arc<HpcJobs>, Arc<Attribution>)>,
+    /// The attribution sources the first sample waits for.
+    first_answers: Vec<FirstAnswer>,
+    /// Whether the first sample after a successful discovery has waited for them.
+    waited: bool,
+    /// The last sample's readings.
+    last: Option<LastSample>,
 }
 
 impl<S: GpuSource> Sampler<S> {
@@ -195,7 +233,30 @@ impl<S: GpuSource> Sampler<S> {
             process_problems: BTreeSet::new(),
             hpc_jobs: None,
             merged: None,
+            first_answers: Vec::new(),
+            waited: false,
+            last: None,
         }
+    }
+
+    /// Makes the first sample wait for the first answer of an attribution source (`kubelet`,
+    /// `cri`, `hpc`) on `answered`, at most `wait` (its call timeout). A source that does not
+    /// answer in time is logged and counted in
+    /// `gpu_exporter_attribution_first_answer_timeouts_total`; its labels follow when it answers.
+    #[must_use]
+    pub fn with_first_answer(
+        mut self,
+        source: &'static str,
+        answered: watch::Receiver<Answered>,
+        wait: Duration,
+    ) -> Self {
+        self.metrics.attribution.add_source(source);
+        self.first_answers.push(FirstAnswer {
+            source,
+            answered,
+            wait,
+        });
+        self
     }
 
     /// Reads pod UIDs, pod labels and containers from the container runtime task's channel;
@@ -230,11 +291,11 @@ impl<S: GpuSource> Sampler<S> {
 
     /// The current attribution: the pods', with the HPC jobs merged in.
     fn attribution_now(&mut self) -> Arc<Attribution> {
-        let pods = self.attribution.borrow().clone();
-        let Some(rx) = &self.hpc_jobs else {
+        let pods = self.attribution.borrow_and_update().clone();
+        let Some(rx) = &mut self.hpc_jobs else {
             return pods;
         };
-        let hpc = rx.borrow().clone();
+        let hpc = rx.borrow_and_update().clone();
         if hpc.jobs.is_empty() {
             return pods;
         }
@@ -267,16 +328,67 @@ impl<S: GpuSource> Sampler<S> {
     ) {
         let mut ticker = tokio::time::interval(self.opts.interval);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let mut first_logged = false;
         loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
             let published = tokio::select! {
                 () = shutdown.cancelled() => return,
-                p = self.tick() => p,
+                _ = ticker.tick() => tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    p = self.tick() => Some(p),
+                },
+                () = changed(Some(&mut self.attribution)) => self.update(),
+                () = changed(self.directory.as_mut()) => self.update(),
+                () = changed(self.hpc_jobs.as_mut()) => self.update(),
             };
-            tx.send_replace(Some(published));
+            if let Some(p) = published {
+                let first = !first_logged && p.not_ready.is_none();
+                let series = p.series;
+                tx.send_replace(Some(p));
+                if first {
+                    first_logged = true;
+                    tracing::info!(series, "first sample published; /ready answers 200");
+                }
+            }
+        }
+    }
+
+    /// The last sample attributed and rendered again with the current attribution (a source
+    /// published a change); `None` before the first sample.
+    pub fn update(&mut self) -> Option<Arc<Published>> {
+        let mut last = self.last.take()?;
+        let published = self.render_last(&mut last, false);
+        self.last = Some(last);
+        tracing::debug!(
+            series = published.series,
+            "attribution changed; the last sample re-published with it"
+        );
+        Some(published)
+    }
+
+    /// Waits for the first answer of every attribution source, each at most its call timeout.
+    async fn wait_for_first_answers(&mut self) {
+        let start = Instant::now();
+        let devices = self.devices.clone();
+        for gate in &mut self.first_answers {
+            let deadline = start + gate.wait;
+            let answered = matches!(
+                tokio::time::timeout_at(deadline, gate.answered.wait_for(|a| a.covers(&devices)))
+                    .await,
+                Ok(Ok(_))
+            );
+            if answered {
+                tracing::debug!(
+                    source = gate.source,
+                    "first sample: attribution source answered"
+                );
+            } else {
+                self.metrics.attribution.count_timeout(gate.source);
+                tracing::warn!(
+                    source = gate.source,
+                    timeout = ?gate.wait,
+                    "first sample published without this attribution source: it did not answer within its call timeout; its labels follow as soon as it answers (gpu_exporter_attribution_first_answer_timeouts_total)"
+                );
+            }
         }
     }
 
@@ -284,8 +396,11 @@ impl<S: GpuSource> Sampler<S> {
     pub async fn tick(&mut self) -> Arc<Published> {
         let begun = Instant::now();
         let catalog = self.catalog.borrow().clone();
-        let attribution = self.attribution_now();
         self.rediscover_if_due(begun).await;
+        if !self.waited && self.not_ready.is_none() {
+            self.waited = true;
+            self.wait_for_first_answers().await;
+        }
 
         let source = Arc::clone(&self.source);
         let fields = fields_to_read(&catalog, |f| source.supports(f));
@@ -326,16 +441,6 @@ impl<S: GpuSource> Sampler<S> {
                 }
             }
         };
-        let directory = self
-            .directory
-            .as_ref()
-            .map(|rx| rx.borrow().clone())
-            .unwrap_or_default();
-        let workload = Workload {
-            usage: self.attribute_processes(&samples, &processes, &owners, &examples, &directory),
-            directory,
-        };
-
         let now_ms = u64::try_from((begun - self.started).as_millis()).unwrap_or(u64::MAX);
         for (uuid, x) in &xids {
             self.history.record_xid(uuid, now_ms, x.xid);
@@ -379,23 +484,76 @@ impl<S: GpuSource> Sampler<S> {
             o.recent = self.history.recent(&o.device.identity.uuid);
         }
 
+        let mut last = LastSample {
+            catalog,
+            outcomes,
+            processes,
+            owners,
+            begun,
+            duration_seconds: 0.0,
+            timestamp_seconds: 0.0,
+        };
+        let published = self.render_last_with(&mut last, Some(&examples));
+        self.last = Some(last);
+        published
+    }
+
+    /// Attributes and renders `last`: a fresh sample (`fresh`, its per-process problems
+    /// counted and logged) or, after a change of attribution, the last one again.
+    fn render_last(&mut self, last: &mut LastSample, fresh: bool) -> Arc<Published> {
+        let examples = BTreeMap::new();
+        self.render_last_with(last, fresh.then_some(&examples))
+    }
+
+    /// [`Sampler::render_last`]; `examples` (the per-process problems' example errors) is
+    /// `Some` for a fresh sample.
+    fn render_last_with(
+        &mut self,
+        last: &mut LastSample,
+        examples: Option<&BTreeMap<&'static str, String>>,
+    ) -> Arc<Published> {
+        let fresh = examples.is_some();
+        let attribution = self.attribution_now();
+        let directory = self
+            .directory
+            .as_mut()
+            .map(|rx| rx.borrow_and_update().clone())
+            .unwrap_or_default();
+        let workload = Workload {
+            usage: self.attribute_processes(
+                &last.outcomes,
+                &last.processes,
+                &last.owners,
+                examples,
+                &directory,
+            ),
+            directory,
+        };
         let snap = snapshot::build_with(
-            &catalog,
-            &outcomes,
+            &last.catalog,
+            &last.outcomes,
             &attribution,
             &workload,
             &self.opts.build,
         );
-        self.metrics.count_field_errors(&snap.field_errors);
-        self.metrics.count_sample();
+        if fresh {
+            self.metrics.count_field_errors(&snap.field_errors);
+            self.metrics.count_sample();
+        } else {
+            self.metrics.attribution.count_update();
+        }
         let mut body = String::with_capacity(snap.series * 200 + 4096);
         render(&snap.families, &mut body);
-        let stats = SampleStats {
-            duration_seconds: begun.elapsed().as_secs_f64(),
-            timestamp_seconds: SystemTime::now()
+        if fresh {
+            last.duration_seconds = last.begun.elapsed().as_secs_f64();
+            last.timestamp_seconds = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64()),
-            gpus: gpu_states(&outcomes, self.opts.build.xid_window_ms),
+                .map_or(0.0, |d| d.as_secs_f64());
+        }
+        let stats = SampleStats {
+            duration_seconds: last.duration_seconds,
+            timestamp_seconds: last.timestamp_seconds,
+            gpus: gpu_states(&last.outcomes, self.opts.build.xid_window_ms),
             series: snap.series,
         };
         render(
@@ -404,20 +562,21 @@ impl<S: GpuSource> Sampler<S> {
         );
         Arc::new(Published::new(
             Bytes::from(body),
-            begun,
+            last.begun,
             snap.series,
             self.not_ready.clone(),
         ))
     }
 
-    /// Attributes this tick's processes to containers, records the outcome and logs each new
-    /// problem once. Empty when per-process attribution is off.
+    /// Attributes the last sample's processes to containers. For a fresh sample (`examples`
+    /// given) records the outcome and failures and logs each new problem once; again after a
+    /// change of attribution, only the outcome. Empty when per-process attribution is off.
     fn attribute_processes(
         &mut self,
-        samples: &[DeviceRead],
+        outcomes: &[DeviceOutcome],
         processes: &[Option<Result<Vec<GpuProcess>, FieldError>>],
         owners: &HashMap<u32, Owner>,
-        examples: &BTreeMap<&'static str, String>,
+        examples: Option<&BTreeMap<&'static str, String>>,
         directory: &PodDirectory,
     ) -> BTreeMap<crate::pods::EntityKey, usage::EntityUsage> {
         let Some(root) = &self.proc_root else {
@@ -425,7 +584,7 @@ impl<S: GpuSource> Sampler<S> {
         };
         let mut read: Vec<(&Device, &[GpuProcess])> = Vec::new();
         let mut nvml_errors: BTreeMap<&'static str, u64> = BTreeMap::new();
-        for ((device, _), p) in samples.iter().zip(processes) {
+        for (device, p) in outcomes.iter().map(|o| &o.device).zip(processes) {
             match p {
                 Some(Ok(list)) => read.push((device, list.as_slice())),
                 Some(Err(FieldError::NotSupported)) | None => {}
@@ -436,6 +595,13 @@ impl<S: GpuSource> Sampler<S> {
             }
         }
         let mut result = usage::attribute(&read, owners, directory);
+        let Some(examples) = examples else {
+            // The same readings again: their failures were counted and logged when read.
+            self.metrics
+                .processes
+                .record_tick(&result.outcomes, &BTreeMap::new());
+            return result.entities;
+        };
         for (r, n) in nvml_errors {
             *result.errors.entry(r).or_default() += n;
         }
@@ -505,7 +671,16 @@ impl<S: GpuSource> Sampler<S> {
                         changed
                     });
                 }
-                self.not_ready = None;
+                // GPUs can come and go (a MIG reconfiguration, a GPU falling off the bus):
+                // when the selection matches none of them, degrade (not ready, said why).
+                let unselected = self.opts.build.selection.selects_nothing(&self.devices);
+                if let Some(why) = unselected
+                    .as_ref()
+                    .filter(|w| self.not_ready.as_ref() != Some(*w))
+                {
+                    tracing::warn!("{why}; /ready answers 503 until it selects one");
+                }
+                self.not_ready = unselected;
                 self.discovered_at = Some(now);
             }
             // A failed discovery is retried at the next tick (the source paces its own
@@ -595,4 +770,15 @@ fn gpu_states(outcomes: &[DeviceOutcome], window_ms: u64) -> GpuStates {
         }
     }
     s
+}
+
+/// Resolves when `rx` holds a value not seen yet; never when there is no channel or its sender
+/// is gone.
+async fn changed<T>(rx: Option<&mut watch::Receiver<T>>) {
+    if let Some(rx) = rx {
+        if rx.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
 }

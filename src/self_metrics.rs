@@ -32,9 +32,14 @@ pub struct SelfMetrics {
     pub processes: ProcessStatus,
     /// HPC job mapping health, rendered only with `--hpc-job-mapping-dir`.
     pub hpc_jobs: HpcJobsStatus,
+    /// The first sample's wait for attribution, and updates between samples; rendered only
+    /// when an attribution source runs.
+    pub attribution: AttributionStatus,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     last_reload_failed: AtomicBool,
+    /// Log lines (or parts) that could not be written to stderr (shared with the log writer).
+    log_write_errors: std::sync::Arc<AtomicU64>,
     /// HTTP connections and rejected requests.
     pub http: HttpStats,
 }
@@ -345,6 +350,76 @@ impl PodResourcesStatus {
     }
 }
 
+/// The first sample's wait for the attribution sources (kubelet, container runtime, HPC
+/// directory) and the bodies re-published between samples because attribution changed; updated
+/// by the sampler and rendered as `gpu_exporter_attribution_*`.
+#[derive(Debug, Default)]
+pub struct AttributionStatus {
+    inner: Mutex<AttributionState>,
+}
+
+/// A copy of [`AttributionStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttributionState {
+    /// Each source the first sample waits for, with the number of first samples published
+    /// without its first answer (it did not answer within its call timeout).
+    pub first_answer_timeouts: BTreeMap<&'static str, u64>,
+    /// Bodies re-rendered from the last readings because attribution changed.
+    pub updates: u64,
+}
+
+impl AttributionStatus {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AttributionState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Registers a source the first sample waits for (turns the families on).
+    pub fn add_source(&self, source: &'static str) {
+        self.lock().first_answer_timeouts.entry(source).or_default();
+    }
+
+    /// Counts a first sample published without `source`'s first answer.
+    pub fn count_timeout(&self, source: &'static str) {
+        *self.lock().first_answer_timeouts.entry(source).or_default() += 1;
+    }
+
+    /// Counts a body re-rendered because attribution changed.
+    pub fn count_update(&self) {
+        self.lock().updates += 1;
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> AttributionState {
+        self.lock().clone()
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let s = self.state();
+        if s.first_answer_timeouts.is_empty() {
+            return Vec::new();
+        }
+        vec![
+            family(
+                "gpu_exporter_attribution_first_answer_timeouts_total",
+                "First samples published without this attribution source's first answer: it did not answer within its call timeout, so that sample went out without its labels (they follow as soon as it answers).",
+                MetricType::Counter,
+                s.first_answer_timeouts
+                    .iter()
+                    .map(|(src, n)| labelled(&[("source", src)], count(*n)))
+                    .collect(),
+            ),
+            family(
+                "gpu_exporter_attribution_updates_total",
+                "Bodies re-published between samples because attribution changed (pods, containers, HPC jobs): re-rendered from the last GPU readings, without reading the GPUs again.",
+                MetricType::Counter,
+                one(count(s.updates)),
+            ),
+        ]
+    }
+}
+
 /// The HPC job mapping's health, updated by [`crate::hpc::HpcWatcher`] and rendered with each
 /// sample as `gpu_exporter_hpc_job_*`.
 #[derive(Debug, Default)]
@@ -363,6 +438,8 @@ pub struct HpcJobsState {
     pub files_bad: u64,
     /// Problems seen, by reason (each counted when it appears).
     pub errors: BTreeMap<&'static str, u64>,
+    /// Directory entries not read at the last scan, by reason.
+    pub ignored: BTreeMap<&'static str, u64>,
 }
 
 impl HpcJobsStatus {
@@ -382,6 +459,11 @@ impl HpcJobsStatus {
         let mut s = self.lock();
         s.files_ok = ok as u64;
         s.files_bad = bad as u64;
+    }
+
+    /// Records the entries the last scan did not read, by reason.
+    pub fn record_ignored(&self, ignored: &BTreeMap<&'static str, usize>) {
+        self.lock().ignored = ignored.iter().map(|(&k, &v)| (k, v as u64)).collect();
     }
 
     /// Counts a new problem.
@@ -425,6 +507,15 @@ impl HpcJobsStatus {
                 series: crate::hpc::HpcError::REASONS
                     .iter()
                     .map(|r| labelled("reason", r, s.errors.get(r).copied().unwrap_or(0)))
+                    .collect(),
+            },
+            Family {
+                name: "gpu_exporter_hpc_job_files_ignored".to_owned(),
+                help: "Entries of --hpc-job-mapping-dir not read at the last scan, by reason: no_such_gpu (named for a GPU or MIG instance not on this node), not_a_mapping_name.".to_owned(),
+                kind: MetricType::Gauge,
+                series: crate::hpc::Ignored::REASONS
+                    .iter()
+                    .map(|r| labelled("reason", r, s.ignored.get(r).copied().unwrap_or(0)))
                     .collect(),
             },
         ]
@@ -694,6 +785,14 @@ pub struct SampleStats {
 }
 
 impl SelfMetrics {
+    /// Renders `gpu_exporter_log_write_errors_total` from `counter` (the log writer's count of
+    /// failed writes) once it is non-zero.
+    #[must_use]
+    pub fn with_log_write_errors(mut self, counter: std::sync::Arc<AtomicU64>) -> Self {
+        self.log_write_errors = counter;
+        self
+    }
+
     /// Counts a finished sampling tick.
     pub fn count_sample(&self) {
         self.samples.fetch_add(1, Ordering::Relaxed);
@@ -858,11 +957,22 @@ impl SelfMetrics {
                 one(count(self.scrapes.load(Ordering::Relaxed))),
             ),
         ];
+        // Absent until a log line is lost (stderr closed: a log shipper restarting), so that
+        // the bodies of healthy exporters do not change.
+        let lost = self.log_write_errors.load(Ordering::Relaxed);
+        if lost > 0 {
+            families.push(counter(
+                "gpu_exporter_log_write_errors_total",
+                "Writes of log lines to stderr that failed (the lines are lost; absent until the first).",
+                one(count(lost)),
+            ));
+        }
         families.extend(self.http.families());
         families.extend(self.pod_resources.families());
         families.extend(self.cri.families());
         families.extend(self.processes.families());
         families.extend(self.hpc_jobs.families());
+        families.extend(self.attribution.families());
         families
     }
 }

@@ -69,6 +69,49 @@ impl DeviceSelection {
             DeviceSelection::Instances(Some(ids)) => ids.contains(&inst.gi_id),
         }
     }
+
+    /// Whether any GPU or MIG instance of `devices` is selected. When none is (`-d g:99` on an
+    /// 8-GPU node, `-d i` without MIG), no GPU series would be exported.
+    pub fn selects_any(&self, devices: &[Device]) -> bool {
+        devices.iter().any(|d| {
+            self.gpu_selected(d) || d.instances.iter().any(|i| self.instance_selected(d, i))
+        })
+    }
+
+    /// Why nothing of `devices` is selected, for the startup error and `/ready`; `None` when
+    /// something is (or there is no device at all).
+    pub fn selects_nothing(&self, devices: &[Device]) -> Option<String> {
+        if devices.is_empty() || self.selects_any(devices) {
+            return None;
+        }
+        let instances: usize = devices.iter().map(|d| d.instances.len()).sum();
+        let indices: Vec<String> = devices
+            .iter()
+            .map(|d| d.identity.index.to_string())
+            .collect();
+        Some(format!(
+            "-d/--devices \"{self}\" selects none of the {} GPUs (indices {}) and {instances} MIG instances found, so no GPU series would be exported",
+            devices.len(),
+            indices.join(", ")
+        ))
+    }
+}
+
+impl std::fmt::Display for DeviceSelection {
+    /// As written on the command line: `f`, `g`, `g:0,2`, `i`, `i:9`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, ids) = match self {
+            DeviceSelection::Flex => return f.write_str("f"),
+            DeviceSelection::Gpus(ids) => ("g", ids),
+            DeviceSelection::Instances(ids) => ("i", ids),
+        };
+        f.write_str(kind)?;
+        if let Some(ids) = ids {
+            let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+            write!(f, ":{}", ids.join(","))?;
+        }
+        Ok(())
+    }
 }
 
 /// Options that shape the labels.
@@ -221,7 +264,7 @@ const DRA_LABELS: [&str; 7] = [
 /// Label names a pod label may not take: the identity labels (GPU and NVLink entities, both
 /// generations of names), every per-series attribute, and the attributes of pod, DRA and HPC
 /// attribution. A pod label with one of these names (or a label-type CSV field's, or the hostname
-/// label's) is left out, as dcgm-exporter never lets pod labels override its own.
+/// label's) is renamed ([`pod_label_names`]), as dcgm-exporter 4.8.3 does.
 const RESERVED_LABELS: &[&str] = &[
     "gpu",
     "UUID",
@@ -310,14 +353,82 @@ impl Variant {
     }
 }
 
-/// Renders a pod's labels (`,name="value"` each, after the other labels), leaving out names
-/// in `reserved`.
+/// The fields whose per-pod copies carry each holder's own use with
+/// `--kubernetes-virtual-gpus` (dcgm-exporter's `isPerProcessMetric`: GPU utilisation and
+/// framebuffer used, here in either naming generation's unit).
+fn is_per_process(field: Field) -> bool {
+    matches!(
+        field,
+        Field::GpuUtil | Field::GpuUtilRatio | Field::FbUsed | Field::FbUsedBytes
+    )
+}
+
+/// The label names in use with these options, which a pod label may not take
+/// ([`pod_label_names`] renames it): [`RESERVED_LABELS`] and the DRA labels, less the names of
+/// the naming generation (`-o`) and hostname label not in use, plus the hostname label and the
+/// catalog's label-type fields.
+pub fn reserved_labels(catalog: &Catalog, opts: &BuildOptions) -> HashSet<String> {
+    let unused: &[&str] = if opts.old_namespace {
+        &["UUID", "pod", "namespace", "container"]
+    } else {
+        &["uuid", "pod_name", "pod_namespace", "container_name"]
+    };
+    let mut reserved: HashSet<String> = RESERVED_LABELS
+        .iter()
+        .chain(&DRA_LABELS)
+        .filter(|l| !unused.contains(l))
+        // NVLink series always say `hostname`; `Hostname` only when it is the hostname label.
+        .filter(|l| **l != "Hostname")
+        .map(|s| (*s).to_owned())
+        .collect();
+    reserved.insert(opts.hostname_label.clone());
+    reserved.extend(catalog.labels.iter().map(|l| l.name.clone()));
+    reserved
+}
+
+/// The prefix of a pod label renamed because its name is in use (dcgm-exporter 4.8.3's
+/// `podLabelPrefix`).
+pub const POD_LABEL_PREFIX: &str = "pod_label_";
+
+/// A pod's labels, named as dcgm-exporter 4.8.3 names them (`copyPodLabels` and
+/// `availablePodLabelName`, upstream commit 181290c, #711): labels whose name is free keep it;
+/// then each label whose name is in `reserved`, in name order, becomes `pod_label_<name>`, or
+/// `pod_label_<name>_conflict<N>` with the smallest N from 1 that is free (not reserved and not
+/// taken by another pod label). Sorted by name.
+pub fn pod_label_names<'a>(
+    labels: &'a [(String, String)],
+    reserved: &HashSet<String>,
+) -> Vec<(String, &'a str)> {
+    let (colliding, free): (Vec<_>, Vec<_>) = labels
+        .iter()
+        .partition(|(k, _)| reserved.contains(k.as_str()));
+    let mut out: Vec<(String, &str)> = free.iter().map(|(k, v)| (k.clone(), v.as_str())).collect();
+    let mut sorted = colliding;
+    sorted.sort();
+    for (k, v) in sorted {
+        let base = format!("{POD_LABEL_PREFIX}{k}");
+        let in_use = |name: &str, out: &[(String, &str)]| {
+            reserved.contains(name) || out.iter().any(|(n, _)| n == name)
+        };
+        let mut name = base.clone();
+        let mut n = 1u32;
+        while in_use(&name, &out) {
+            name = format!("{base}_conflict{n}");
+            n += 1;
+        }
+        out.push((name, v.as_str()));
+    }
+    out.sort();
+    out
+}
+
+/// Renders a pod's labels (`,name="value"` each, after the other labels), those whose name the
+/// exporter uses (`reserved`) renamed as [`pod_label_names`] says.
 fn render_pod_labels(meta: Option<&PodMeta>, reserved: &HashSet<String>) -> String {
     let mut out = String::new();
-    for (k, v) in meta.map_or(&[][..], |m| m.labels.as_slice()) {
-        if !reserved.contains(k.as_str()) {
-            push_label(&mut out, k, v);
-        }
+    let labels = meta.map_or(&[][..], |m| m.labels.as_slice());
+    for (k, v) in pod_label_names(labels, reserved) {
+        push_label(&mut out, &k, v);
     }
     // push_label separates pairs with commas; the suffix follows other labels.
     if out.is_empty() {
@@ -336,6 +447,10 @@ struct Entity<'a> {
     prefix: String,
     /// Attribute sets, one per exported copy of each series.
     variants: Vec<Variant>,
+    /// With `--kubernetes-virtual-gpus` on an entity shared through the device plugin: the
+    /// device-level copies (no pod attributes; one per HPC job) that dcgm-exporter keeps next
+    /// to the per-pod copies of the per-process fields. Empty otherwise.
+    device_variants: Vec<Variant>,
     /// Who holds the entity.
     holders: &'a [Holder],
     /// Who runs processes on it, when known.
@@ -383,13 +498,7 @@ pub fn build_with(
     workload: &Workload,
     opts: &BuildOptions,
 ) -> Snapshot {
-    let mut reserved: HashSet<String> = RESERVED_LABELS
-        .iter()
-        .chain(&DRA_LABELS)
-        .map(|s| (*s).to_owned())
-        .collect();
-    reserved.insert(opts.hostname_label.clone());
-    reserved.extend(catalog.labels.iter().map(|l| l.name.clone()));
+    let reserved = reserved_labels(catalog, opts);
     let ctx = Ctx {
         catalog,
         attribution,
@@ -601,19 +710,24 @@ fn entity<'a>(
     let usage = ctx.workload.usage.get(&key);
     let mut prefix = identity_labels(outcome, instance, ctx.opts);
     push_label_fields(&mut prefix, ctx.catalog, outcome, |_| true);
-    let variants = ctx.variants(
-        &prefix,
-        holders,
-        instance,
-        ctx.attribution.jobs_of(key),
-        usage,
-    );
+    let jobs = ctx.attribution.jobs_of(key);
+    let variants = ctx.variants(&prefix, holders, instance, jobs, usage);
+    // dcgm-exporter 4.8.2+ (#594): "original device-level metric" kept next to the per-pod
+    // copies of GPU_UTIL and FB_USED when pods share the device (DRA holders take another path).
+    let shared =
+        ctx.opts.virtual_gpus && !holders.is_empty() && holders.iter().all(|h| h.dra.is_none());
+    let device_variants = if shared {
+        ctx.variants(&prefix, &[], instance, jobs, None)
+    } else {
+        Vec::new()
+    };
     Entity {
         outcome,
         instance,
         link: None,
         prefix,
         variants,
+        device_variants,
         holders,
         usage,
     }
@@ -656,6 +770,7 @@ fn link_entity<'a>(ctx: &Ctx<'a>, outcome: &'a DeviceOutcome, link: &'a LinkSamp
         link: Some(link),
         prefix,
         variants,
+        device_variants: Vec::new(),
         // Shared GPUs are joined through the GPU's own pod-info series.
         holders: &[],
         usage: None,
@@ -787,6 +902,10 @@ fn entity_series(
                 return;
             }
             let window = ("window_size_in_ms", opts.clock_window_ms.to_string());
+            // As dcgm-exporter's expcollector: an entity without events gets one series, 0.
+            if recent.clock_event_counts.is_empty() {
+                push(std::slice::from_ref(&window), Value::Int(0));
+            }
             for &(reason, n) in &recent.clock_event_counts {
                 push(
                     &[("clock_event", reason.to_owned()), window.clone()],
@@ -796,6 +915,14 @@ fn entity_series(
         }
         field => match e.reading(field) {
             Some(Ok(v @ (Value::Int(_) | Value::Float(_)))) => {
+                if is_per_process(field) {
+                    for d in &e.device_variants {
+                        fam.series.push(Series {
+                            labels: Arc::clone(&d.full),
+                            value: v.clone(),
+                        });
+                    }
+                }
                 for variant in &e.variants {
                     fam.series.push(Series {
                         labels: Arc::clone(&variant.full),
@@ -1170,6 +1297,46 @@ mod tests {
         assert_eq!(fb.len(), 1);
         assert!(
             fb[0].contains("gpu=\"0\"") && !fb[0].contains("GPU_I_ID") && fb[0].ends_with(" 1000")
+        );
+    }
+
+    #[test]
+    fn a_selection_that_matches_nothing_is_told_apart() {
+        let mig = device(0, "A100", &[(2, "3g.40gb"), (9, "1g.10gb")]);
+        let plain = device(1, "A100", &[]);
+        let both = [mig.clone(), plain.clone()];
+        for (sel, devices, selects) in [
+            (DeviceSelection::Flex, &both[..], true),
+            (DeviceSelection::Gpus(None), &both[..], true),
+            (DeviceSelection::Gpus(Some(vec![1])), &both[..], true),
+            (DeviceSelection::Gpus(Some(vec![99])), &both[..], false),
+            (DeviceSelection::Instances(None), &both[..], true),
+            (DeviceSelection::Instances(Some(vec![9])), &both[..], true),
+            (DeviceSelection::Instances(Some(vec![5])), &both[..], false),
+            // `-d i` on a node without MIG.
+            (
+                DeviceSelection::Instances(None),
+                std::slice::from_ref(&plain),
+                false,
+            ),
+        ] {
+            assert_eq!(sel.selects_any(devices), selects, "{sel:?}");
+            assert_eq!(sel.selects_nothing(devices).is_none(), selects, "{sel:?}");
+        }
+        assert_eq!(
+            DeviceSelection::Gpus(Some(vec![99]))
+                .selects_nothing(&both)
+                .unwrap(),
+            "-d/--devices \"g:99\" selects none of the 2 GPUs (indices 0, 1) and 2 MIG instances found, so no GPU series would be exported"
+        );
+        // No device at all is another matter (NVML not up yet, or no GPU): not this error.
+        assert_eq!(
+            DeviceSelection::Gpus(Some(vec![99])).selects_nothing(&[]),
+            None
+        );
+        assert_eq!(
+            DeviceSelection::Instances(Some(vec![1, 3])).to_string(),
+            "i:1,3"
         );
     }
 
@@ -1634,8 +1801,10 @@ mod tests {
             &[
                 ("team", "search"),
                 ("app.kubernetes.io/name", "embed"),
-                // These would clash with labels the exporter sets: left out.
+                // These would clash with labels the exporter sets: renamed as dcgm-exporter
+                // 4.8.3 renames them (`pod_label_<name>`, then `_conflict<N>`).
                 ("pod", "evil"),
+                ("pod_label_pod", "taken"),
                 ("gpu", "9"),
                 ("DCGM_FI_DRIVER_VERSION", "x"),
             ],
@@ -1652,14 +1821,14 @@ mod tests {
         let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
         assert_eq!(temp.len(), 1);
         assert!(
-            temp[0].ends_with(r#"container="c",namespace="ns",pod="a",pod_uid="uid-a",app_kubernetes_io_name="embed",team="search"} 50"#),
+            temp[0].ends_with(r#"container="c",namespace="ns",pod="a",pod_uid="uid-a",app_kubernetes_io_name="embed",pod_label_DCGM_FI_DRIVER_VERSION="x",pod_label_gpu="9",pod_label_pod="taken",pod_label_pod_conflict1="evil",team="search"} 50"#),
             "{}",
             temp[0]
         );
         let info = lines(&s, POD_INFO);
         assert!(
             info[0].ends_with(
-                r#"vgpu="",pod_uid="uid-a",app_kubernetes_io_name="embed",team="search"} 1"#
+                r#"vgpu="",pod_uid="uid-a",app_kubernetes_io_name="embed",pod_label_DCGM_FI_DRIVER_VERSION="x",pod_label_gpu="9",pod_label_pod="taken",pod_label_pod_conflict1="evil",team="search"} 1"#
             ),
             "{}",
             info[0]
@@ -1782,19 +1951,28 @@ mod tests {
             .iter()
             .map(|l| value(l))
             .collect();
-        // a (capped at 100), a's second replica 0, b, the idle holder 0.
-        assert_eq!(util, ["100", "0", "12", "0"]);
+        // As dcgm-exporter 4.8.2+: the device-level series first (no pod labels, the device's
+        // value), then a (capped at 100), a's second replica 0, b, the idle holder 0.
+        assert_eq!(util, ["99", "100", "0", "12", "0"]);
+        let device_level = &lines(&s, "DCGM_FI_DEV_GPU_UTIL")[0];
+        assert!(
+            !device_level.contains("pod=") && !device_level.contains("vgpu="),
+            "{device_level}"
+        );
         let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED")
             .iter()
             .map(|l| value(l))
             .collect();
-        assert_eq!(fb, ["100", "0", "50", "0"]);
-        // Other fields stay copies.
+        assert_eq!(fb, ["160", "100", "0", "50", "0"]);
+        // Other fields stay copies, without a device-level series.
         let temp: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_TEMP")
             .iter()
             .map(|l| value(l))
             .collect();
         assert_eq!(temp, ["50", "50", "50", "50"]);
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")
+            .iter()
+            .all(|l| l.contains("pod=")));
 
         // An incomplete entity (a process not attributed) keeps the device's value everywhere.
         w.usage.get_mut(&gpu0()).unwrap().complete = false;
@@ -1803,14 +1981,14 @@ mod tests {
             .iter()
             .map(|l| value(l))
             .collect();
-        assert_eq!(util, ["99", "99", "99", "99"]);
+        assert_eq!(util, ["99", "99", "99", "99", "99"]);
         // No usage at all (per-process attribution off or failed): copies too.
         let s = build_with(&cat(), std::slice::from_ref(&out), &att, &workload(&[]), &o);
         let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED")
             .iter()
             .map(|l| value(l))
             .collect();
-        assert_eq!(fb, ["160", "160", "160", "160"]);
+        assert_eq!(fb, ["160", "160", "160", "160", "160"]);
     }
 
     fn with_util(mut o: DeviceOutcome, util: i64) -> DeviceOutcome {
@@ -1850,11 +2028,11 @@ mod tests {
         let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
         assert_eq!(
             temp[0],
-            r#"DCGM_FI_DEV_GPU_TEMP{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",team="t"} 50"#
+            r#"DCGM_FI_DEV_GPU_TEMP{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",pod_label_pod_name="clash",team="t"} 50"#
         );
         let info = lines(&s, POD_INFO);
         assert!(
-            info[0].ends_with(r#"uuid="GPU-0",pod_name="a",pod_namespace="ns",container_name="c",vgpu="",pod_uid="uid-a",team="t"} 1"#),
+            info[0].ends_with(r#"uuid="GPU-0",pod_name="a",pod_namespace="ns",container_name="c",vgpu="",pod_uid="uid-a",pod_label_pod_name="clash",team="t"} 1"#),
             "{}",
             info[0]
         );
@@ -1863,7 +2041,7 @@ mod tests {
         assert_eq!(
             sm,
             [
-                r#"gpu_exporter_container_sm_utilization_percent{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",team="t"} 30"#
+                r#"gpu_exporter_container_sm_utilization_percent{gpu="0",uuid="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="a",pod_namespace="ns",pod_uid="uid-a",pod_label_pod_name="clash",team="t"} 30"#
             ]
         );
         // Without -o the pod label `pod_name` clashes with nothing and is kept.
@@ -1875,7 +2053,8 @@ mod tests {
             &w,
             &o,
         );
-        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")[0].contains(r#"pod_uid="uid-a",team="t""#));
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")[0]
+            .contains(r#"pod_uid="uid-a",pod_name="clash",team="t""#));
     }
 
     #[test]
@@ -1956,9 +2135,12 @@ mod tests {
         let out = with_util(outcome(device(0, "H100", &[]), 50, 160), 99);
         let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
         let util = lines(&s, "DCGM_FI_DEV_GPU_UTIL");
+        // The device-level series (dcgm-exporter 4.8.2+) are multiplied by the jobs too.
         assert_eq!(
             util,
             [
+                r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",hpc_job="j1"} 99"#,
+                r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",hpc_job="j2"} 99"#,
                 r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",hpc_job="j1",namespace="ns",pod="a",pod_uid="uid-a",vgpu="0"} 30"#,
                 r#"DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container="c",hpc_job="j2",namespace="ns",pod="a",pod_uid="uid-a",vgpu="0"} 30"#,
             ]
@@ -2007,12 +2189,60 @@ mod tests {
             .iter()
             .map(value)
             .collect();
-        assert_eq!(util, ["0.3", "0"]);
+        assert_eq!(util, ["0.99", "0.3", "0"]);
         let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED_BYTES")
             .iter()
             .map(value)
             .collect();
-        assert_eq!(fb, [(100 * 1_048_576 + 7).to_string(), "0".to_owned()]);
+        assert_eq!(
+            fb,
+            [
+                (160 << 20).to_string(),
+                (100 * 1_048_576 + 7).to_string(),
+                "0".to_owned()
+            ]
+        );
+    }
+
+    #[test]
+    fn colliding_pod_labels_are_renamed_as_dcgm_exporter_4_8_3_does() {
+        let reserved: HashSet<String> = ["gpu", "pod", "pod_label_gpu"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let l = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let labels = l(&[
+            ("gpu", "a"),
+            ("pod", "b"),
+            ("pod_label_pod", "c"),
+            ("pod_label_pod_conflict1", "d"),
+            ("team", "e"),
+        ]);
+        let named = pod_label_names(&labels, &reserved);
+        let named: Vec<(&str, &str)> = named.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(
+            named,
+            [
+                // gpu: pod_label_gpu is in use too, so the first free _conflict<N>.
+                ("pod_label_gpu_conflict1", "a"),
+                // Free names keep theirs, before colliding ones are placed.
+                ("pod_label_pod", "c"),
+                ("pod_label_pod_conflict1", "d"),
+                ("pod_label_pod_conflict2", "b"),
+                ("team", "e"),
+            ]
+        );
+        // Nothing collides: unchanged.
+        let plain = l(&[("app", "x")]);
+        assert_eq!(
+            pod_label_names(&plain, &reserved),
+            [("app".to_owned(), "x")]
+        );
     }
 
     #[test]
@@ -2055,11 +2285,15 @@ mod tests {
             o.pod_uid = true;
             o.hostname_label = label.into();
             let s = build_with(&cat, &outcomes, &att, &w, &o);
+            let in_use = reserved_labels(&cat, &o);
             for fam in &s.families {
                 for series in &fam.series {
                     for pair in series.labels.split("\",") {
                         let name = pair.split('=').next().unwrap_or_default();
-                        seen.insert(name.trim_start_matches(',').to_owned());
+                        let name = name.trim_start_matches(',');
+                        // Each build's own names are in use for its pod labels.
+                        assert!(in_use.contains(name), "{name} not reserved with {o:?}");
+                        seen.insert(name.to_owned());
                     }
                 }
             }

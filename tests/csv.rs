@@ -22,12 +22,12 @@ fn upstream_default_counters_load_unchanged() {
         let names: Vec<&str> = cat.metrics.iter().map(|m| m.name.as_str()).collect();
         assert!(names.contains(&"DCGM_FI_DEV_GPU_UTIL"), "{file}");
         assert!(names.contains(&"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), "{file}");
-        assert_eq!(cat.metrics.len(), 24, "{file}: {names:?}");
+        // Every row loads, DCGM_FI_DEV_VGPU_LICENSE_STATUS included (read through NVML).
+        assert_eq!(cat.metrics.len(), 25, "{file}: {names:?}");
+        assert!(names.contains(&"DCGM_FI_DEV_VGPU_LICENSE_STATUS"), "{file}");
         assert_eq!(cat.labels.len(), 1);
         assert_eq!(cat.labels[0].field, Field::DriverVersion);
-        // The one DCGM field we do not collect is reported, with its line, for a warning.
-        assert_eq!(skipped.len(), 1, "{file}: {skipped:?}");
-        assert_eq!(skipped[0].name, "DCGM_FI_DEV_VGPU_LICENSE_STATUS");
+        assert!(skipped.is_empty(), "{file}: {skipped:?}");
         let counter = cat
             .metrics
             .iter()
@@ -76,7 +76,7 @@ fn missing_file_error_names_the_path() {
     let err = catalog::load(Path::new("/nonexistent/metrics.csv")).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "reading metrics CSV /nonexistent/metrics.csv"
+        "metrics CSV /nonexistent/metrics.csv: no such file"
     );
 }
 
@@ -207,13 +207,12 @@ fn newest_upstream_default_set_loads_unchanged_with_its_own_fields() {
         field("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND"),
         Field::ProfPcieTxBytes
     );
-    // The 4.8.x file's 24 rows, plus DCGM_FI_DEV_FB_CAPACITY_BYTES.
-    assert_eq!(cat.metrics.len(), 25, "{:?}", cat.metrics);
+    // The 4.8.x file's 25 rows, plus DCGM_FI_DEV_FB_CAPACITY_BYTES.
+    assert_eq!(cat.metrics.len(), 26, "{:?}", cat.metrics);
     assert_eq!(cat.labels.len(), 1);
     assert_eq!(cat.labels[0].name, "DCGM_FI_SYSTEM_DRIVER_VERSION");
     assert_eq!(cat.labels[0].field, Field::DriverVersion);
-    assert_eq!(skipped.len(), 1, "{skipped:?}");
-    assert_eq!(skipped[0].name, "DCGM_FI_DEV_VGPU_LICENSE_STATUS");
+    assert!(skipped.is_empty(), "{skipped:?}");
     // No classic name is left among the active rows.
     for m in &cat.metrics {
         assert!(
@@ -249,4 +248,108 @@ fn upstream_1x_compatibility_csv_loads_with_its_lowercase_names() {
         .iter()
         .all(|s| s.name.starts_with("dcgm_fi_prof_pcie_") && s.duplicate_of.is_some()));
     assert!(cat.labels.is_empty());
+}
+
+/// Every CSV under metrics-config/ is shipped (the image installs them all at
+/// /etc/dcgm-exporter/): each must load with the catalog, serve at least one series, and skip
+/// only what the file's own comments say it skips.
+#[test]
+fn every_shipped_csv_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("metrics-config");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("metrics-config/")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    files.sort();
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    // The four files the image ships (scripts/build-image.sh, Dockerfile).
+    for expected in [
+        "1.x-compatibility-metrics.csv",
+        "dcgm-exporter-4.10-default-counters.csv",
+        "dcp-metrics-included.csv",
+        "default-counters.csv",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing: {names:?}"
+        );
+    }
+    for path in &files {
+        let (cat, skipped) =
+            catalog::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            !cat.metrics.is_empty(),
+            "{}: no metric rows",
+            path.display()
+        );
+        let text = std::fs::read_to_string(path).expect("read");
+        for s in &skipped {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with('#') && l.contains(&s.name)),
+                "{}:{}: {} is skipped but the file's comments do not say so",
+                path.display(),
+                s.line,
+                s.name
+            );
+        }
+    }
+}
+
+/// The file the GPU Operator selects has dcgm-exporter's active rows, in its order, with its
+/// types and help texts (the fixture holds them as upstream has them).
+#[test]
+fn shipped_dcp_metrics_included_has_upstreams_active_rows() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rows = |p: &Path| -> Vec<(String, String, String)> {
+        let (cat, skipped) = catalog::load(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let mut all: Vec<(u64, String, String, String)> = cat
+            .metrics
+            .iter()
+            .chain(cat.labels.iter())
+            .map(|m| {
+                (
+                    m.line,
+                    m.name.clone(),
+                    m.kind.as_str().to_owned(),
+                    m.help.clone(),
+                )
+            })
+            .chain(
+                skipped
+                    .iter()
+                    .map(|s| (s.line, s.name.clone(), "skipped".into(), String::new())),
+            )
+            .collect();
+        all.sort();
+        all.into_iter().map(|(_, n, k, h)| (n, k, h)).collect()
+    };
+    let ours = rows(&root.join("metrics-config/dcp-metrics-included.csv"));
+    let upstream = rows(&fixture("upstream/dcp-metrics-included.csv"));
+    assert_eq!(ours, upstream);
+    assert_eq!(ours.len(), 26, "{ours:?}");
+}
+
+/// The 1.x names file serves the same series as upstream's (the fixture is upstream's file).
+#[test]
+fn shipped_1x_compatibility_csv_matches_upstream() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let load = |p: &Path| {
+        let (cat, skipped) = catalog::load(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let m: Vec<(String, String, String)> = cat
+            .metrics
+            .iter()
+            .map(|m| (m.name.clone(), m.kind.as_str().to_owned(), m.help.clone()))
+            .collect();
+        let s: Vec<String> = skipped.iter().map(|s| s.name.clone()).collect();
+        (m, s)
+    };
+    let ours = load(&root.join("metrics-config/1.x-compatibility-metrics.csv"));
+    let upstream = load(&fixture("upstream/1.x-compatibility-metrics.csv"));
+    assert_eq!(ours, upstream);
+    assert_eq!(ours.0.len(), 20);
 }

@@ -103,6 +103,27 @@ async fn eight_h100() {
         Attribution::default(),
     )
     .await;
+    // As dcgm-exporter's expcollector: every monitored GPU has a clock-events series, 0 with
+    // only the window label where it had no event.
+    let clock = common::series(&body, "DCGM_EXP_CLOCK_EVENTS_COUNT");
+    for gpu in 0..8 {
+        let g = format!("gpu=\"{gpu}\",");
+        assert!(
+            clock.iter().any(|l| l.contains(&g)),
+            "GPU {gpu}: {clock:#?}"
+        );
+    }
+    let quiet: Vec<&&str> = clock
+        .iter()
+        .filter(|l| !l.contains("clock_event="))
+        .collect();
+    assert!(!quiet.is_empty());
+    assert!(
+        quiet
+            .iter()
+            .all(|l| l.ends_with(",window_size_in_ms=\"300000\"} 0")),
+        "{quiet:#?}"
+    );
     check("8xH100-SXM", &body);
 }
 
@@ -128,6 +149,37 @@ async fn incidents_lost_gpu_dbe_overheat_xid() {
     )
     .await;
     check("8xH100-SXM-incidents", &body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn xid_texts_are_dcgm_exporters() {
+    let body = render_case(
+        "8xH100-SXM",
+        Some("xids.toml"),
+        common::build_options(),
+        Attribution::default(),
+    )
+    .await;
+    // err_msg is a label value: the exact text of dcgm-exporter's table.
+    let xid = common::series(&body, "DCGM_FI_DEV_XID_ERRORS");
+    for (gpu, code, text) in [
+        (0, 109, "Context Switch Timeout Error"),
+        (1, 140, "Unrecovered ECC Error"),
+        (
+            2,
+            45,
+            "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+        ),
+        (3, 154, "GPU Recovery Action Changed"),
+        (4, 173, "Unknown Error"),
+        (5, 0, "No Error"),
+    ] {
+        let g = format!("gpu=\"{gpu}\",");
+        let line = xid.iter().find(|l| l.contains(&g)).expect("XID series");
+        let want = format!(",err_code=\"{code}\",err_msg=\"{text}\"}} {code}");
+        assert!(line.ends_with(&want), "{line}");
+    }
+    check("8xH100-SXM-xids", &body);
 }
 
 #[tokio::test(start_paused = true)]
@@ -212,16 +264,74 @@ async fn render_processes(virtual_gpus: bool) -> String {
 }
 
 #[tokio::test(start_paused = true)]
+async fn colliding_pod_labels_are_renamed() {
+    // etl-0's pod carries labels named like labels the exporter writes (and one named like the
+    // renamed form): dcgm-exporter 4.8.3 renames them `pod_label_<name>`, then
+    // `pod_label_<name>_conflict<N>`, instead of dropping them.
+    let text = std::fs::read_to_string(common::pods_fixture("a100-mig-shared-seed1.toml"))
+        .expect("fixture");
+    let text = text.replace(
+        r#"labels = { app = "etl" }"#,
+        r#"labels = { app = "etl", gpu = "spoof", pod = "spoof-pod", pod_label_pod = "mine", modelName = "m", "DCGM_FI_DRIVER_VERSION" = "1" }"#,
+    );
+    let node = Assignments::parse(&text, "colliding").expect("fixture parses");
+    let opts = BuildOptions {
+        pod_uid: true,
+        ..common::build_options()
+    };
+    let h = common::harness(
+        common::sim("4xA100-80GB-MIG", None),
+        common::shipped_catalog(),
+        opts,
+    );
+    h.pods_tx
+        .send_replace(Arc::new(common::holders("4xA100-80GB-MIG", &node)));
+    let (_dir_tx, dir_rx) = watch::channel(Arc::new(common::directory(&node, true)));
+    let mut sampler = h.sampler.with_directory(dir_rx, Arc::new(Notify::new()));
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(sampler.tick().await);
+    }
+    let body = common::normalise(&last.expect("three ticks").body);
+    let etl: Vec<&str> = common::series(&body, "DCGM_FI_DEV_FB_USED")
+        .into_iter()
+        .filter(|l| l.contains("pod=\"etl-0\""))
+        .collect();
+    assert_eq!(etl.len(), 1, "{etl:#?}");
+    assert!(
+        etl[0].contains(r#",pod="etl-0",pod_uid="8c1d5e7a-2b44-4f19-9a6e-0c3b7d9e5f10",app="etl",pod_label_DCGM_FI_DRIVER_VERSION="1",pod_label_gpu="spoof",pod_label_modelName="m",pod_label_pod="mine",pod_label_pod_conflict1="spoof-pod"}"#),
+        "{}",
+        etl[0]
+    );
+    assert!(etl[0].starts_with(r#"DCGM_FI_DEV_FB_USED{gpu="0","#));
+    check("4xA100-80GB-MIG-pod-label-collisions", &body);
+}
+
+#[tokio::test(start_paused = true)]
 async fn processes_on_shared_and_mig_gpus() {
     check("4xA100-80GB-MIG-processes", &render_processes(false).await);
 }
 
 #[tokio::test(start_paused = true)]
 async fn processes_on_shared_and_mig_gpus_virtual() {
-    check(
-        "4xA100-80GB-MIG-processes-virtual",
-        &render_processes(true).await,
-    );
+    let body = render_processes(true).await;
+    // As dcgm-exporter 4.8.2+ (#594): the device-level GPU_UTIL and FB_USED series stay next to
+    // the per-pod copies of the shared GPU 3; other fields have only the copies.
+    for metric in [
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_GPU_TEMP",
+    ] {
+        let gpu3: Vec<&str> = common::series(&body, metric)
+            .into_iter()
+            .filter(|l| l.contains("gpu=\"3\","))
+            .collect();
+        let device_level = gpu3.iter().filter(|l| !l.contains("pod=")).count();
+        let per_pod = gpu3.iter().filter(|l| l.contains("vgpu=")).count();
+        let want = usize::from(metric != "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!((device_level, per_pod), (want, 3), "{metric}: {gpu3:#?}");
+    }
+    check("4xA100-80GB-MIG-processes-virtual", &body);
 }
 
 #[tokio::test(start_paused = true)]
@@ -266,6 +376,12 @@ async fn newest_upstream_names_and_units() {
     .await;
     assert!(body.contains("DCGM_FI_SYSTEM_DRIVER_VERSION=\"570.172.08\""));
     assert!(!body.contains("DCGM_FI_DRIVER_VERSION="));
+    // The CSV lists DCGM_FI_DEV_VGPU_LICENSE_STATUS; the simulated GPUs are bare metal, where
+    // NVML has no vGPU licensing: no series and no read error, as on a real bare-metal GPU.
+    assert!(
+        !body.contains("VGPU_LICENSE_STATUS"),
+        "bare metal has no vGPU licence status"
+    );
     check("8xH100-SXM-dcgm-exporter-4.10", &body);
 }
 
@@ -303,7 +419,12 @@ async fn dra_claims_and_hpc_jobs() {
         ..MappingOptions::default()
     };
     let mut pods = mapping::attribution_from(&reply, &devices, &opts).attribution;
-    pods.jobs = hpc::scan(std::path::Path::new(&format!("{fixtures}/hpc/a100-mig"))).jobs;
+    let monitored = hpc::entities(&devices);
+    pods.jobs = hpc::scan(
+        std::path::Path::new(&format!("{fixtures}/hpc/a100-mig")),
+        &monitored,
+    )
+    .jobs;
     assert_eq!(pods.jobs.len(), 3, "{:?}", pods.jobs);
     let body = render_case("4xA100-80GB-MIG", None, common::build_options(), pods).await;
     check("4xA100-80GB-MIG-dra-hpc", &body);

@@ -428,7 +428,9 @@ async fn time_slicing_with_four_replicas_keeps_device_series_and_lists_every_hol
     )));
     assert!(!lines_for(&body, UTIL, 4, None)[0].contains("pod="));
 
-    // --kubernetes-virtual-gpus: one copy per holder, with vgpu, and no unlabelled copy.
+    // --kubernetes-virtual-gpus: one copy per holder, with vgpu. As in dcgm-exporter 4.8.2+
+    // (#594), GPU_UTIL and FB_USED keep the device-level series next to the copies; other
+    // fields have no unlabelled copy.
     let mut v = pipeline(
         "8xH100-SXM",
         client(&sock),
@@ -438,8 +440,17 @@ async fn time_slicing_with_four_replicas_keeps_device_series_and_lists_every_hol
     v.body().await;
     v.refresher.refresh_once().await;
     let body = v.body().await;
-    let copies = lines_for(&body, UTIL, 3, None);
-    assert_eq!(copies.len(), 4, "{body}");
+    let util = lines_for(&body, UTIL, 3, None);
+    assert_eq!(util.len(), 5, "{body}");
+    assert!(
+        !util[0].contains("pod=") && !util[0].contains("vgpu="),
+        "{}",
+        util[0]
+    );
+    let temps = lines_for(&body, "DCGM_FI_DEV_GPU_TEMP", 3, None);
+    assert_eq!(temps.len(), 4, "{body}");
+    assert!(temps.iter().all(|l| l.contains("pod=")), "{temps:#?}");
+    let copies = &util[1..];
     for (i, l) in copies.iter().enumerate() {
         assert!(l.contains(&format!("vgpu=\"{i}\"")), "{l}");
         assert!(l.contains("namespace=\"infer\""), "{l}");

@@ -515,8 +515,10 @@ async fn virtual_gpus_carry_each_holders_own_util_and_memory() {
         3,
         None,
     );
-    assert_eq!(util.len(), 3, "{util:?}");
-    for (pod, v) in &util {
+    // The three holders, and (as dcgm-exporter 4.8.2+) the device-level series, no pod labels.
+    assert_eq!(util.len(), 4, "{util:?}");
+    assert_eq!(util[""].len(), 1, "{util:?}");
+    for (pod, v) in util.iter().filter(|(pod, _)| !pod.is_empty()) {
         assert_eq!(v, &own[pod], "{pod}");
     }
     let fb = by_pod(&body, "DCGM_FI_DEV_FB_USED", 0, Some(9));
@@ -703,10 +705,11 @@ async fn without_the_runtime_attribution_degrades_to_holders_with_a_self_metric(
         ),
         6.0
     );
-    // Holder attribution as before: one series per holder, each a copy of the device value, and
-    // no pod_uid (it comes from the runtime).
+    // Holder attribution as before: one series per holder, each a copy of the device value,
+    // next to the device-level series, and no pod_uid (it comes from the runtime).
     let util = by_pod(&body, "DCGM_FI_DEV_GPU_UTIL", 3, None);
-    assert_eq!(util.len(), 3);
+    assert_eq!(util.len(), 4, "{util:?}");
+    assert!(util.contains_key(""), "{util:?}");
     let values: Vec<f64> = util.values().flatten().copied().collect();
     assert!(values.windows(2).all(|w| w[0] == w[1]), "{values:?}");
     assert_eq!(series(&body, "gpu_exporter_gpu_pod_info").len(), 6);

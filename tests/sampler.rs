@@ -1,18 +1,28 @@
 //! The sampling loop under paused time: ticks publish on the interval, a failing field or device
 //! removes only its own series and is counted, lost GPUs come back, re-discovery notices a vanished
-//! GPU, and a reloaded catalog takes effect on the next tick.
+//! GPU, and a reloaded catalog takes effect on the next tick. At the default 30 s interval with
+//! the real kubelet refresher (an in-memory resolver): the first sample waits for the kubelet's
+//! first answer (at most its call timeout), and a pod change is published within one refresh
+//! without reading the GPUs again.
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpu_exporter::catalog::{self, Field};
 use gpu_exporter::gpu::scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, DeviceSample, FieldError, GpuSource, SourceError, XidEvent};
+use gpu_exporter::pods::fake::Assignments;
+use gpu_exporter::pods::proto::ListPodResourcesResponse;
+use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
+use gpu_exporter::pods::{Attribution, AttributionError, PodResolver};
+use gpu_exporter::sampler::{Published, Sampler, SamplerOptions};
+use gpu_exporter::self_metrics::SelfMetrics;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Wraps the sim to inject failures.
@@ -197,6 +207,39 @@ async fn rediscovery_notices_a_vanished_gpu() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn when_the_selected_gpu_vanishes_the_exporter_degrades_to_not_ready_and_recovers() {
+    let hidden = Arc::new(AtomicBool::new(false));
+    let mut src = faulty();
+    src.hide_gpu = Some((7, Arc::clone(&hidden)));
+    let mut opts = common::build_options();
+    opts.selection = gpu_exporter::snapshot::DeviceSelection::Gpus(Some(vec![7]));
+    let mut h = common::harness(src, common::shipped_catalog(), opts);
+    let before = h.sampler.tick().await;
+    assert_eq!(before.not_ready, None);
+    assert_eq!(
+        common::series(&body_of(&before), "DCGM_FI_DEV_GPU_TEMP").len(),
+        1
+    );
+    // GPU 7 falls off: the process keeps running, /ready says why.
+    hidden.store(true, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let gone = h.sampler.tick().await;
+    assert_eq!(
+        gone.not_ready.as_deref(),
+        Some("-d/--devices \"g:7\" selects none of the 7 GPUs (indices 0, 1, 2, 3, 4, 5, 6) and 0 MIG instances found, so no GPU series would be exported")
+    );
+    // It comes back: ready again.
+    hidden.store(false, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let back = h.sampler.tick().await;
+    assert_eq!(back.not_ready, None);
+    assert_eq!(
+        common::series(&body_of(&back), "DCGM_FI_DEV_GPU_TEMP").len(),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_new_catalog_takes_effect_on_the_next_tick() {
     let mut h = common::harness(
         common::sim("1xA100-40GB", None),
@@ -231,4 +274,259 @@ async fn the_same_seed_gives_the_same_body() {
         let y = common::normalise(&b.sampler.tick().await.body);
         assert_eq!(x, y);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attribution from the first sample, and changes between samples
+
+/// dcgm-exporter's and our default collect interval.
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+/// The default kubelet call timeout (`--pod-resources-timeout`).
+const KUBELET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The simulated fleet, counting GPU reads (one `sample` call per device and tick).
+struct Counting {
+    inner: SimulatedSource,
+    reads: Arc<AtomicUsize>,
+}
+
+impl GpuSource for Counting {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn supports(&self, field: Field) -> bool {
+        self.inner.supports(field)
+    }
+    fn devices(&self) -> Result<Vec<Device>, SourceError> {
+        self.inner.devices()
+    }
+    fn sample(&self, device: &Device, fields: &[Field]) -> Result<DeviceSample, SourceError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.sample(device, fields)
+    }
+    fn drain_xids(&self) -> Vec<(String, XidEvent)> {
+        self.inner.drain_xids()
+    }
+}
+
+/// A kubelet in memory: answers with what `reply` holds after `delay` (never while it holds
+/// `None`).
+#[derive(Clone)]
+struct Kubelet {
+    reply: Arc<Mutex<Option<ListPodResourcesResponse>>>,
+    delay: Duration,
+}
+
+impl PodResolver for Kubelet {
+    fn origin(&self) -> String {
+        "in-memory".into()
+    }
+    async fn list(&self) -> Result<ListPodResourcesResponse, AttributionError> {
+        tokio::time::sleep(self.delay).await;
+        let reply = self.reply.lock().unwrap().clone();
+        match reply {
+            Some(r) => Ok(r),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// The H100 node of tests/fixtures/pods/h100-seed1.toml (ml/notebook-alice holds GPU 2).
+fn h100_reply() -> ListPodResourcesResponse {
+    Assignments::load(&common::pods_fixture("h100-seed1.toml"))
+        .expect("fixture parses")
+        .reply
+}
+
+/// A node as `main` builds it with `-k` at the default interval: the sampler over the counting
+/// sim, the kubelet refresher publishing to it, the sampler's first sample waiting for the
+/// refresher's first answer.
+struct Node {
+    published: watch::Receiver<Option<Arc<Published>>>,
+    reads: Arc<AtomicUsize>,
+    metrics: Arc<SelfMetrics>,
+    stop: CancellationToken,
+}
+
+impl Node {
+    fn start(kubelet: Kubelet) -> Self {
+        let reads = Arc::new(AtomicUsize::new(0));
+        let source = Counting {
+            inner: common::sim("8xH100-SXM", None),
+            reads: Arc::clone(&reads),
+        };
+        let metrics = Arc::new(SelfMetrics::default());
+        let (_catalog_tx, catalog_rx) = watch::channel(Arc::new(common::shipped_catalog()));
+        let (pods_tx, pods_rx) = watch::channel(Arc::new(Attribution::default()));
+        let (inv_tx, inv_rx) = watch::channel(Arc::new(Vec::new()));
+        let refresher = Refresher::new(
+            kubelet,
+            inv_rx,
+            pods_tx,
+            Arc::clone(&metrics),
+            RefresherOptions::default(),
+        );
+        let sampler = Sampler::new(
+            Arc::new(source),
+            catalog_rx,
+            pods_rx,
+            SamplerOptions {
+                interval: DEFAULT_INTERVAL,
+                rediscover_every: Duration::from_secs(60),
+                build: common::build_options(),
+            },
+            Arc::clone(&metrics),
+        )
+        .with_inventory(inv_tx)
+        .with_first_answer("kubelet", refresher.answered(), KUBELET_TIMEOUT);
+        let stop = CancellationToken::new();
+        let (tx, published) = watch::channel(None);
+        tokio::spawn(refresher.run(stop.clone()));
+        tokio::spawn(sampler.run(tx, stop.clone()));
+        Self {
+            published,
+            reads,
+            metrics,
+            stop,
+        }
+    }
+
+    /// The next body published.
+    async fn next(&mut self) -> String {
+        self.published.changed().await.expect("sampler running");
+        let p = self
+            .published
+            .borrow_and_update()
+            .clone()
+            .expect("a sample");
+        body_of(&p)
+    }
+
+    fn reads(&self) -> usize {
+        self.reads.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The `DCGM_FI_DEV_GPU_UTIL` line of GPU `gpu`.
+fn util_of(body: &str, gpu: u32) -> String {
+    let g = format!("gpu=\"{gpu}\",");
+    let lines: Vec<&str> = common::series(body, "DCGM_FI_DEV_GPU_UTIL")
+        .into_iter()
+        .filter(|l| l.contains(&g))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    lines[0].to_owned()
+}
+
+const ALICE: &str = "container=\"jupyter\",namespace=\"ml\",pod=\"notebook-alice\"";
+
+#[tokio::test(start_paused = true)]
+async fn the_first_sample_carries_the_pod_labels_of_a_kubelet_answering_at_once() {
+    let t0 = Instant::now();
+    let mut node = Node::start(Kubelet {
+        reply: Arc::new(Mutex::new(Some(h100_reply()))),
+        delay: Duration::ZERO,
+    });
+    let first = node.next().await;
+    assert_eq!(Instant::now(), t0, "no time lost waiting");
+    assert!(util_of(&first, 2).contains(ALICE), "{}", util_of(&first, 2));
+    assert!(!util_of(&first, 5).contains("pod="));
+    assert!(first.contains("gpu_exporter_samples_total 1\n"));
+    assert!(first
+        .contains("gpu_exporter_attribution_first_answer_timeouts_total{source=\"kubelet\"} 0\n"));
+    assert!(first.contains("gpu_exporter_attribution_updates_total 0\n"));
+    assert_eq!(node.reads(), 8, "one read per GPU");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_sample_waits_for_a_slow_kubelet_within_its_call_timeout() {
+    let t0 = Instant::now();
+    let mut node = Node::start(Kubelet {
+        reply: Arc::new(Mutex::new(Some(h100_reply()))),
+        delay: Duration::from_secs(3),
+    });
+    let first = node.next().await;
+    assert_eq!(Instant::now() - t0, Duration::from_secs(3));
+    assert!(util_of(&first, 2).contains(ALICE));
+    assert!(first
+        .contains("gpu_exporter_attribution_first_answer_timeouts_total{source=\"kubelet\"} 0\n"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kubelet_that_does_not_answer_delays_the_first_sample_by_its_timeout_only() {
+    let t0 = Instant::now();
+    let reply = Arc::new(Mutex::new(None));
+    let mut node = Node::start(Kubelet {
+        reply: Arc::clone(&reply),
+        delay: Duration::ZERO,
+    });
+    let first = node.next().await;
+    assert_eq!(Instant::now() - t0, KUBELET_TIMEOUT);
+    assert!(!first.contains("pod="), "no kubelet answer, no pod labels");
+    assert!(first
+        .contains("gpu_exporter_attribution_first_answer_timeouts_total{source=\"kubelet\"} 1\n"));
+    assert_eq!(
+        node.metrics.attribution.state().first_answer_timeouts["kubelet"],
+        1
+    );
+    assert!(first.contains("gpu_exporter_samples_total 1\n"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_change_is_published_within_one_refresh_without_reading_the_gpus() {
+    let t0 = Instant::now();
+    let reply = Arc::new(Mutex::new(Some(h100_reply())));
+    let mut node = Node::start(Kubelet {
+        reply: Arc::clone(&reply),
+        delay: Duration::ZERO,
+    });
+    let first = node.next().await;
+    assert!(util_of(&first, 2).contains(ALICE));
+    assert_eq!(node.reads(), 8);
+
+    // notebook-alice ends; the kubelet says so at its next List (one refresh, 10 s, later).
+    let mut without = h100_reply();
+    without.pod_resources.retain(|p| p.name != "notebook-alice");
+    *reply.lock().unwrap() = Some(without);
+    let updated = node.next().await;
+    assert_eq!(Instant::now() - t0, Duration::from_secs(10), "one refresh");
+    assert!(
+        !util_of(&updated, 2).contains("pod="),
+        "{}",
+        util_of(&updated, 2)
+    );
+    assert_eq!(node.reads(), 8, "no GPU read for the change");
+    assert!(updated.contains("gpu_exporter_samples_total 1\n"));
+    assert!(updated.contains("gpu_exporter_attribution_updates_total 1\n"));
+    // The readings are the first sample's: only the attribution differs.
+    assert_eq!(
+        util_of(&updated, 2),
+        util_of(&first, 2).replace(&format!(",{ALICE}"), "")
+    );
+    let temps = |b: &str| common::series(b, "DCGM_FI_DEV_GPU_TEMP").join("\n");
+    assert_eq!(
+        temps(&updated),
+        temps(&first).replace(&format!(",{ALICE}"), "")
+    );
+
+    // Pods come back: published at the next refresh, again without a read.
+    *reply.lock().unwrap() = Some(h100_reply());
+    let back = node.next().await;
+    assert_eq!(Instant::now() - t0, Duration::from_secs(20));
+    assert!(util_of(&back, 2).contains(ALICE));
+    assert_eq!(node.reads(), 8);
+    assert!(back.contains("gpu_exporter_attribution_updates_total 2\n"));
+
+    // The next sample reads the GPUs, on the interval.
+    let second = node.next().await;
+    assert_eq!(Instant::now() - t0, DEFAULT_INTERVAL);
+    assert_eq!(node.reads(), 16);
+    assert!(second.contains("gpu_exporter_samples_total 2\n"));
+    assert!(util_of(&second, 2).contains(ALICE));
 }

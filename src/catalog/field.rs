@@ -190,6 +190,9 @@ fields! {
     RowRemapPending = 396, Int, Parent;
     /// NVLink flow-control CRC errors, all links.
     NvlinkCrcFlitErrorCountTotal = 409, Int, Parent;
+    /// vGPU licence status in a vGPU guest: 1 licensed, 0 not (or vGPU licensing does not
+    /// apply); absent where NVML does not support the call (as DCGM).
+    VgpuLicenseStatus = 526, Int, Parent;
     /// NVLink data CRC errors, all links.
     NvlinkCrcDataErrorCountTotal = 419, Int, Parent;
     /// NVLink replay errors, all links.
@@ -451,9 +454,11 @@ mod tests {
 
     #[test]
     fn known_dcgm_field_we_do_not_collect_is_recognised() {
-        let f = lookup("DCGM_FI_DEV_VGPU_LICENSE_STATUS").unwrap();
-        assert_eq!(f.id, 526);
+        let f = lookup("DCGM_FI_DEV_VGPU_MEMORY_USAGE").unwrap();
+        assert_eq!(f.id, 525);
         assert_eq!(f.field, None);
+        let f = lookup("DCGM_FI_DEV_VGPU_LICENSE_STATUS").unwrap();
+        assert_eq!((f.id, f.field), (526, Some(Field::VgpuLicenseStatus)));
         assert!(lookup("DCGM_FI_DEV_GPU_TMEP").is_none());
     }
 

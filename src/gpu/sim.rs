@@ -571,6 +571,9 @@ impl SimulatedSource {
                 | Field::ExpClockEventsCount
                 | Field::ExpGpuHealthStatus => Err(FieldError::NotSupported),
                 Field::ExpP2pStatus => Err(FieldError::NotSupported),
+                // The simulated GPUs are bare metal, modelled with NVML not supporting the vGPU
+                // licensing call there: the series is absent, with no read error.
+                Field::VgpuLicenseStatus => Err(FieldError::NotSupported),
                 Field::PcieLinkGen => int(m.pcie_gen),
                 Field::PcieLinkWidth => int(16),
                 Field::PowerViolation => int(st.power_violation_ns),

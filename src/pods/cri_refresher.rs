@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::cri::ContainerRuntime;
 use super::directory::{LabelOptions, PodDirectory};
 use super::refresher::{backoff, RefreshOutcome};
+use super::Answered;
 use crate::self_metrics::SelfMetrics;
 
 /// The shortest time between two listings asked for by the sampler.
@@ -44,6 +45,7 @@ pub struct CriOptions {
 pub struct CriRefresher<R: ContainerRuntime> {
     runtime: R,
     tx: watch::Sender<Arc<PodDirectory>>,
+    answered: watch::Sender<Answered>,
     metrics: Arc<SelfMetrics>,
     opts: CriOptions,
     wake: Arc<Notify>,
@@ -67,6 +69,7 @@ impl<R: ContainerRuntime> CriRefresher<R> {
         Self {
             runtime,
             tx,
+            answered: watch::Sender::new(Answered::default()),
             metrics,
             opts,
             wake: Arc::new(Notify::new()),
@@ -82,6 +85,11 @@ impl<R: ContainerRuntime> CriRefresher<R> {
     /// What the sampler notifies to ask for a listing now.
     pub fn waker(&self) -> Arc<Notify> {
         Arc::clone(&self.wake)
+    }
+
+    /// Follows the good answers (for the sampler's first sample, which waits for the first).
+    pub fn answered(&self) -> watch::Receiver<Answered> {
+        self.answered.subscribe()
     }
 
     /// Lists once, then publishes what follows from the answer (or its absence).
@@ -112,6 +120,7 @@ impl<R: ContainerRuntime> CriRefresher<R> {
                 self.last_good = Some(now);
                 let dir = PodDirectory::from_runtime(&snapshot, &self.opts.labels);
                 self.publish(dir);
+                self.answered.send_modify(|a| a.answers += 1);
                 RefreshOutcome::Fresh
             }
             Err(e) => {

@@ -112,6 +112,29 @@ impl Attribution {
     }
 }
 
+/// How far an attribution task (kubelet, container runtime, HPC directory) has got, published
+/// on a `watch` channel after each good answer. The sampler waits for the first one of every
+/// configured source before its first sample, so that sample is already attributed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answered {
+    /// Good answers so far (replies of the kubelet or the runtime, scans of the HPC directory).
+    pub answers: u64,
+    /// The device inventory the published attribution was mapped with (the kubelet's device
+    /// ids are matched against it); `None` for sources that need no inventory.
+    pub inventory: Option<std::sync::Arc<Vec<crate::gpu::Device>>>,
+}
+
+impl Answered {
+    /// Whether this source has answered, and (where it maps device ids) with `devices`.
+    pub fn covers(&self, devices: &[crate::gpu::Device]) -> bool {
+        self.answers > 0
+            && self
+                .inventory
+                .as_ref()
+                .is_none_or(|i| i.as_slice() == devices)
+    }
+}
+
 /// Lists the device assignments of the pods on this node.
 pub trait PodResolver: Send + Sync + 'static {
     /// Where the answers come from, for logs (the socket path).

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::mapping::{self, MappingOptions};
 use super::proto::ListPodResourcesResponse;
-use super::{Attribution, PodResolver};
+use super::{Answered, Attribution, PodResolver};
 use crate::gpu::Device;
 use crate::self_metrics::SelfMetrics;
 
@@ -76,6 +76,7 @@ pub struct Refresher<R: PodResolver> {
     resolver: R,
     devices: watch::Receiver<Arc<Vec<Device>>>,
     tx: watch::Sender<Arc<Attribution>>,
+    answered: watch::Sender<Answered>,
     metrics: Arc<SelfMetrics>,
     opts: RefresherOptions,
     last_good: Option<(Instant, ListPodResourcesResponse)>,
@@ -106,6 +107,7 @@ impl<R: PodResolver> Refresher<R> {
             resolver,
             devices,
             tx,
+            answered: watch::Sender::new(Answered::default()),
             metrics,
             opts,
             last_good: None,
@@ -116,6 +118,12 @@ impl<R: PodResolver> Refresher<R> {
             dra_ignored_logged: false,
             failures: 0,
         }
+    }
+
+    /// Follows the good answers and the inventory they were mapped with (for the sampler's
+    /// first sample, which waits for the first answer mapped with its devices).
+    pub fn answered(&self) -> watch::Receiver<Answered> {
+        self.answered.subscribe()
     }
 
     /// Calls `List` once, then publishes what follows from the answer (or its absence).
@@ -136,7 +144,12 @@ impl<R: PodResolver> Refresher<R> {
                 self.failures = 0;
                 self.dropped_logged = false;
                 self.last_good = Some((now, reply));
-                self.publish();
+                let devices = self.map_and_publish();
+                // After the attribution: whoever sees the answer counted finds it published.
+                self.answered.send_modify(|a| {
+                    a.answers += 1;
+                    a.inventory = Some(devices);
+                });
                 RefreshOutcome::Fresh
             }
             Err(e) => {
@@ -184,6 +197,24 @@ impl<R: PodResolver> Refresher<R> {
     /// Maps the last good reply (or nothing) with the current inventory and publishes the
     /// result if it differs from what the sampler has.
     pub fn publish(&mut self) {
+        let devices = self.map_and_publish();
+        if self.last_good.is_some() {
+            self.answered.send_if_modified(|a| {
+                let newer = a.answers > 0
+                    && !a
+                        .inventory
+                        .as_ref()
+                        .is_some_and(|i| Arc::ptr_eq(i, &devices));
+                if newer {
+                    a.inventory = Some(devices);
+                }
+                newer
+            });
+        }
+    }
+
+    /// [`Refresher::publish`]'s mapping and publishing; returns the inventory it mapped with.
+    fn map_and_publish(&mut self) -> Arc<Vec<Device>> {
         let devices = self.devices.borrow_and_update().clone();
         let mapped = match &self.last_good {
             Some((_, reply)) => mapping::attribution_from(reply, &devices, &self.opts.mapping),
@@ -232,6 +263,7 @@ impl<R: PodResolver> Refresher<R> {
                 true
             }
         });
+        devices
     }
 
     /// The delay before the next call.

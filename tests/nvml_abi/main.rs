@@ -484,6 +484,31 @@ fn the_device_label_is_nvidia_and_the_gpu_index_not_the_minor_number() {
 }
 
 #[test]
+fn the_vgpu_licence_status_comes_through_the_real_path_and_is_absent_on_bare_metal() {
+    let mut n = node::standard();
+    // GPU 0 is a licensed vGPU guest (state 2: licensed), GPU 1 bare metal (no licensing).
+    n.insert("gpu.0.grid.supported".into(), "1".into());
+    n.insert("gpu.0.grid.vgpu_state".into(), "2".into());
+    let standin = StandIn::new(n);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = csv_with(
+        dir.path(),
+        "DCGM_FI_DEV_VGPU_LICENSE_STATUS, gauge, vGPU License status\n",
+    );
+    let exp = Exporter::start(&standin, &["-f", arg(&csv)]);
+    let s = exp.wait_for("a sample", |s| s.samples() >= 1);
+    let status: Vec<(&str, f64)> = s
+        .named("DCGM_FI_DEV_VGPU_LICENSE_STATUS")
+        .map(|x| (x.label("gpu"), x.value))
+        .collect();
+    assert_eq!(status, [("0", 1.0)], "{}", s.text);
+    assert_eq!(
+        field_errors(&s, "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "not_supported"),
+        0.0
+    );
+}
+
+#[test]
 fn the_brand_is_spelled_as_dcgm_spells_it() {
     let mut n = node::standard();
     n.insert("gpu.1.brand".into(), "10".into()); // NVML_BRAND_NVIDIA_VWS

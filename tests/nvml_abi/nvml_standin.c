@@ -283,6 +283,37 @@ typedef struct {
 
 #define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
 
+/* nvmlDeviceGetGridLicensableFeatures_v4's structures, as nvml.h lays them out. */
+#define GRID_LICENSE_BUFFER_SIZE 128
+#define GRID_LICENSE_FEATURE_MAX_COUNT 3
+#define GRID_LICENSE_FEATURE_CODE_VGPU 1
+#define GRID_LICENSE_FEATURE_CODE_NVIDIA_RTX 2
+
+typedef struct {
+    unsigned int year;
+    unsigned short month;
+    unsigned short day;
+    unsigned short hour;
+    unsigned short min;
+    unsigned short sec;
+    unsigned char status;
+} nvmlGridLicenseExpiry_t;
+
+typedef struct {
+    unsigned int featureCode; /* nvmlGridLicenseFeatureCode_t */
+    unsigned int featureState;
+    char licenseInfo[GRID_LICENSE_BUFFER_SIZE];
+    char productName[GRID_LICENSE_BUFFER_SIZE];
+    unsigned int featureEnabled;
+    nvmlGridLicenseExpiry_t licenseExpiry;
+} nvmlGridLicensableFeature_t;
+
+typedef struct {
+    int isGridLicenseSupported;
+    unsigned int licensableFeaturesCount;
+    nvmlGridLicensableFeature_t gridLicensableFeatures[GRID_LICENSE_FEATURE_MAX_COUNT];
+} nvmlGridLicensableFeatures_t;
+
 /* ---- configuration -------------------------------------------------------------------------- */
 
 #define MAX_GPUS 8
@@ -1102,6 +1133,44 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
             r = NVML_ERROR_NOT_SUPPORTED;
         } else {
             *reasons = (unsigned long long)v;
+        }
+    }
+    END();
+}
+
+/* vGPU software licensing: absent (NOT_SUPPORTED, as on bare metal) unless gpu.N.grid.supported
+ * is set. A guest lists an NVIDIA RTX feature first and the vGPU feature (state
+ * gpu.N.grid.vgpu_state) second, so a wrong element size on the caller's side reads the wrong
+ * entry. */
+EXPORT nvmlReturn_t nvmlDeviceGetGridLicensableFeatures_v4(nvmlDevice_t device,
+                                                           nvmlGridLicensableFeatures_t *features) {
+    BEGIN("nvmlDeviceGetGridLicensableFeatures_v4");
+    struct handle *h = NULL;
+    long long supported;
+    if (r == NVML_SUCCESS) {
+        r = resolve(device, SYM, 0, &h);
+    }
+    if (r == NVML_SUCCESS) {
+        if (!features) {
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!cfg_int(&supported, "gpu.%d.grid.supported", h->gpu)) {
+            r = NVML_ERROR_NOT_SUPPORTED;
+        } else {
+            memset(features, 0, sizeof(*features));
+            features->isGridLicenseSupported = (int)supported;
+            if (supported) {
+                nvmlGridLicensableFeature_t *rtx = &features->gridLicensableFeatures[0];
+                nvmlGridLicensableFeature_t *vgpu = &features->gridLicensableFeatures[1];
+                rtx->featureCode = GRID_LICENSE_FEATURE_CODE_NVIDIA_RTX;
+                rtx->featureState = 0;
+                snprintf(rtx->productName, sizeof(rtx->productName), "NVIDIA RTX Virtual Workstation");
+                vgpu->featureCode = GRID_LICENSE_FEATURE_CODE_VGPU;
+                vgpu->featureState =
+                    (unsigned int)cfg_int_or(0, "gpu.%d.grid.vgpu_state", h->gpu);
+                vgpu->featureEnabled = 1;
+                snprintf(vgpu->productName, sizeof(vgpu->productName), "NVIDIA Virtual Compute Server");
+                features->licensableFeaturesCount = 2;
+            }
         }
     }
     END();

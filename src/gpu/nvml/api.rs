@@ -167,6 +167,15 @@ pub struct FieldResult {
     pub value: Result<FieldValue, ApiError>,
 }
 
+/// `nvmlDeviceGetGridLicensableFeatures_v4`, reduced to what DCGM reads from it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GridLicensing {
+    /// `isGridLicenseSupported`: whether vGPU software licensing applies (a vGPU guest).
+    pub supported: bool,
+    /// (`featureCode`, `featureState`) of each licensable feature, in NVML's order.
+    pub features: Vec<(u32, u32)>,
+}
+
 /// `nvmlDeviceGetMemoryInfo_v2`, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryInfo {
@@ -417,6 +426,8 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn pcie_link_width(&self, d: &Self::Device) -> Result<u32, ApiError>;
     /// `nvmlDeviceGetCurrentClocksEventReasons`: the bitmask.
     fn clocks_event_reasons(&self, d: &Self::Device) -> Result<u64, ApiError>;
+    /// `nvmlDeviceGetGridLicensableFeatures_v4`: vGPU software licensing (vGPU guests).
+    fn grid_licensing(&self, d: &Self::Device) -> Result<GridLicensing, ApiError>;
 
     /// `nvmlDeviceGetNvLinkState`: whether NVLink `link` (0-based) is active.
     fn nvlink_active(&self, d: &Self::Device, link: u32) -> Result<bool, ApiError>;

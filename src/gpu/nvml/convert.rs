@@ -7,7 +7,9 @@
 use crate::catalog::Field;
 use crate::gpu::{FieldError, Reading, Value};
 
-use super::api::{ApiError, ClockKind, FieldNum, FieldValue, GpmMetric, InforomObject, ValueType};
+use super::api::{
+    ApiError, ClockKind, FieldNum, FieldValue, GpmMetric, GridLicensing, InforomObject, ValueType,
+};
 
 /// `NVML_FI_*` ids used here, V12 numbering (nvml-wrapper-sys 0.10 / CUDA ≤ 13.0).
 pub mod fi {
@@ -207,6 +209,8 @@ pub enum Plan {
     PcieLinkWidth,
     /// `nvmlDeviceGetCurrentClocksEventReasons`.
     ClocksEventReasons,
+    /// `nvmlDeviceGetGridLicensableFeatures_v4` (vGPU guests).
+    VgpuLicense,
     /// GPM metric over the interval since the previous tick.
     Gpm(GpmMetric),
     /// Produced by the exporter from events and history, not read per tick.
@@ -215,6 +219,23 @@ pub enum Plan {
     PerLink,
     /// Not available through NVML.
     Unavailable,
+}
+
+/// NVML's `NVML_GRID_LICENSE_FEATURE_CODE_VGPU`.
+pub const GRID_LICENSE_FEATURE_CODE_VGPU: u32 = 1;
+
+/// `DCGM_FI_DEV_VGPU_LICENSE_STATUS` from the licensable features, as DCGM's cache manager
+/// computes it: 0 where vGPU licensing does not apply, else 1 if the vGPU feature's state is
+/// non-zero (licensed) and 0 if it is zero; no value (absent) when NVML lists no vGPU feature.
+pub fn vgpu_license_status(l: &GridLicensing) -> Result<Value, FieldError> {
+    if !l.supported {
+        return Ok(Value::Int(0));
+    }
+    l.features
+        .iter()
+        .find(|(code, _)| *code == GRID_LICENSE_FEATURE_CODE_VGPU)
+        .map(|(_, state)| Value::Int(i64::from(*state > 0)))
+        .ok_or(FieldError::NotSupported)
 }
 
 /// Which part of the memory info a field reports.
@@ -271,6 +292,7 @@ pub fn plan(field: Field) -> Plan {
         F::MemClock | F::MemoryClockHertz => Plan::Clock(ClockKind::Memory),
         F::VideoClock | F::VideoClockHertz => Plan::Clock(ClockKind::Video),
         F::ClocksEventReasons => Plan::ClocksEventReasons,
+        F::VgpuLicenseStatus => Plan::VgpuLicense,
         F::MemoryTemp => fv(fi::MEMORY_TEMP),
         F::GpuTemp => Plan::Temperature,
         F::PowerUsage => Plan::PowerUsage,

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::api::{
-    ApiError, ClockKind, FieldRequest, FieldResult, GiProfile, GpmMetric, InforomObject,
-    MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo, ProcessUtilSample, Registered,
+    ApiError, ClockKind, FieldRequest, FieldResult, GiProfile, GpmMetric, GridLicensing,
+    InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo, ProcessUtilSample,
+    Registered,
 };
 
 /// Call counts by NVML function name.
@@ -111,6 +112,7 @@ impl<A: NvmlApi> NvmlApi for Counting<A> {
         fn pcie_link_gen(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetCurrPcieLinkGeneration";
         fn pcie_link_width(&self, d: &A::Device) -> Result<u32, ApiError> = "nvmlDeviceGetCurrPcieLinkWidth";
         fn clocks_event_reasons(&self, d: &A::Device) -> Result<u64, ApiError> = "nvmlDeviceGetCurrentClocksEventReasons";
+        fn grid_licensing(&self, d: &A::Device) -> Result<GridLicensing, ApiError> = "nvmlDeviceGetGridLicensableFeatures_v4";
         fn nvlink_active(&self, d: &A::Device, link: u32) -> Result<bool, ApiError> = "nvmlDeviceGetNvLinkState";
         fn nvlink_error_counter(&self, d: &A::Device, link: u32, counter: NvlinkErrorCounter) -> Result<u64, ApiError> = "nvmlDeviceGetNvLinkErrorCounter";
         fn gpm_sample(&self, d: &A::Device) -> Result<A::GpmSample, ApiError> = "nvmlGpmSampleGet";

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::api::{
     ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, FieldValue, GiProfile,
-    GpmMetric, InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo,
+    GpmMetric, GridLicensing, InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo,
     ProcessUtilSample, Registered, XidReport,
 };
 use crate::gpu::MigPlacement;
@@ -125,6 +125,8 @@ pub struct FakeGpu {
     pub power_mw: u32,
     /// Clock event reasons bitmask.
     pub clock_event_reasons: u64,
+    /// vGPU software licensing (a vGPU guest); `None` answers `NotSupported` (bare metal).
+    pub grid_licensing: Option<GridLicensing>,
     /// Compute processes (`Err`: what the call answers instead).
     pub processes: Result<Vec<ProcessInfo>, ApiError>,
     /// MPS client processes (`Err(NotSupported)` before Volta).
@@ -204,6 +206,7 @@ impl FakeGpu {
             temperature: 45,
             power_mw: 302_206,
             clock_event_reasons: 0,
+            grid_licensing: None,
             processes: Ok(Vec::new()),
             mps_processes: Ok(Vec::new()),
             process_samples: Ok(Vec::new()),
@@ -598,6 +601,9 @@ impl NvmlApi for FakeNvml {
     }
     fn clocks_event_reasons(&self, d: &FakeHandle) -> Result<u64, ApiError> {
         self.gpu(d, |g| Some(g.clock_event_reasons))
+    }
+    fn grid_licensing(&self, d: &FakeHandle) -> Result<GridLicensing, ApiError> {
+        self.gpu(d, |g| g.grid_licensing.clone())
     }
     fn nvlink_active(&self, d: &FakeHandle, link: u32) -> Result<bool, ApiError> {
         self.gpu(d, |g| g.links.get(link as usize).map(|l| l.active))

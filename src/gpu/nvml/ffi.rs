@@ -18,14 +18,16 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{
     nvmlBrandType_t, nvmlDeviceAttributes_t, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t,
     nvmlEventTypeXidCriticalError, nvmlFieldValue_t, nvmlGpuInstanceInfo_t,
-    nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstance_t, nvmlReturn_t, nvmlValue_t,
-    NVML_GPU_INSTANCE_PROFILE_COUNT,
+    nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstance_t, nvmlGridLicensableFeatures_t, nvmlReturn_t,
+    nvmlValue_t, NVML_GPU_INSTANCE_PROFILE_COUNT,
 };
 
 use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::Device;
 
-use super::api::{ApiError, FieldRequest, FieldResult, FieldValue, GiProfile, ValueType};
+use super::api::{
+    ApiError, FieldRequest, FieldResult, FieldValue, GiProfile, GridLicensing, ValueType,
+};
 use super::convert::{translate_field_id, FieldIdScheme};
 
 /// Maps an `nvml-wrapper` error to ours.
@@ -167,6 +169,28 @@ pub(super) fn compute_instance_id(nvml: &Nvml, mig: &Device<'_>) -> Result<u32, 
     // SAFETY: as for `gpu_instance_id`.
     ret(unsafe { sym(mig.handle(), &mut id) })?;
     Ok(id)
+}
+
+/// `nvmlDeviceGetGridLicensableFeatures_v4` (the versioned name `nvml.h` maps the call to; its
+/// structure has the licence expiry the older versions lack).
+pub(super) fn grid_licensing(nvml: &Nvml, d: &Device<'_>) -> Result<GridLicensing, ApiError> {
+    let sym = nvml
+        .lib()
+        .nvmlDeviceGetGridLicensableFeatures_v4
+        .as_ref()
+        .map_err(missing)?;
+    let mut f: nvmlGridLicensableFeatures_t = unsafe { std::mem::zeroed() };
+    ret(unsafe { sym(d.handle(), &mut f) })?;
+    let count = usize::try_from(f.licensableFeaturesCount)
+        .unwrap_or(usize::MAX)
+        .min(f.gridLicensableFeatures.len());
+    Ok(GridLicensing {
+        supported: f.isGridLicenseSupported != 0,
+        features: f.gridLicensableFeatures[..count]
+            .iter()
+            .map(|x| (x.featureCode, x.featureState))
+            .collect(),
+    })
 }
 
 /// `nvmlDeviceGetCurrentClocksEventReasons`.

@@ -242,6 +242,9 @@ fn gpu_readings<A: NvmlApi>(
                         .map(Value::Int)
                         .map_err(|_| FieldError::Invalid)
                 }),
+            Plan::VgpuLicense => check(api.grid_licensing(&h))?
+                .map_err(|e| convert::field_error(&e))
+                .and_then(|l| convert::vgpu_license_status(&l)),
             Plan::Gpm(m) => gpm
                 .get(&m)
                 .cloned()

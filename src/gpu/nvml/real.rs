@@ -10,8 +10,9 @@ use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::{GpmSample, Nvml};
 
 use super::api::{
-    ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GiProfile, GpmMetric, InforomObject,
-    MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo, ProcessUtilSample, Registered, XidReport,
+    ApiError, ClockKind, EventWait, FieldRequest, FieldResult, GiProfile, GpmMetric, GridLicensing,
+    InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo, ProcessUtilSample,
+    Registered, XidReport,
 };
 use super::convert::FieldIdScheme;
 use super::ffi::{self, api_error};
@@ -251,6 +252,9 @@ impl NvmlApi for RealNvml {
     }
     fn clocks_event_reasons(&self, d: &RealDevice) -> Result<u64, ApiError> {
         ffi::clocks_event_reasons(self.nvml, d)
+    }
+    fn grid_licensing(&self, d: &RealDevice) -> Result<GridLicensing, ApiError> {
+        ffi::grid_licensing(self.nvml, d)
     }
     fn nvlink_active(&self, d: &RealDevice, link: u32) -> Result<bool, ApiError> {
         d.link_wrapper_for(link).is_active().map_err(api_error)

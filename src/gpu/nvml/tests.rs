@@ -556,3 +556,35 @@ fn a_stale_mig_handle_drops_the_instance_readings_and_asks_for_rediscovery() {
     assert_eq!(src.sample(&d, &fields).unwrap().instances.len(), 1);
     assert!(!src.wants_rediscovery());
 }
+
+#[test]
+fn vgpu_license_status_is_read_as_dcgm_reads_it_and_absent_on_bare_metal() {
+    use super::api::GridLicensing;
+    let guest = |supported: bool, features: &[(u32, u32)]| {
+        let mut g = FakeGpu::h100(0);
+        g.grid_licensing = Some(GridLicensing {
+            supported,
+            features: features.to_vec(),
+        });
+        g
+    };
+    let cases = [
+        // Bare metal: NVML has no licensing; the series is absent and no error is counted.
+        (FakeGpu::h100(0), Err(FieldError::NotSupported)),
+        // A vGPU guest, licensed (any non-zero state), after another licensable feature.
+        (guest(true, &[(2, 0), (1, 2)]), Ok(Value::Int(1))),
+        // Unlicensed.
+        (guest(true, &[(1, 0)]), Ok(Value::Int(0))),
+        // Licensing does not apply: 0, as DCGM.
+        (guest(false, &[]), Ok(Value::Int(0))),
+        // No vGPU feature listed: no value, as DCGM.
+        (guest(true, &[(2, 1)]), Err(FieldError::NotSupported)),
+    ];
+    for (i, (gpu, want)) in cases.into_iter().enumerate() {
+        let fake = FakeNvml::new("570.172.08", vec![gpu]);
+        let src = source(&fake);
+        let d = src.devices().unwrap().remove(0);
+        let s = src.sample(&d, &[Field::VgpuLicenseStatus]).unwrap();
+        assert_eq!(reading(&s, Field::VgpuLicenseStatus), want, "case {i}");
+    }
+}

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# CI for the container image (scripts/test-all.sh runs every scripts/ci-*.sh). Run as root on a
+# clean Debian bookworm clone, no GPU needed:
+#   scripts/ci-image.sh
+# Installs what it needs (idempotent): apt containerd runc buildah gcc libc6-dev binutils
+# util-linux, pip grpcio grpcio-tools. Steps, each must pass:
+#   1. release build of gpu-exporter and fake-kubelet (cargo; $CARGO_TARGET_DIR respected;
+#      GPU_EXPORTER_BIN names a prebuilt gpu-exporter with fake-kubelet next to it instead)
+#   2. scripts/build-image.sh: the image, without Docker or a registry; its size is printed and
+#      must stay under 20 MiB unpacked
+#   3. the image's contents and config (entrypoint, env, user, CSVs, ld.so.conf, ldconfig)
+#   4. tests/containerd/image_test.py: a private containerd + runc runs the image as the GPU
+#      Operator's DaemonSet does (three pods: the Operator's env and no args; simulated GPUs with
+#      pod labels; the C NVML stand-in injected like the NVIDIA Container Toolkit does), probed
+#      and scraped from the host over 127.0.0.1
+#   5. nothing is left behind: no process, mount or cgroup directory of the run
+# All network traffic stays on loopback; every wait is bounded; an exit trap tears down whatever
+# a failed or killed run left.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+start=$SECONDS
+step() { echo; echo "=== ci-image: $* ($((SECONDS - start))s)"; }
+
+if [[ "$(id -u)" -ne 0 ]]; then
+  echo "ci-image.sh needs root (containerd, runc, mounts, cgroups)" >&2
+  exit 1
+fi
+
+step "installing tools"
+need_apt=()
+for tool in containerd:containerd runc:runc ctr:containerd buildah:buildah gcc:gcc strip:binutils \
+  nsenter:util-linux dpkg-deb:dpkg; do
+  command -v "${tool%%:*}" >/dev/null || need_apt+=("${tool#*:}")
+done
+[[ -e /usr/include/stdio.h ]] || need_apt+=(libc6-dev)
+if ((${#need_apt[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
+fi
+python3 -c 'import grpc, grpc_tools' 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check grpcio grpcio-tools
+containerd --version
+runc --version | head -1
+buildah --version
+
+work="$(mktemp -d /tmp/gpu-exporter-ci-image.XXXXXX)"
+cgroups_before="$(find /sys/fs/cgroup -maxdepth 4 -path '*kubepods*' -type d 2>/dev/null | sort)"
+cleanup() {
+  rc=$?
+  # Whatever the test process could not undo (it was killed, or failed mid-way).
+  # The test process is found by its arguments (paths under $work), killed if still there.
+  python3 tests/containerd/lab.py teardown --kill-mentioning "$work/image.tar" "$work"/gpu-exporter-lab-* || true
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step "release build"
+if [[ -n "${GPU_EXPORTER_BIN:-}" ]]; then
+  bin="$GPU_EXPORTER_BIN"
+else
+  # Always through cargo, so a stale build is never tested (a no-op when up to date).
+  cargo build --release --quiet --bin gpu-exporter --bin fake-kubelet
+  bin="${CARGO_TARGET_DIR:-$root/target}/release/gpu-exporter"
+fi
+fake_kubelet="$(dirname "$bin")/fake-kubelet"
+[[ -x "$bin" && -x "$fake_kubelet" ]] || { echo "missing $bin or $fake_kubelet" >&2; exit 1; }
+
+step "building the image (scripts/build-image.sh)"
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
+image="localhost/gpu-exporter:$version"
+scripts/build-image.sh --binary "$bin" --tag "$image" "$work/image.tar" | tee "$work/build.log"
+unpacked_kib="$(sed -n 's/.* \([0-9]*\) KiB unpacked.*/\1/p' "$work/build.log")"
+if [[ -z "$unpacked_kib" ]] || ((unpacked_kib >= 20 * 1024)); then
+  echo "image size ${unpacked_kib:-?} KiB unpacked: the target is under 20 MiB" >&2
+  exit 1
+fi
+echo "ok: $unpacked_kib KiB unpacked (target: under 20480 KiB)"
+
+step "image contents and config"
+mkdir "$work/unpacked"
+tar -xf "$work/image.tar" -C "$work/unpacked"
+python3 - "$work/unpacked" <<'EOF'
+import json, sys, tarfile
+from pathlib import Path
+d = Path(sys.argv[1])
+manifest = json.loads((d / "manifest.json").read_text())[0]
+config = json.loads((d / manifest["Config"]).read_text())["config"]
+names = set()
+for layer in manifest["Layers"]:
+    with tarfile.open(d / layer) as t:
+        names |= {m.name.lstrip("./") for m in t.getmembers()}
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAILED: {what}\nconfig: {json.dumps(config, indent=1)}")
+    print(f"  ok  {what}")
+check(config.get("Entrypoint") == ["/usr/bin/gpu-exporter"] and not config.get("Cmd"),
+      "ENTRYPOINT [\"/usr/bin/gpu-exporter\"], no CMD (the Operator passes only args)")
+env = dict(e.split("=", 1) for e in config.get("Env", []))
+for k, v in {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility,compat32",
+             "NVIDIA_DISABLE_REQUIRE": "true"}.items():
+    check(env.get(k) == v, f"ENV {k}={v}")
+check(config.get("User") in ("0", "0:0", "root", ""), f"runs as uid 0 by default (User={config.get('User')!r})")
+for f in ["usr/bin/gpu-exporter", "etc/dcgm-exporter/default-counters.csv",
+          "etc/dcgm-exporter/dcp-metrics-included.csv", "etc/dcgm-exporter/1.x-compatibility-metrics.csv",
+          "etc/dcgm-exporter/dcgm-exporter-4.10-default-counters.csv", "etc/ld.so.conf", "sbin/ldconfig",
+          "etc/ld.so.conf.d/x86_64-linux-gnu.conf", "etc/passwd", "etc/group", "tmp",
+          "lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"]:
+    check(f in names, f"/{f}")
+
+# The Dockerfile (not buildable here: no Docker, no registry) fills its image with the same
+# scripts/image-rootfs.sh; its config must say what this image's says.
+text = Path("Dockerfile").read_text().replace("\\\n", " ")
+instr = {}
+for line in text.splitlines():
+    line = line.strip()
+    if line and not line.startswith("#"):
+        word, _, rest = line.partition(" ")
+        instr.setdefault(word.upper(), []).append(rest.strip())
+check("scripts/image-rootfs.sh" in " ".join(instr.get("RUN", [])) and instr["FROM"][-1] == "scratch",
+      "Dockerfile: a scratch image filled by scripts/image-rootfs.sh")
+check(json.loads(instr["ENTRYPOINT"][-1]) == config["Entrypoint"] and "CMD" not in instr,
+      "Dockerfile: the same ENTRYPOINT, no CMD")
+denv = {}
+for rest in instr.get("ENV", []):
+    for kv in rest.split():
+        k, _, v = kv.partition("=")
+        denv[k] = v.strip('"')
+check(denv == env, f"Dockerfile: the same ENV ({sorted(denv)})")
+check(instr["USER"][-1] == config["User"], f"Dockerfile: the same USER ({instr['USER'][-1]})")
+EOF
+
+step "the image under containerd + runc (tests/containerd/image_test.py)"
+standin_dir="$work/nvml-standin"
+mkdir "$standin_dir"
+gcc -shared -fPIC -O1 -std=c11 -Wall -Wextra -Werror -fvisibility=hidden \
+  -Wl,-soname,libnvidia-ml.so.1 -o "$standin_dir/libnvidia-ml.so.1" tests/nvml_abi/nvml_standin.c -lpthread
+GPU_EXPORTER_LAB_BASE="$work" timeout --kill-after=15 300 python3 tests/containerd/image_test.py \
+  --image-tar "$work/image.tar" --image "$image" --fake-kubelet "$fake_kubelet" \
+  --nvml-standin "$standin_dir/libnvidia-ml.so.1"
+
+step "nothing left behind"
+# Processes whose command line names a lab directory (containerd, shims, helpers) and mounts
+# under the work directory, found the way the lab's own teardown finds them.
+left="$(python3 - "$work" <<'PY'
+import sys
+sys.path.insert(0, "tests/containerd")
+from pathlib import Path
+from lab import _mounts_under, _pids_mentioning
+work = Path(sys.argv[1])
+for pid in _pids_mentioning(f"{work}/gpu-exporter-lab-"):
+    print(f"process {pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+for target in _mounts_under(work):
+    print(f"mount {target}")
+PY
+)"
+[[ -z "$left" ]] || left+=$'\n'
+cgroups_after="$(find /sys/fs/cgroup -maxdepth 4 -path '*kubepods*' -type d 2>/dev/null | sort)"
+[[ "$cgroups_after" == "$cgroups_before" ]] || left+="cgroup dirs: $(comm -13 <(echo "$cgroups_before") <(echo "$cgroups_after"))"$'\n'
+if [[ -n "$left" ]]; then
+  printf 'left behind:\n%s' "$left" >&2
+  exit 1
+fi
+echo "  ok  no process, mount or kubepods cgroup directory left"
+
+step "all image checks passed"
