@@ -15,6 +15,7 @@
 //! - [`render`]: families → Prometheus text 0.0.4 (pure).
 //! - [`sampler`]: the loop that ties the above together once per interval and publishes bytes.
 //! - [`self_metrics`]: the exporter's own `gpu_exporter_*` series.
+//! - [`process_metrics`]: the standard `process_*` series (`--enable-exporter-metrics`).
 //! - [`http`]: `/metrics`, `/health`, `/ready`; per-phase connection deadlines and eviction at the
 //!   connection limits, so that floods never lock the scraper out.
 //! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
@@ -36,6 +37,7 @@ pub mod hpc;
 pub mod http;
 pub mod logsink;
 pub mod pods;
+pub mod process_metrics;
 pub mod reload;
 pub mod render;
 pub mod sampler;

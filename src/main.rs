@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Parser;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -65,7 +64,17 @@ fn main() -> std::process::ExitCode {
         let _entered = runtime.enter();
         hangup_signal()
     };
-    let args = Args::parse();
+    let args = match gpu_exporter::config::goflags::parse(
+        std::env::args_os(),
+        &gpu_exporter::config::goflags::process_env,
+    ) {
+        Ok(a) => a,
+        Err(gpu_exporter::config::goflags::CliError::Clap(e)) => e.exit(),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "gpu-exporter: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let log_write_errors = init_logging(args.log_format, args.debug);
     match runtime.block_on(run(args, hup, log_write_errors)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -473,12 +482,12 @@ async fn serve<S: GpuSource>(
     essential.spawn("sampler", sampler.run(pub_tx, shutdown.clone()));
 
     let limits = http_limits(&config)?;
-    let listener = http::bind(config.listen).with_context(|| {
-        format!(
-            "--address {}: cannot listen on {}",
-            config.args.address, config.listen
-        )
-    })?;
+    let listener = if config.args.web_systemd_socket {
+        http::listen::from_systemd()?
+    } else {
+        http::listen::bind(config.listen_on)
+            .with_context(|| format!("--address {}", config.args.address))?
+    };
     tracing::info!(
         tls = web.as_ref().is_some_and(|w| w.tls_enabled()),
         address = %listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
@@ -489,11 +498,18 @@ async fn serve<S: GpuSource>(
         max_active_connections = limits.max_active_connections,
         "gpu-exporter listening"
     );
-    let router = http::router(AppState {
-        published: pub_rx,
-        interval: config.interval,
-        metrics: Arc::clone(&metrics),
-    });
+    let router = http::router_with(
+        AppState {
+            published: pub_rx,
+            interval: config.interval,
+            metrics: Arc::clone(&metrics),
+        },
+        http::HttpOptions {
+            max_concurrent_scrapes: config.args.max_concurrent_scrapes as usize,
+            health_require_gpus: config.args.health_require_gpus,
+            exporter_metrics: config.args.enable_exporter_metrics,
+        },
+    );
     let stop = shutdown.clone();
     essential.spawn("SIGTERM listener", async move {
         shutdown_signal().await;
@@ -555,12 +571,26 @@ fn http_limits(config: &Config) -> Result<http::Limits> {
     } else {
         http::conn::connections_for_fd_limit(http::conn::fd_limit())
     };
+    // dcgm-exporter's Go server timeouts onto the per-phase deadlines: ReadTimeout bounds
+    // reading the request (our request-head deadline), WriteTimeout the time from the request
+    // head to the end of the response (ours exactly); a handler gets at most that long too.
+    let defaults = http::Limits::default();
+    let write_timeout = config
+        .args
+        .web_write_timeout
+        .unwrap_or(defaults.write_timeout);
     Ok(http::Limits {
+        header_read_timeout: config
+            .args
+            .web_read_timeout
+            .unwrap_or(defaults.header_read_timeout),
+        request_timeout: defaults.request_timeout.min(write_timeout),
+        write_timeout,
         max_connections,
         max_active_connections: usize::try_from(config.args.http_max_active_connections)
             .unwrap_or(usize::MAX)
             .min(max_connections),
-        ..http::Limits::default()
+        ..defaults
     })
 }
 

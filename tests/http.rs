@@ -319,3 +319,104 @@ fn accept_encoding_parsing() {
         assert!(!accepts_gzip(no), "{no}");
     }
 }
+
+fn app_with(
+    opts: gpu_exporter::http::HttpOptions,
+) -> (axum::Router, watch::Sender<Option<Arc<Published>>>) {
+    let (tx, rx) = watch::channel(None);
+    let r = gpu_exporter::http::router_with(
+        AppState {
+            published: rx,
+            interval: INTERVAL,
+            metrics: Arc::new(SelfMetrics::default()),
+        },
+        opts,
+    );
+    (r, tx)
+}
+
+#[tokio::test]
+async fn max_concurrent_scrapes_turns_away_scrapes_past_the_limit_until_one_is_sent() {
+    let (r, tx) = app_with(gpu_exporter::http::HttpOptions {
+        max_concurrent_scrapes: 1,
+        ..Default::default()
+    });
+    publish(&tx, "x 1\n");
+    let req = || Request::get("/metrics").body(Body::empty()).unwrap();
+    // The first response is not sent yet (its body is held): it holds the one slot.
+    let first = r.clone().oneshot(req()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let (status, _, body) = call(&r, Method::GET, "/metrics").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        &body[..],
+        b"too many concurrent scrapes (--max-concurrent-scrapes)\n"
+    );
+    // Probes are not scrapes.
+    assert_eq!(call(&r, Method::GET, "/health").await.0, StatusCode::OK);
+    let sent = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&sent[..], b"x 1\n");
+    let (status, _, body) = call(&r, Method::GET, "/metrics").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"x 1\n"[..]));
+}
+
+#[tokio::test]
+async fn health_require_gpus_fails_health_until_a_gpu_series_is_published() {
+    let (r, tx) = app_with(gpu_exporter::http::HttpOptions {
+        health_require_gpus: true,
+        ..Default::default()
+    });
+    assert_eq!(
+        call(&r, Method::GET, "/health").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let with = |series| {
+        Some(Arc::new(Published::new(
+            Bytes::from_static(b"x 1\n"),
+            Instant::now(),
+            series,
+            None,
+        )))
+    };
+    tx.send_replace(with(0));
+    let (status, _, body) = call(&r, Method::GET, "/health").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(std::str::from_utf8(&body).unwrap().contains("no GPU"));
+    tx.send_replace(with(3));
+    assert_eq!(call(&r, Method::GET, "/health").await.0, StatusCode::OK);
+    // Without the flag /health does not look at GPUs.
+    let (r, tx) = app_with(Default::default());
+    tx.send_replace(with(0));
+    assert_eq!(call(&r, Method::GET, "/health").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn exporter_metrics_follow_the_sample_plain_and_as_a_second_gzip_member() {
+    use std::io::Read as _;
+    let (r, tx) = app_with(gpu_exporter::http::HttpOptions {
+        exporter_metrics: true,
+        ..Default::default()
+    });
+    let sample = "# HELP x y\n# TYPE x gauge\nx 1\n";
+    publish(&tx, sample);
+    let (_, _, plain) = get_with_encoding(&r, None).await;
+    let plain = String::from_utf8(plain.to_vec()).unwrap();
+    assert!(plain.starts_with(sample), "{plain}");
+    assert_eq!(
+        common::series(&plain, "process_open_fds").len(),
+        1,
+        "{plain}"
+    );
+    let (encoding, _, gz) = get_with_encoding(&r, Some("gzip")).await;
+    assert_eq!(encoding.as_deref(), Some("gzip"));
+    let mut text = String::new();
+    flate2::read::MultiGzDecoder::new(&gz[..])
+        .read_to_string(&mut text)
+        .expect("valid multi-member gzip");
+    assert!(text.starts_with(sample), "{text}");
+    assert_eq!(common::series(&text, "process_cpu_seconds_total").len(), 1);
+    // Without the option: the sample alone.
+    let (r, tx) = app_with(Default::default());
+    publish(&tx, sample);
+    assert_eq!(&get_with_encoding(&r, None).await.2[..], sample.as_bytes());
+}

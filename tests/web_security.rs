@@ -290,7 +290,7 @@ async fn an_expired_server_certificate_is_rejected_by_a_verifying_client() {
 }
 
 #[tokio::test]
-async fn mtls_admits_only_clients_with_a_certificate_from_the_client_ca() {
+async fn mtls_serves_metrics_only_to_clients_with_a_certificate_from_the_client_ca() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("server CA");
     let client_ca = Ca::new("client CA");
@@ -313,8 +313,15 @@ async fn mtls_admits_only_clients_with_a_certificate_from_the_client_ca() {
         .unwrap();
     assert_eq!(r.status, 200);
 
-    let none = https_get(server.addr, &ca.pem(), None, "").await;
-    assert!(none.is_err(), "a client without a certificate got in");
+    // No certificate: the handshake completes (the kubelet's probes present none) but
+    // /metrics is refused; tests/flags.rs probes /health and /ready the kubelet's way.
+    let none = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
+    assert_eq!(
+        none.status, 403,
+        "a client without a certificate got in: {}",
+        none.text
+    );
+    assert!(!none.text.contains("DCGM_FI_DEV_GPU_TEMP"));
 
     let rogue = Ca::new("rogue CA").leaf(&["prometheus"], false);
     let e = https_get(server.addr, &ca.pem(), Some(&rogue), "")

@@ -13,10 +13,11 @@
 //! Every failure of one connection ends that connection only.
 
 pub mod conn;
+pub mod listen;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ use axum::http::{header, HeaderValue, Request, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -54,15 +56,101 @@ pub struct AppState {
     pub metrics: Arc<SelfMetrics>,
 }
 
+/// What the handlers do beyond serving the published sample.
+#[derive(Debug, Clone, Default)]
+pub struct HttpOptions {
+    /// `/metrics` responses in flight at once; more get 503 (`--max-concurrent-scrapes`).
+    /// 0: no limit.
+    pub max_concurrent_scrapes: usize,
+    /// `/health` answers 503 while no GPU is collected (`--health-require-gpus`).
+    pub health_require_gpus: bool,
+    /// Append the `process_*` series to `/metrics` (`--enable-exporter-metrics`).
+    pub exporter_metrics: bool,
+}
+
+/// The router's state: the published sample and the options.
+#[derive(Debug, Clone)]
+struct Shared {
+    app: AppState,
+    opts: Arc<HttpOptions>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// The paths the kubelet probes. They say nothing but whether the exporter works, so they
+/// are served without basic auth or a client certificate (the kubelet has neither) and
+/// outside the rate limit; `/metrics` keeps requiring them. docs/security.md.
+pub const PROBE_PATHS: [&str; 2] = ["/health", "/ready"];
+
 /// Builds the router.
 pub fn router(state: AppState) -> Router {
+    router_with(state, HttpOptions::default())
+}
+
+/// Builds the router with `opts`.
+pub fn router_with(state: AppState, opts: HttpOptions) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/", get(index))
         .fallback(not_found)
-        .with_state(state)
+        .with_state(Shared {
+            app: state,
+            opts: Arc::new(opts),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        })
+}
+
+/// A `/metrics` response slot, given back when the response body is dropped (sent or not).
+#[derive(Debug)]
+struct ScrapeSlot(Arc<AtomicUsize>);
+
+impl Drop for ScrapeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl ScrapeSlot {
+    fn take(counter: &Arc<AtomicUsize>, limit: usize) -> Option<ScrapeSlot> {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (limit == 0 || n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ScrapeSlot(Arc::clone(counter)))
+    }
+}
+
+/// A body of one or two byte chunks that holds its scrape slot until dropped.
+#[derive(Debug)]
+struct SlotBody {
+    chunks: std::collections::VecDeque<Bytes>,
+    _slot: ScrapeSlot,
+}
+
+impl http_body::Body for SlotBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Ready(
+            self.chunks
+                .pop_front()
+                .map(|c| Ok(http_body::Frame::data(c))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.chunks.iter().map(|c| c.len() as u64).sum())
+    }
 }
 
 async fn not_found() -> (StatusCode, &'static str) {
@@ -70,23 +158,20 @@ async fn not_found() -> (StatusCode, &'static str) {
 }
 
 // The request itself, not a `HeaderMap` extractor: that one clones every header per scrape.
-async fn metrics(State(st): State<AppState>, req: axum::extract::Request) -> Response {
+async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Response {
+    let st = &sh.app;
     let headers = req.headers();
     let published = st.published.borrow().clone();
     let Some(p) = published else {
-        return (
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "no sample taken yet\n");
+    };
+    let Some(slot) = ScrapeSlot::take(&sh.in_flight, sh.opts.max_concurrent_scrapes) else {
+        return plain(
             StatusCode::SERVICE_UNAVAILABLE,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; charset=utf-8"),
-            )],
-            "no sample taken yet\n",
-        )
-            .into_response();
+            "too many concurrent scrapes (--max-concurrent-scrapes)\n",
+        );
     };
     st.metrics.scrapes.fetch_add(1, Ordering::Relaxed);
-    let vary = (header::VARY, HeaderValue::from_static("Accept-Encoding"));
-    let content_type = (header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
     // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3).
     let gzip = accepts_gzip_in(
         headers
@@ -94,12 +179,50 @@ async fn metrics(State(st): State<AppState>, req: axum::extract::Request) -> Res
             .iter()
             .filter_map(|v| v.to_str().ok()),
     );
-    if gzip {
-        let encoding = (header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        ([content_type, encoding, vary], p.gzip_body().clone()).into_response()
+    let mut chunks = std::collections::VecDeque::with_capacity(2);
+    chunks.push_back(if gzip {
+        p.gzip_body().clone()
     } else {
-        ([content_type, vary], p.body.clone()).into_response()
+        p.body.clone()
+    });
+    if sh.opts.exporter_metrics {
+        let text = crate::process_metrics::render(
+            &crate::process_metrics::read(),
+            crate::process_metrics::Units::system(),
+        );
+        // With gzip, a second gzip member: a multi-member stream is one gzip body (RFC 1952),
+        // and the published body stays compressed once per sample.
+        chunks.push_back(if gzip {
+            gzip_member(text.as_bytes())
+        } else {
+            Bytes::from(text)
+        });
     }
+    let mut response = Response::new(axum::body::Body::new(SlotBody {
+        chunks,
+        _slot: slot,
+    }));
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    if gzip {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    response
+}
+
+/// `data` as one gzip member.
+fn gzip_member(data: &[u8]) -> Bytes {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(data.len() / 2 + 64),
+        flate2::Compression::fast(),
+    );
+    let out = enc
+        .write_all(data)
+        .and_then(|()| enc.finish())
+        .expect("gzip into a Vec: writing to memory cannot fail");
+    Bytes::from(out)
 }
 
 /// Whether an `Accept-Encoding` value accepts gzip: `gzip` (or `x-gzip`) with a non-zero
@@ -129,11 +252,22 @@ pub fn accepts_gzip_in<'a>(lines: impl IntoIterator<Item = &'a str>) -> bool {
     gzip.or(any).is_some_and(|q| q > 0.0)
 }
 
-async fn health() -> &'static str {
-    "OK\n"
+async fn health(State(sh): State<Shared>) -> (StatusCode, &'static str) {
+    if sh.opts.health_require_gpus {
+        let published = sh.app.published.borrow().clone();
+        let gpus = published.is_some_and(|p| p.not_ready.is_none() && p.series > 0);
+        if !gpus {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unhealthy: no GPU is collected (--health-require-gpus)\n",
+            );
+        }
+    }
+    (StatusCode::OK, "OK\n")
 }
 
-async fn ready(State(st): State<AppState>) -> (StatusCode, String) {
+async fn ready(State(sh): State<Shared>) -> (StatusCode, String) {
+    let st = &sh.app;
     let published = st.published.borrow().clone();
     match published {
         None => (
@@ -380,6 +514,14 @@ enum Stream {
     Tls(Box<tokio_rustls::server::TlsStream<conn::HandshakeIo>>),
 }
 
+/// Whether the TLS client presented a certificate (verified in the handshake).
+fn has_client_cert(s: &tokio_rustls::server::TlsStream<conn::HandshakeIo>) -> bool {
+    s.get_ref()
+        .1
+        .peer_certificates()
+        .is_some_and(|c| !c.is_empty())
+}
+
 async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> CloseReason {
     let _ = stream.set_nodelay(true);
     let tls = ctx.tls.clone();
@@ -431,12 +573,15 @@ async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> Clos
         () = ctx.stop.cancelled() => return CloseReason::Shutdown,
     };
     match stream {
-        Stream::Plain(s) => Box::pin(serve_http1(s, conn, ctx)).await,
-        Stream::Tls(s) => Box::pin(serve_http1(*s, conn, ctx)).await,
+        Stream::Plain(s) => Box::pin(serve_http1(s, conn, ctx, false)).await,
+        Stream::Tls(s) => {
+            let cert = has_client_cert(&s);
+            Box::pin(serve_http1(*s, conn, ctx, cert)).await
+        }
     }
 }
 
-async fn serve_http1<I>(io: I, conn: &Arc<Conn>, ctx: Ctx) -> CloseReason
+async fn serve_http1<I>(io: I, conn: &Arc<Conn>, ctx: Ctx, client_cert: bool) -> CloseReason
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -460,6 +605,7 @@ where
             web.clone(),
             Arc::clone(&metrics),
             peer.ip(),
+            client_cert,
             req,
         );
         async move {
@@ -511,13 +657,22 @@ async fn handle(
     web: Option<Arc<WebSecurity>>,
     metrics: Arc<SelfMetrics>,
     client: IpAddr,
+    client_cert: bool,
     req: Request<hyper::body::Incoming>,
 ) -> Response {
     // The settings in force for this request: a password revoked since the connection opened
     // no longer works on it.
     let active: Option<Arc<Active>> = web.as_ref().map(|w| w.current());
+    let probe = PROBE_PATHS.contains(&req.uri().path());
     let work = async {
-        if let Some(a) = &active {
+        if let Some(a) = active.as_ref().filter(|_| !probe) {
+            if a.client_cert_required && !client_cert {
+                metrics.http.count_rejected(RejectReason::Unauthorized);
+                return plain(
+                    StatusCode::FORBIDDEN,
+                    "client certificate required (only /health and /ready answer without one)\n",
+                );
+            }
             if a.rate_limit.as_ref().is_some_and(|r| !r.allow(client)) {
                 metrics.http.count_rejected(RejectReason::RateLimit);
                 return plain(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n");

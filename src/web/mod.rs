@@ -49,6 +49,10 @@ pub struct Active {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The request rate limit, per client address.
     pub rate_limit: Option<RateLimiter>,
+    /// `client_auth_type` requires a client certificate. The handshake accepts a client
+    /// without one (so the kubelet's probes reach `/health` and `/ready`), and every other
+    /// path answers 403 to it: the requirement is enforced per request.
+    pub client_cert_required: bool,
 }
 
 impl Active {
@@ -96,12 +100,20 @@ impl Active {
         let rate_limit = config
             .rate_limit
             .map(|r| RateLimiter::new(r.interval, r.burst));
+        let client_cert_required = config.tls.as_ref().is_some_and(|t| {
+            matches!(
+                t.client_auth,
+                config::ClientAuth::RequireAnyClientCert
+                    | config::ClientAuth::RequireAndVerifyClientCert
+            )
+        });
         Ok(Active {
             tls,
             tls_not_after,
             auth,
             headers,
             rate_limit,
+            client_cert_required,
         })
     }
 }

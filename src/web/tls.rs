@@ -172,7 +172,9 @@ pub fn server_config(t: &TlsSettings, origin: &str) -> Result<ServerTls, WebConf
                 e,
             )
         })?;
-    let verifier = client_verifier(t, &provider, origin)?;
+    let verifier: Arc<dyn ClientCertVerifier> = Arc::new(OptionalAtHandshake {
+        inner: client_verifier(t, &provider, origin)?,
+    });
     let mut config = builder
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)
@@ -359,6 +361,62 @@ impl ClientCertVerifier for AnyClientCert {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algorithms.supported_schemes()
+    }
+}
+
+/// Delegates to `inner`, except that a client may finish the handshake without a certificate
+/// even where `inner` requires one: the kubelet's probes present none. A certificate that is
+/// presented is still verified by `inner` (a bad one fails the handshake), and the requirement
+/// is enforced per request (`Active::client_cert_required`): without a certificate only the
+/// probe paths answer.
+#[derive(Debug)]
+struct OptionalAtHandshake {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl ClientCertVerifier for OptionalAtHandshake {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 

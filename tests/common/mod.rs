@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: build a sampler over the simulated fleet.
 #![allow(dead_code, missing_docs)]
 
+pub mod binary;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -5,6 +5,11 @@
 //! Operator setup keeps working. Flags that only make sense for DCGM are accepted and reported
 //! once at startup as having no effect; flags for features that are not built yet refuse to
 //! start rather than be silently ignored.
+//!
+//! - [`goflags`]: dcgm-exporter's (Go's) syntax on top of clap: `--bool=false`, ParseBool
+//!   environment values, empty variables unset, errors naming the variable; which settings were
+//!   given explicitly.
+//! - [`file`]: dcgm-exporter's YAML `--config-file`, applied to what was not given explicitly.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -12,13 +17,17 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+pub mod file;
+pub mod goflags;
+mod inert;
+
 use crate::catalog::{self, Catalog, CatalogError, MetricSpec, Skipped};
 use crate::gpu::scenario::{self, Scenario, ScenarioError};
 use crate::snapshot::{BuildOptions, DeviceSelection};
 
 /// The metrics CSV shipped with gpu-exporter, used when `--collectors` is not given and
 /// dcgm-exporter's default path does not exist.
-pub const BUILTIN_COUNTERS: &str = include_str!("../metrics-config/default-counters.csv");
+pub const BUILTIN_COUNTERS: &str = include_str!("../../metrics-config/default-counters.csv");
 
 /// dcgm-exporter's default `--collectors` path.
 pub const DCGM_DEFAULT_COLLECTORS: &str = "/etc/dcgm-exporter/default-counters.csv";
@@ -344,6 +353,115 @@ pub struct Args {
     /// and pass it with --collectors.
     #[arg(short = 'm', long, env = "DCGM_EXPORTER_CONFIGMAP_DATA", hide = true)]
     pub configmap_data: Option<String>,
+
+    /// dcgm-exporter's YAML configuration file (`version: 1` or `2`): `metrics.file`,
+    /// `metrics.fields`, `metrics.enableExporterMetrics`, the collection interval and
+    /// `server.maxConcurrentScrapes` apply; DCGM watch settings are accepted and reported as
+    /// having no effect. Flags and environment variables given explicitly win over the file.
+    #[arg(long, env = "DCGM_EXPORTER_CONFIG_FILE")]
+    pub config_file: Option<PathBuf>,
+
+    /// Deadline for reading a request's head (Go duration: `10s`, `1m30s`). Default 10s. The
+    /// first byte of a new connection must still come within 2 s (docs/security.md).
+    #[arg(long, env = "DCGM_EXPORTER_WEB_READ_TIMEOUT", value_parser = goflags::parse_duration)]
+    pub web_read_timeout: Option<Duration>,
+
+    /// Deadline from a request's head to the last byte of its response (Go duration). Default
+    /// 60s; a handler slower than min(30s, this) gets 503.
+    #[arg(long, env = "DCGM_EXPORTER_WEB_WRITE_TIMEOUT", value_parser = goflags::parse_duration)]
+    pub web_write_timeout: Option<Duration>,
+
+    /// `/metrics` responses being sent at once; more get 503 at once. 0: no limit. Every scrape
+    /// sends the same pre-rendered body, so overlapping scrapes are coalesced by construction
+    /// and this bounds only the responses in flight.
+    #[arg(
+        long,
+        env = "DCGM_EXPORTER_MAX_CONCURRENT_SCRAPES",
+        default_value_t = 0
+    )]
+    pub max_concurrent_scrapes: u32,
+
+    /// Also serve the standard `process_*` series of the exporter itself (CPU, memory, file
+    /// descriptors, start time) on /metrics.
+    #[arg(long, env = "DCGM_EXPORTER_ENABLE_EXPORTER_METRICS")]
+    pub enable_exporter_metrics: bool,
+
+    /// `/health` answers 503 while no GPU is collected (so a liveness probe restarts an
+    /// exporter that came up blind).
+    #[arg(long, env = "DCGM_EXPORTER_HEALTH_REQUIRE_GPUS")]
+    pub health_require_gpus: bool,
+
+    /// Omit the hostname label.
+    #[arg(short = 'n', long, env = "DCGM_EXPORTER_NO_HOSTNAME")]
+    pub no_hostname: bool,
+
+    /// Serve on the socket systemd passes (socket activation: LISTEN_FDS / LISTEN_PID, fd 3)
+    /// instead of binding --address.
+    #[arg(long, env = "DCGM_EXPORTER_SYSTEMD_SOCKET")]
+    pub web_systemd_socket: bool,
+
+    /// dcgm-exporter's runtime container labels. No effect: gpu-exporter copies pod labels from
+    /// the container runtime with --kubernetes-enable-pod-labels.
+    #[arg(long, env = "DCGM_EXPORTER_CONTAINER_LABELS", hide = true)]
+    pub container_labels: bool,
+
+    /// The container runtime's socket path (dcgm-exporter's name for
+    /// --container-runtime-endpoint, which it sets when that is not given).
+    #[arg(long, env = "DCGM_CONTAINER_RUNTIME_SOCKET")]
+    pub container_runtime_socket: Option<String>,
+
+    /// dcgm-exporter's CPU entity selection. No effect: gpu-exporter has no CPU entities.
+    #[arg(short = 'p', long, env = "DCGM_EXPORTER_CPU_DEVICES_STR", hide = true)]
+    pub cpu_devices: Option<String>,
+
+    /// dcgm-exporter's switch for DCGM's fake GPUs. No effect: use --backend sim.
+    #[arg(long, env = "DCGM_EXPORTER_USE_FAKE_GPUS", hide = true)]
+    pub fake_gpus: bool,
+
+    /// dcgm-exporter's debug dumps. No effect (see docs/operations.md for the debug logs).
+    #[arg(long, env = "DCGM_EXPORTER_DUMP_ENABLED", hide = true)]
+    pub dump_enabled: bool,
+
+    /// dcgm-exporter's debug dump directory. No effect.
+    #[arg(long, env = "DCGM_EXPORTER_DUMP_DIRECTORY", hide = true)]
+    pub dump_directory: Option<PathBuf>,
+
+    /// dcgm-exporter's debug dump retention, hours. No effect.
+    #[arg(long, env = "DCGM_EXPORTER_DUMP_RETENTION", hide = true)]
+    pub dump_retention: Option<u64>,
+
+    /// dcgm-exporter's debug dump compression (default true there). No effect.
+    #[arg(long, env = "DCGM_EXPORTER_DUMP_COMPRESSION", hide = true, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true", value_parser = goflags::parse_bool)]
+    pub dump_compression: Option<bool>,
+
+    /// dcgm-exporter's DCGM watch retention age. No effect: there are no DCGM watches.
+    #[arg(long, env = "DCGM_EXPORTER_WATCH_MAX_KEEP_AGE", hide = true,
+          value_parser = goflags::parse_duration)]
+    pub watch_max_keep_age: Option<Duration>,
+
+    /// dcgm-exporter's DCGM watch retention samples. No effect: there are no DCGM watches.
+    #[arg(long, env = "DCGM_EXPORTER_WATCH_MAX_KEEP_SAMPLES", hide = true)]
+    pub watch_max_keep_samples: Option<i64>,
+
+    /// dcgm-exporter's DCGM bind/unbind watch. No effect: gpu-exporter rediscovers GPUs every
+    /// minute through NVML.
+    #[arg(long, env = "DCGM_EXPORTER_ENABLE_GPU_BIND_UNBIND_WATCH", hide = true)]
+    pub enable_gpu_bind_unbind_watch: bool,
+
+    /// dcgm-exporter's DCGM bind/unbind poll interval. No effect.
+    #[arg(long, env = "DCGM_EXPORTER_GPU_BIND_UNBIND_POLL_INTERVAL", hide = true,
+          value_parser = goflags::parse_duration)]
+    pub gpu_bind_unbind_poll_interval: Option<Duration>,
+
+    /// dcgm-exporter's Go profiler endpoints. No effect: there is no Go runtime.
+    #[arg(long, env = "DCGM_EXPORTER_ENABLE_PPROF", hide = true)]
+    pub enable_pprof: bool,
+
+    /// The settings given explicitly (flag or environment), which a --config-file does not
+    /// override. Filled by [`goflags::parse`].
+    #[arg(skip)]
+    pub explicit: goflags::Explicit,
 }
 
 /// Errors resolving the configuration. Each names the flag (and file) concerned.
@@ -399,6 +517,26 @@ pub enum ConfigError {
         #[source]
         cause: regex::Error,
     },
+    /// The `--config-file` is unusable.
+    #[error("--config-file")]
+    File(#[source] file::FileError),
+    /// `--container-runtime-socket` and `--container-runtime-endpoint` disagree.
+    #[error("--container-runtime-socket {socket:?} and --container-runtime-endpoint {endpoint:?} name different sockets; give one")]
+    RuntimeSocket {
+        /// The socket path.
+        socket: String,
+        /// The endpoint.
+        endpoint: String,
+    },
+    /// An error in a value that came from an environment variable.
+    #[error("environment variable {var}")]
+    FromEnv {
+        /// The variable.
+        var: String,
+        /// The error, naming the flag.
+        #[source]
+        source: Box<ConfigError>,
+    },
     /// A flag names a feature that is not available.
     #[error("{flag}: {reason}")]
     Unsupported {
@@ -407,6 +545,29 @@ pub enum ConfigError {
         /// Why.
         reason: &'static str,
     },
+}
+
+impl ConfigError {
+    /// The `Args` field whose value is at fault.
+    fn arg(&self) -> Option<&'static str> {
+        Some(match self {
+            ConfigError::Catalog(_) => "collectors",
+            ConfigError::Scenario(_) => "sim_scenario",
+            ConfigError::Address(_) => "address",
+            ConfigError::Devices { .. } => "devices",
+            ConfigError::SwitchDevices { .. } => "switch_devices",
+            ConfigError::PodResourcesTtl { .. } => "pod_resources_ttl",
+            ConfigError::CriTtl { .. } => "cri_ttl",
+            ConfigError::AllowlistRegex { .. } => "kubernetes_pod_label_allowlist_regex",
+            ConfigError::File(_) => "config_file",
+            ConfigError::RuntimeSocket { .. } => "container_runtime_socket",
+            ConfigError::Unsupported { flag, .. } => match *flag {
+                "--configmap-data" => "configmap_data",
+                _ => return None,
+            },
+            ConfigError::FromEnv { .. } => return None,
+        })
+    }
 }
 
 /// The resolved configuration.
@@ -420,8 +581,10 @@ pub struct Config {
     pub catalog_path: Option<PathBuf>,
     /// Rows naming DCGM fields gpu-exporter does not collect.
     pub skipped: Vec<Skipped>,
-    /// Socket address to bind.
+    /// Socket address to bind (`:PORT`: 0.0.0.0:PORT; see `listen_on`).
     pub listen: SocketAddr,
+    /// Where to listen: `:PORT` is every address of both IP families.
+    pub listen_on: crate::http::listen::ListenOn,
     /// Sampling interval.
     pub interval: Duration,
     /// Hostname label value.
@@ -448,7 +611,12 @@ impl Config {
     pub fn build_options(&self) -> BuildOptions {
         BuildOptions {
             hostname_label: self.args.hostname_label.clone(),
-            hostname: self.hostname.clone(),
+            // An empty hostname is no label (-n/--no-hostname).
+            hostname: if self.args.no_hostname {
+                String::new()
+            } else {
+                self.hostname.clone()
+            },
             replace_blanks_in_model_name: self.args.replace_blanks_in_model_name,
             selection: self.selection.clone(),
             virtual_gpus: self.args.kubernetes_virtual_gpus,
@@ -464,6 +632,46 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] naming the flag at fault.
     pub fn resolve(args: Args) -> Result<Config, ConfigError> {
+        let explicit = args.explicit.clone();
+        Self::resolve_args(args).map_err(|e| match e.arg().and_then(|id| explicit.env_var(id)) {
+            Some(var) => ConfigError::FromEnv {
+                var: var.to_owned(),
+                source: Box::new(e),
+            },
+            None => e,
+        })
+    }
+
+    fn resolve_args(mut args: Args) -> Result<Config, ConfigError> {
+        let mut notices = Vec::new();
+        let inline_csv = match args.config_file.clone() {
+            Some(path) => file::apply(&mut args, &path, &mut notices).map_err(ConfigError::File)?,
+            None => None,
+        };
+        if let Some(socket) = args
+            .container_runtime_socket
+            .clone()
+            .filter(|s| !s.is_empty())
+        {
+            if !args.explicit.contains("container_runtime_endpoint") {
+                args.container_runtime_endpoint = socket;
+            } else if grpc_path(&socket) != grpc_path(&args.container_runtime_endpoint) {
+                return Err(ConfigError::RuntimeSocket {
+                    socket,
+                    endpoint: args.container_runtime_endpoint.clone(),
+                });
+            }
+        }
+        for (value, flag) in [
+            (&mut args.web_read_timeout, "--web-read-timeout"),
+            (&mut args.web_write_timeout, "--web-write-timeout"),
+        ] {
+            if value.is_some_and(|d| d.is_zero()) {
+                *value = None;
+                notices.push(format!("{flag} 0 (no deadline) is not supported: every phase of a connection has a deadline here; using the default"));
+            }
+        }
+        notices.extend(inert::notices(&args));
         if args.configmap_data.as_deref().is_some_and(|v| v != "none") {
             return Err(ConfigError::Unsupported {
                 flag: "--configmap-data",
@@ -493,12 +701,36 @@ impl Config {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let (catalog, skipped, catalog_origin) = load_catalog(args.collectors.as_deref())?;
-        let catalog_path = match &args.collectors {
-            Some(p) => Some(p.clone()),
-            None => Some(PathBuf::from(DCGM_DEFAULT_COLLECTORS)).filter(|p| p.exists()),
+        let (catalog, skipped, catalog_origin, catalog_path) = match inline_csv {
+            Some((csv, path)) => {
+                let origin = format!("{} metrics.fields", path.display());
+                let (c, s) = catalog::parse(&csv, &origin).map_err(|e| match e {
+                    CatalogError::Invalid { line, defect, .. } => {
+                        ConfigError::File(file::FileError::Invalid {
+                            path: path.display().to_string(),
+                            key: format!("metrics.fields[{}]", line.saturating_sub(1)),
+                            reason: defect.to_string(),
+                        })
+                    }
+                    other => ConfigError::Catalog(other),
+                })?;
+                (c, s, origin, None)
+            }
+            None => {
+                let (c, s, origin) = load_catalog(args.collectors.as_deref())?;
+                let path = match &args.collectors {
+                    Some(p) => Some(p.clone()),
+                    None => Some(PathBuf::from(DCGM_DEFAULT_COLLECTORS)).filter(|p| p.exists()),
+                };
+                (c, s, origin, path)
+            }
         };
         let listen = parse_address(&args.address)?;
+        let listen_on = if args.address.starts_with(':') {
+            crate::http::listen::ListenOn::AnyAddress(listen.port())
+        } else {
+            crate::http::listen::ListenOn::Address(listen)
+        };
         let selection = parse_devices(&args.devices)?;
         let switches = parse_devices(&args.switch_devices).map_err(|e| match e {
             ConfigError::Devices { value, reason } => ConfigError::SwitchDevices { value, reason },
@@ -515,7 +747,6 @@ impl Config {
             Some(n) => n.to_owned(),
             None => system_hostname(),
         };
-        let mut notices = Vec::new();
         if args.remote_hostengine_info.is_some() {
             notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect: gpu-exporter reads NVML directly and needs no DCGM hostengine".to_owned());
         }
@@ -575,6 +806,7 @@ impl Config {
             catalog_path,
             skipped,
             listen,
+            listen_on,
             interval: Duration::from_millis(args.collect_interval),
             hostname,
             selection,
@@ -591,6 +823,11 @@ impl Config {
     ) -> Vec<MetricSpec> {
         self.catalog.retain_supported(supported)
     }
+}
+
+/// The socket path of a CRI endpoint (`unix:///x` or `/x`).
+fn grpc_path(endpoint: &str) -> &str {
+    endpoint.strip_prefix("unix://").unwrap_or(endpoint)
 }
 
 fn load_catalog(
@@ -721,6 +958,91 @@ mod tests {
         let mut v = vec!["gpu-exporter"];
         v.extend_from_slice(extra);
         Args::try_parse_from(v).unwrap()
+    }
+
+    fn go(extra: &[&str]) -> Args {
+        let argv = std::iter::once("gpu-exporter")
+            .chain(extra.iter().copied())
+            .map(std::ffi::OsString::from);
+        goflags::parse(argv, &|_| None).unwrap()
+    }
+
+    #[test]
+    fn container_runtime_socket_maps_onto_the_endpoint() {
+        let c =
+            Config::resolve(go(&["--container-runtime-socket", "/run/crio/crio.sock"])).unwrap();
+        assert_eq!(c.args.container_runtime_endpoint, "/run/crio/crio.sock");
+        let e = Config::resolve(go(&[
+            "--container-runtime-socket=/a.sock",
+            "--container-runtime-endpoint=unix:///b.sock",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("name different sockets"), "{e}");
+        let c = Config::resolve(go(&[
+            "--container-runtime-socket=/a.sock",
+            "--container-runtime-endpoint=unix:///a.sock",
+        ]))
+        .unwrap();
+        assert_eq!(c.args.container_runtime_endpoint, "unix:///a.sock");
+    }
+
+    #[test]
+    fn no_hostname_drops_the_label_value_only() {
+        let mut a = go(&["-n"]);
+        a.node_name = Some("node-7".into());
+        let c = Config::resolve(a).unwrap();
+        assert_eq!(c.hostname, "node-7");
+        assert_eq!(c.build_options().hostname, "");
+        let mut a = go(&["--no-hostname=false"]);
+        a.node_name = Some("node-7".into());
+        assert_eq!(
+            Config::resolve(a).unwrap().build_options().hostname,
+            "node-7"
+        );
+    }
+
+    #[test]
+    fn any_address_and_explicit_addresses() {
+        use crate::http::listen::ListenOn;
+        assert_eq!(
+            Config::resolve(go(&[])).unwrap().listen_on,
+            ListenOn::AnyAddress(9400)
+        );
+        assert_eq!(
+            Config::resolve(go(&["-a", "0.0.0.0:9400"]))
+                .unwrap()
+                .listen_on,
+            ListenOn::Address("0.0.0.0:9400".parse().unwrap())
+        );
+        assert_eq!(
+            Config::resolve(go(&["-a", "[::1]:1"])).unwrap().listen_on,
+            ListenOn::Address("[::1]:1".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn zero_web_timeouts_keep_the_defaults_and_say_so() {
+        let c = Config::resolve(go(&["--web-read-timeout=0", "--web-write-timeout=0s"])).unwrap();
+        assert_eq!(c.args.web_read_timeout, None);
+        assert_eq!(c.args.web_write_timeout, None);
+        assert_eq!(c.notices.len(), 2, "{:?}", c.notices);
+        let c = Config::resolve(go(&["--web-write-timeout=1m30s"])).unwrap();
+        assert_eq!(c.args.web_write_timeout, Some(Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn inert_flags_warn_once_each_whatever_their_value() {
+        let c = Config::resolve(go(&[
+            "--enable-pprof=false",
+            "-p",
+            "g",
+            "--dump-retention=1",
+        ]))
+        .unwrap();
+        assert_eq!(c.notices.len(), 3, "{:?}", c.notices);
+        assert!(c.notices[0]
+            .starts_with("-p/--cpu-devices (DCGM_EXPORTER_CPU_DEVICES_STR) has no effect"));
+        assert!(Config::resolve(go(&[])).unwrap().notices.is_empty());
     }
 
     #[test]

@@ -1,0 +1,214 @@
+//! Listening sockets: Go's `:PORT` (every address, IPv4 and IPv6 on one socket) and systemd
+//! socket activation (`--web-systemd-socket`).
+//!
+//! This module holds the crate's only `unsafe` outside the NVML bindings: adopting the
+//! descriptor systemd passes (fd 3), which the socket activation protocol makes ours.
+#![allow(unsafe_code)]
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use socket2::{Domain, Socket, Type};
+use tokio::net::TcpListener;
+
+use super::LISTEN_BACKLOG;
+
+/// Where to listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenOn {
+    /// `:PORT`: every address of both families, on one dual-stack socket (`[::]` with
+    /// `IPV6_V6ONLY` off), or IPv4 alone where the host has no IPv6.
+    AnyAddress(u16),
+    /// An explicit address, as given.
+    Address(SocketAddr),
+}
+
+/// Errors getting a listening socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    /// Binding failed.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--web-systemd-socket` without the socket activation environment for this process.
+    #[error("--web-systemd-socket: {0}")]
+    Activation(String),
+}
+
+fn bind_socket(addr: SocketAddr, v6_only: Option<bool>) -> std::io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if let Some(only) = v6_only {
+        socket.set_only_v6(only)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.set_cloexec(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(i32::try_from(LISTEN_BACKLOG).unwrap_or(i32::MAX))?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Binds `on` with [`LISTEN_BACKLOG`] and `SO_REUSEADDR`.
+///
+/// # Errors
+/// [`ListenError::Bind`] naming the address.
+pub fn bind(on: ListenOn) -> Result<TcpListener, ListenError> {
+    match on {
+        ListenOn::Address(addr) => bind_socket(addr, None).map_err(|source| ListenError::Bind {
+            addr: addr.to_string(),
+            source,
+        }),
+        ListenOn::AnyAddress(port) => {
+            let v6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
+            match bind_socket(v6, Some(false)) {
+                Ok(l) => Ok(l),
+                // No IPv6 on this host (disabled in the kernel, or no such address family).
+                Err(e) if no_ipv6(&e) => {
+                    tracing::info!("no IPv6 on this host ({e}); listening on IPv4 only");
+                    let v4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
+                    bind_socket(v4, None).map_err(|source| ListenError::Bind {
+                        addr: format!(":{port}"),
+                        source,
+                    })
+                }
+                Err(source) => Err(ListenError::Bind {
+                    addr: format!(":{port} ([::]:{port}, IPv4 and IPv6)"),
+                    source,
+                }),
+            }
+        }
+    }
+}
+
+/// Whether a bind error means the host has no IPv6 (rather than, say, the port being taken).
+fn no_ipv6(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(e.kind(), ErrorKind::AddrNotAvailable | ErrorKind::Unsupported)
+        // EAFNOSUPPORT (97), EPROTONOSUPPORT (93): the kernel has IPv6 disabled.
+        || matches!(e.raw_os_error(), Some(97 | 93))
+}
+
+/// The first descriptor systemd passes (`SD_LISTEN_FDS_START`).
+const LISTEN_FDS_START: i32 = 3;
+
+/// Which inherited descriptor to adopt, from the socket activation environment: `LISTEN_PID`
+/// must be this process and `LISTEN_FDS` at least 1. Pure, for tests.
+///
+/// # Errors
+/// What is missing or wrong.
+pub fn activation_fd(
+    listen_pid: Option<&str>,
+    listen_fds: Option<&str>,
+    pid: u32,
+) -> Result<i32, String> {
+    let pid_given =
+        listen_pid.ok_or("LISTEN_PID is not set (not started by systemd socket activation)")?;
+    if pid_given.trim().parse::<u32>().ok() != Some(pid) {
+        return Err(format!(
+            "LISTEN_PID={pid_given} is not this process ({pid}); the sockets are another process's"
+        ));
+    }
+    let n: u32 = listen_fds
+        .ok_or("LISTEN_FDS is not set")?
+        .trim()
+        .parse()
+        .map_err(|_| "LISTEN_FDS is not a number".to_owned())?;
+    if n == 0 {
+        return Err("LISTEN_FDS=0: systemd passed no socket".into());
+    }
+    if n > 1 {
+        tracing::warn!(
+            "--web-systemd-socket: systemd passed {n} sockets; serving on the first (fd 3)"
+        );
+    }
+    Ok(LISTEN_FDS_START)
+}
+
+/// Adopts the listening socket systemd passed (fd 3), after checking `LISTEN_PID` and
+/// `LISTEN_FDS` and that the descriptor is a listening TCP socket.
+///
+/// # Errors
+/// [`ListenError::Activation`] saying what is wrong.
+pub fn from_systemd() -> Result<TcpListener, ListenError> {
+    let pid = std::env::var("LISTEN_PID").ok();
+    let fds = std::env::var("LISTEN_FDS").ok();
+    let fd = activation_fd(pid.as_deref(), fds.as_deref(), std::process::id())
+        .map_err(ListenError::Activation)?;
+    // fstat through /proc: the descriptor must exist and be a socket before it is adopted.
+    let target = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .map_err(|e| ListenError::Activation(format!("fd {fd} is not open ({e})")))?;
+    if !target.to_string_lossy().starts_with("socket:") {
+        return Err(ListenError::Activation(format!(
+            "fd {fd} is {}, not a socket",
+            target.display()
+        )));
+    }
+    use std::os::fd::FromRawFd;
+    // SAFETY: LISTEN_PID names this process, so by the socket activation protocol fd 3 was
+    // opened for it and nothing else in the process owns it; it is open and a socket (checked
+    // above), and it is adopted once: main calls this once, before any other descriptor work.
+    let socket = unsafe { Socket::from_raw_fd(fd) };
+    let bad =
+        |what: &str, e: std::io::Error| ListenError::Activation(format!("fd {fd}: {what}: {e}"));
+    if socket.r#type().map_err(|e| bad("socket type", e))? != Type::STREAM {
+        return Err(ListenError::Activation(format!(
+            "fd {fd} is not a stream (TCP) socket"
+        )));
+    }
+    let local = socket.local_addr().map_err(|e| bad("local address", e))?;
+    if local.as_socket().is_none() {
+        return Err(ListenError::Activation(format!(
+            "fd {fd} is not an IP socket (a unix socket cannot serve HTTP to Prometheus here)"
+        )));
+    }
+    socket
+        .set_cloexec(true)
+        .map_err(|e| bad("close-on-exec", e))?;
+    socket
+        .set_nonblocking(true)
+        .map_err(|e| bad("non-blocking", e))?;
+    TcpListener::from_std(socket.into()).map_err(|e| bad("registering", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activation_needs_this_pid_and_a_socket() {
+        assert_eq!(activation_fd(Some("42"), Some("1"), 42), Ok(3));
+        assert_eq!(activation_fd(Some("42"), Some("2"), 42), Ok(3));
+        assert!(activation_fd(None, Some("1"), 42)
+            .unwrap_err()
+            .contains("LISTEN_PID is not set"));
+        assert!(activation_fd(Some("41"), Some("1"), 42)
+            .unwrap_err()
+            .contains("not this process"));
+        assert!(activation_fd(Some("42"), None, 42)
+            .unwrap_err()
+            .contains("LISTEN_FDS is not set"));
+        assert!(activation_fd(Some("42"), Some("0"), 42)
+            .unwrap_err()
+            .contains("no socket"));
+    }
+
+    #[tokio::test]
+    async fn any_address_serves_ipv4_and_ipv6_on_one_socket() {
+        let l = bind(ListenOn::AnyAddress(0)).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let v4 = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port));
+        let (a, b) = tokio::join!(v4, l.accept());
+        a.unwrap();
+        b.unwrap();
+        if l.local_addr().unwrap().is_ipv6() {
+            let v6 = tokio::net::TcpStream::connect((Ipv6Addr::LOCALHOST, port));
+            let (a, b) = tokio::join!(v6, l.accept());
+            a.unwrap();
+            b.unwrap();
+        }
+    }
+}
