@@ -10,7 +10,8 @@
 #   3. tests/helm/check_chart.py: helm template over every values file, each render validated by
 #      scripts/validate-manifests.py and checked for what the values file is about; the default
 #      render equivalent to `kubectl kustomize deploy/`, the process-usage one to
-#      overlays/process-usage/; invalid TLS values refused with a message naming the value
+#      overlays/process-usage/; overlays/web-config/ (TLS + basic auth) valid with HTTPS probes;
+#      invalid TLS values refused with a message naming the value
 #   4. helm package (what a chart repository would serve) renders the same as the directory
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -8,7 +8,8 @@ document validated by scripts/validate-manifests.py (kubernetes-validate, strict
 newest schema; own schemas for ServiceMonitor and PrometheusRule), then what that values file is
 about is asserted (probes, web config, mounts, ...). Then the chart's default render is compared
 with `kubectl kustomize deploy/`, and the process-usage render with overlays/process-usage/
-("equivalent" is defined in equivalent() below). Values that must make `helm template` fail
+("equivalent" is defined in equivalent() below), and overlays/web-config/ (TLS + basic auth)
+is rendered, validated and checked for HTTPS probes. Values that must make `helm template` fail
 (a missing certificate) are checked to fail with a message naming the value.
 Exits 1 listing every failure.
 """
@@ -408,6 +409,32 @@ def main():
         before = len(failures)
         equivalent(docs_of(r.stdout), renders.get(name, []), label)
         print(f"--- {label}: {'equivalent' if len(failures) == before else 'DIFFERENT'}")
+
+    # The kustomize overlay for TLS + basic auth: valid, HTTPS probes without credentials, the
+    # web config from a mounted Secret, the example file's paths under that mount.
+    label = "overlays/web-config/"
+    r = subprocess.run([a.kubectl, "kustomize", os.path.join(ROOT, "overlays", "web-config")], capture_output=True, text=True)
+    if check(r.returncode == 0, f"kubectl kustomize {label}: {r.stderr}"):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as tmp:
+            tmp.write(r.stdout)
+            tmp.flush()
+            check(validate_manifests.main(tmp.name) == 0, f"{label}: render fails validation")
+        docs = docs_of(r.stdout)
+        before = len(failures)
+        try:
+            probes_https(docs, label)
+            path = env(docs)["DCGM_EXPORTER_WEB_CONFIG_FILE"]["value"]
+            m = [m for m in container(docs)["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+            check(len(m) == 1 and "secret" in by_name(pod(docs)["volumes"])[m[0]["name"]], f"{label}: {path} not from a Secret mount")
+            with open(os.path.join(ROOT, "overlays", "web-config", "web-config.yaml.example")) as f:
+                example = yaml.safe_load(f)
+            for k, v in example["tls_server_config"].items():
+                check(v.startswith(m[0]["mountPath"] + "/"), f"{label}: web-config.yaml.example {k} {v} is not in the Secret mount")
+            ep = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
+            check(ep["scheme"] == "https" and set(ep["basicAuth"]) == {"username", "password"}, f"{label}: ServiceMonitor {ep}")
+        except (KeyError, AssertionError, TypeError, IndexError) as e:
+            failures.append(f"{label}: {type(e).__name__}: {e}")
+        print(f"--- {label}: {'HTTPS probes, web config mounted' if len(failures) == before else 'WRONG'}")
 
     for sets, must_name in MUST_FAIL:
         r = helm_template(a.helm, sets=sets, expect_fail=True)
