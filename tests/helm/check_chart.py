@@ -269,6 +269,7 @@ def case_operator(docs, label):
     svc = one(docs, "Service")["spec"]
     check("clusterIP" not in svc and svc["internalTrafficPolicy"] == "Local", f"{label}: Service {svc}")
     check(not [a for a in c["args"] if "dump" in a], f"{label}: debugDump is ignored")
+    check([i["name"] for i in p["initContainers"]] == ["toolkit-validation"], f"{label}: initContainers")
 
 
 def case_tls_basic_auth(docs, label):
