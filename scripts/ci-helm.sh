@@ -13,6 +13,10 @@
 #      overlays/process-usage/; overlays/web-config/ (TLS + basic auth) valid with HTTPS probes;
 #      invalid TLS values refused with a message naming the value
 #   4. helm package (what a chart repository would serve) renders the same as the directory
+#   5. tests/helm/probe_e2e.py: the release binary (built here unless GPU_EXPORTER_BIN names one)
+#      started with a render's args, env and mounted ConfigMaps/Secrets; its rendered probes sent as
+#      the kubelet sends them (HTTPS unverified, no credentials) must get 200, with and without TLS
+#      and basic auth; /metrics must need the values file's passwords
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -80,5 +84,15 @@ trap 'rm -rf "$pkg"' EXIT
 "$helm" package --destination "$pkg" "$chart" >/dev/null
 diff -u <("$helm" template gpu-exporter "$chart" -n gpu-exporter) \
         <("$helm" template gpu-exporter "$pkg"/gpu-exporter-*.tgz -n gpu-exporter)
+
+step "the exporter run as the chart renders it, probed as the kubelet probes (plain, TLS, TLS + basic auth)"
+# Always (re)build unless a binary is given, so a stale release build is never tested.
+if [[ -n "${GPU_EXPORTER_BIN:-}" ]]; then
+  bin="$GPU_EXPORTER_BIN"
+else
+  cargo build --release --quiet --bins
+  bin="${CARGO_TARGET_DIR:-target}/release/gpu-exporter"
+fi
+python3 tests/helm/probe_e2e.py --helm "$helm" --bin "$bin"
 
 step "all Helm chart checks passed"
