@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Validates the rendered deploy/ manifests (output of `kubectl kustomize deploy/`).
+"""Validates rendered manifests: `kubectl kustomize deploy/` output, or a `helm template` render.
 
     kubectl kustomize deploy/ > rendered.yaml && python3 scripts/validate-manifests.py rendered.yaml
+    helm template ... > r.yaml && python3 scripts/validate-manifests.py r.yaml --expect DaemonSet,Service
+
+--expect names the kinds the render must contain (default: everything `deploy/` renders).
 
 - Core kinds: PyPI kubernetes-validate, strict (unknown fields rejected), against the oldest and the
   newest Kubernetes schema it ships.
@@ -27,6 +30,23 @@ METADATA = {"type": "object", "required": ["name"], "additionalProperties": Fals
             "properties": {"name": STR, "namespace": STR, "labels": LABELS, "annotations": LABELS}}
 DURATION = {"type": "string", "pattern": r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$"}
 
+RELABELINGS = {"type": "array", "items": {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "sourceLabels": {"type": "array", "items": STR}, "targetLabel": STR,
+        "regex": STR, "replacement": STR, "separator": STR, "modulus": {"type": "integer"},
+        "action": {"enum": ["replace", "keep", "drop", "labelmap", "labeldrop",
+                            "labelkeep", "hashmod", "lowercase", "uppercase", "keepequal", "dropequal"]}}}}
+SECRET_KEY = {"type": "object", "required": ["name", "key"], "additionalProperties": False,
+              "properties": {"name": STR, "key": STR, "optional": {"type": "boolean"}}}
+SECRET_OR_CONFIGMAP = {"type": "object", "additionalProperties": False,
+                       "properties": {"secret": SECRET_KEY, "configMap": SECRET_KEY}}
+TLS_CONFIG = {"type": "object", "additionalProperties": False,
+              "properties": {"insecureSkipVerify": {"type": "boolean"}, "serverName": STR,
+                             "ca": SECRET_OR_CONFIGMAP, "cert": SECRET_OR_CONFIGMAP, "keySecret": SECRET_KEY}}
+BASIC_AUTH = {"type": "object", "additionalProperties": False,
+              "properties": {"username": SECRET_KEY, "password": SECRET_KEY}}
+
 SERVICE_MONITOR = {
     "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
     "properties": {
@@ -42,13 +62,11 @@ SERVICE_MONITOR = {
                          "properties": {
                              "port": STR, "path": STR, "scheme": {"enum": ["http", "https"]},
                              "interval": DURATION, "scrapeTimeout": DURATION, "honorLabels": {"type": "boolean"},
-                             "relabelings": {"type": "array", "items": {
-                                 "type": "object", "additionalProperties": False,
-                                 "properties": {
-                                     "sourceLabels": {"type": "array", "items": STR}, "targetLabel": STR,
-                                     "regex": STR, "replacement": STR, "separator": STR,
-                                     "action": {"enum": ["replace", "keep", "drop", "labelmap", "labeldrop",
-                                                         "labelkeep", "hashmod", "lowercase", "uppercase"]}}}}}}}}}}}
+                             "relabelings": RELABELINGS, "metricRelabelings": RELABELINGS,
+                             "tlsConfig": TLS_CONFIG, "basicAuth": BASIC_AUTH}}},
+                     "namespaceSelector": {"type": "object", "additionalProperties": False,
+                                           "properties": {"any": {"type": "boolean"},
+                                                          "matchNames": {"type": "array", "items": STR}}}}}}}
 
 RULE = {"type": "object", "additionalProperties": False, "required": ["expr"],
         "properties": {"alert": STR, "record": STR, "expr": STR, "for": DURATION,
@@ -74,7 +92,10 @@ def schema_versions():
     return [versions[0], versions[-1]]
 
 
-def main(path):
+DEPLOY_KINDS = {"Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet", "ServiceMonitor", "PrometheusRule"}
+
+
+def main(path, expected=DEPLOY_KINDS):
     with open(path) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
     failures = []
@@ -108,7 +129,6 @@ def main(path):
                 failures.append(f"{name}: Kubernetes {v}: {e.message} at {'/'.join(map(str, e.path))}")
             except kubernetes_validate.SchemaNotFoundError as e:
                 failures.append(f"{name}: no schema for it in Kubernetes {v}: {e}")
-    expected = {"Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet", "ServiceMonitor", "PrometheusRule"}
     missing = expected - set(kinds)
     if missing:
         failures.append(f"rendered output lacks {sorted(missing)}")
@@ -118,6 +138,11 @@ def main(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: validate-manifests.py RENDERED.yaml")
-    sys.exit(main(sys.argv[1]))
+    args = sys.argv[1:]
+    kinds = DEPLOY_KINDS
+    if len(args) == 3 and args[1] == "--expect":
+        kinds = {k for k in args[2].split(",") if k}
+        args = args[:1]
+    if len(args) != 1:
+        sys.exit("usage: validate-manifests.py RENDERED.yaml [--expect KIND,KIND,...]")
+    sys.exit(main(args[0], kinds))

