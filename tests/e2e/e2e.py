@@ -101,6 +101,11 @@ POD_HOLDERS = {
 # DCGM_FI_PROF_* series, so their MIG instances have no activity series and GPUUnderutilized
 # cannot see an idle MIG instance there (as on a real A100 node read through NVML alone).
 PRE_HOPPER = {"node-10"}
+# Dashboard targets that can only have data from an idle MIG instance's engine activity: the only
+# simulated MIG fleet is an A100 one (PRE_HOPPER), which has none without a DCGM source. They are
+# reported as skipped, not passed; they must be empty (data there would mean the simulator serves
+# profiling fields on an A100 again).
+NEEDS_MIG_PROFILING = {'gpu-cluster.json: "Idle GPUs held by pods" B'}
 # How each pods node lays out cgroups in its fake /proc (another real-world form on each).
 CGROUPS = {
     "node-09": {},  # the default: cgroup v2, systemd driver, containerd
@@ -510,7 +515,7 @@ def parse_ts(ts):
 
 
 def check_dashboards(prom, pods_mode):
-    failures, skipped, passed = [], [], 0
+    failures, skipped, no_source, passed = [], [], [], 0
     for path in sorted((ROOT / "dashboards").glob("*.json")):
         d = json.loads(path.read_text())
         variables = VARIABLES[d["uid"]]
@@ -546,7 +551,13 @@ def check_dashboards(prom, pods_mode):
                 failures.append(f"{where}: unfilled variable in {q}")
                 continue
             result = prom.query(q)
-            if result:
+            if any(where.startswith(t) for t in NEEDS_MIG_PROFILING):
+                if result:
+                    failures.append(f"{where}: data from A100 MIG instances' engine activity, which they "
+                                    f"cannot have without a DCGM source: {q} gave {result}")
+                else:
+                    no_source.append(where)
+            elif result:
                 passed += 1
             elif needs_pods(expr) and not pods_mode:
                 skipped.append(where)
@@ -562,6 +573,8 @@ def check_dashboards(prom, pods_mode):
         + (f", {len(skipped)} skipped (need pod labels; run without --fake-kubelet)" if skipped else ""))
     for s in skipped:
         log(f"  skipped: {s}")
+    for s in no_source:
+        log(f"  empty as it must be (A100 MIG instances have no engine activity without DCGM): {s}")
     if failures:
         raise Failure("dashboard queries without data:\n  " + "\n  ".join(failures))
 
