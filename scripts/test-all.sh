@@ -29,7 +29,7 @@ log "cargo bench --no-run"
 cargo bench --no-run
 # The load and table scripts are run by hand (BENCHMARKS.md); here they must at least compile.
 python3 -m py_compile benches/load.py benches/criterion_table.py benches/fleet/fleet.py benches/fleet/measure.py \
-  tests/harness.py tests/e2e/e2e.py
+  tests/harness.py tests/e2e/e2e.py benches/hpc_rss.py
 
 # `promtool check metrics` on every golden file runs inside cargo test (tests/promtool.rs), which
 # fails on any finding other than those inherent to dcgm-exporter's names.

@@ -699,7 +699,15 @@ pub fn log_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) 
 fn system_hostname() -> String {
     ["/proc/sys/kernel/hostname", "/etc/hostname"]
         .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
+        .find_map(|p| {
+            let cap = crate::fsread::Cap(4096);
+            crate::fsread::read_text(
+                std::path::Path::new(p),
+                cap,
+                crate::fsread::Symlinks::Follow,
+            )
+            .ok()
+        })
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "localhost".to_owned())

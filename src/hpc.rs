@@ -12,13 +12,18 @@
 //!
 //! The directory is read by a background task ([`HpcWatcher`]) on its own cadence, never on the
 //! scrape path, and the result is published on a `watch` channel the sampler reads at each tick.
-//! A file that cannot be used (unreadable, not UTF-8, larger than [`MAX_FILE_BYTES`], more than
-//! [`MAX_JOBS`] jobs, a control character in a job id) is logged once with its path (and line),
-//! counted, and ignored: its GPU gets no `hpc_job` label, every other file and series is
+//! Only the files named for a GPU or MIG instance that exists (the sampler's device inventory)
+//! are opened, so memory is bounded by the node's GPUs, not by what is in the directory: files
+//! named for other GPUs, and other names, are counted by reason
+//! (`gpu_exporter_hpc_job_files_ignored`) and never read. Each is opened through
+//! [`crate::fsread`]: a regular file of at most [`MAX_FILE_BYTES`], never a symbolic link (a
+//! link to a TLS key would publish its lines as `hpc_job` labels), a FIFO or a device.
+//! A file that cannot be used (a link, not a regular file, unreadable, not UTF-8, too large, more
+//! than [`MAX_JOBS`] jobs, a control character in a job id) is logged once with its path (and
+//! line), counted, and ignored: its GPU gets no `hpc_job` label, every other file and series is
 //! unaffected. A missing directory is logged once and means no jobs until it appears.
 
-use std::collections::BTreeMap;
-use std::io::Read;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,11 +31,16 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::fsread::{self, Cap, ReadError, Symlinks};
+use crate::gpu::Device;
 use crate::pods::{Answered, EntityKey};
 use crate::self_metrics::SelfMetrics;
 
 /// Largest mapping file read, bytes.
-pub const MAX_FILE_BYTES: u64 = 64 * 1024;
+pub const MAX_FILE_BYTES: u64 = Cap::HPC_JOB_FILE.0;
+/// Most directory entries looked at per scan to count the ignored ones (the files that are
+/// read are opened by name, whatever the directory holds).
+pub const MAX_LISTED: usize = 100_000;
 /// Most job ids one file may list (each is a copy of every series of its GPU).
 pub const MAX_JOBS: usize = 64;
 
@@ -53,6 +63,20 @@ pub enum HpcError {
         path: PathBuf,
         /// The cause.
         cause: String,
+    },
+    /// The file is a symbolic link (never followed here).
+    #[error("{}: is a symbolic link; not followed (a mapping file must be a regular file)", path.display())]
+    Symlink {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is not a regular file (a FIFO, a device, a directory).
+    #[error("{}: is {kind}, not a regular file", path.display())]
+    NotRegular {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
     },
     /// The file is larger than [`MAX_FILE_BYTES`].
     #[error("{}: larger than {limit} bytes; not a job mapping file", path.display())]
@@ -93,7 +117,9 @@ impl HpcError {
     pub const REASONS: &'static [&'static str] = &[
         "bad_line",
         "dir_unreadable",
+        "not_regular",
         "not_utf8",
+        "symlink",
         "too_large",
         "too_many_jobs",
         "unreadable",
@@ -104,6 +130,8 @@ impl HpcError {
         match self {
             HpcError::DirUnreadable { .. } => "dir_unreadable",
             HpcError::Unreadable { .. } => "unreadable",
+            HpcError::Symlink { .. } => "symlink",
+            HpcError::NotRegular { .. } => "not_regular",
             HpcError::TooLarge { .. } => "too_large",
             HpcError::NotUtf8 { .. } => "not_utf8",
             HpcError::BadLine { .. } => "bad_line",
@@ -121,6 +149,48 @@ pub struct HpcJobs {
     pub files: usize,
     /// Files (or the directory) not used, and why, sorted.
     pub errors: Vec<HpcError>,
+    /// Directory entries not read, by reason ([`Ignored::REASONS`]); at most [`MAX_LISTED`]
+    /// entries are looked at.
+    pub ignored: BTreeMap<&'static str, usize>,
+}
+
+/// Why a directory entry is not read.
+#[derive(Debug)]
+pub struct Ignored;
+
+impl Ignored {
+    /// A `<gpu>` or `<gpu>.<gi>` name for a GPU or MIG instance that does not exist here.
+    pub const NO_SUCH_GPU: &'static str = "no_such_gpu";
+    /// Not a mapping file name (editor and temporary files, other names).
+    pub const NOT_A_MAPPING_NAME: &'static str = "not_a_mapping_name";
+    /// Every reason, for pre-initialised gauges.
+    pub const REASONS: &'static [&'static str] = &[Self::NO_SUCH_GPU, Self::NOT_A_MAPPING_NAME];
+}
+
+/// The GPUs and MIG instances that exist in `devices`: the only mapping files read.
+pub fn entities(devices: &[Device]) -> BTreeSet<EntityKey> {
+    let mut out = BTreeSet::new();
+    for d in devices {
+        out.insert(EntityKey {
+            gpu: d.identity.index,
+            gi_id: None,
+        });
+        for i in &d.instances {
+            out.insert(EntityKey {
+                gpu: d.identity.index,
+                gi_id: Some(i.gi_id),
+            });
+        }
+    }
+    out
+}
+
+/// The file name for an entity: `<gpu>` or `<gpu>.<gi>`.
+pub fn file_name(key: EntityKey) -> String {
+    match key.gi_id {
+        Some(gi) => format!("{}.{gi}", key.gpu),
+        None => key.gpu.to_string(),
+    }
 }
 
 /// The entity a mapping file is for: `<gpu>` or `<gpu>.<gpu instance id>`, decimal, without
@@ -177,8 +247,9 @@ pub fn parse_jobs(bytes: &[u8], path: &Path) -> Result<Vec<String>, HpcError> {
     Ok(jobs)
 }
 
-/// Reads the mapping directory. Blocking (file system calls).
-pub fn scan(dir: &Path) -> HpcJobs {
+/// Reads the mapping files of the `monitored` GPUs and MIG instances in `dir`, and counts the
+/// directory's other entries. Blocking (file system calls).
+pub fn scan(dir: &Path, monitored: &BTreeSet<EntityKey>) -> HpcJobs {
     let mut out = HpcJobs::default();
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -190,56 +261,45 @@ pub fn scan(dir: &Path) -> HpcJobs {
             return out;
         }
     };
-    for entry in entries.flatten() {
+    for entry in entries.flatten().take(MAX_LISTED) {
         let name = entry.file_name();
-        let Some(key) = name.to_str().and_then(entity_of) else {
-            tracing::debug!(file = ?name, "not an HPC job mapping file name (<gpu> or <gpu>.<gi>); skipped");
-            continue;
+        let reason = match name.to_str().and_then(entity_of) {
+            Some(key) if monitored.contains(&key) => continue,
+            Some(_) => Ignored::NO_SUCH_GPU,
+            None => Ignored::NOT_A_MAPPING_NAME,
         };
-        let path = entry.path();
-        // Follows symbolic links; only regular files are opened (a FIFO would block).
-        match std::fs::metadata(&path) {
-            Ok(m) if m.is_file() => {}
-            Ok(_) => continue,
-            Err(e) => {
-                out.errors.push(HpcError::Unreadable {
-                    path,
-                    cause: e.to_string(),
-                });
-                continue;
-            }
-        }
-        match read_file(&path).and_then(|bytes| parse_jobs(&bytes, &path)) {
+        *out.ignored.entry(reason).or_default() += 1;
+    }
+    for &key in monitored {
+        let path = dir.join(file_name(key));
+        match read_file(&path).and_then(|bytes| parse_jobs(&bytes, &path).map_err(Some)) {
             Ok(jobs) => {
                 out.files += 1;
                 if !jobs.is_empty() {
                     out.jobs.insert(key, jobs);
                 }
             }
-            Err(e) => out.errors.push(e),
+            // No file: no job on that GPU.
+            Err(None) => {}
+            Err(Some(e)) => out.errors.push(e),
         }
     }
     out.errors.sort();
     out
 }
 
-fn read_file(path: &Path) -> Result<Vec<u8>, HpcError> {
-    let unreadable = |e: std::io::Error| HpcError::Unreadable {
-        path: path.to_owned(),
-        cause: e.to_string(),
-    };
-    let file = std::fs::File::open(path).map_err(unreadable)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(unreadable)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(HpcError::TooLarge {
-            path: path.to_owned(),
-            limit: MAX_FILE_BYTES,
-        });
-    }
-    Ok(bytes)
+/// The file's bytes; `Err(None)` if there is no such file.
+fn read_file(path: &Path) -> Result<Vec<u8>, Option<HpcError>> {
+    fsread::read(path, Cap::HPC_JOB_FILE, Symlinks::Refuse).map_err(|e| match e {
+        ReadError::NotFound { .. } => None,
+        ReadError::Symlink { path } => Some(HpcError::Symlink { path }),
+        ReadError::NotRegular { path, kind } => Some(HpcError::NotRegular { path, kind }),
+        ReadError::TooLarge { path, limit } => Some(HpcError::TooLarge { path, limit }),
+        e => Some(HpcError::Unreadable {
+            path: e.path().to_owned(),
+            cause: crate::error_chain(&e),
+        }),
+    })
 }
 
 /// The task that reads the directory on its cadence and publishes what changed.
@@ -247,19 +307,30 @@ fn read_file(path: &Path) -> Result<Vec<u8>, HpcError> {
 pub struct HpcWatcher {
     dir: PathBuf,
     metrics: Arc<SelfMetrics>,
+    /// The devices found by the sampler: the files of their GPUs and instances are read.
+    inventory: watch::Receiver<Arc<Vec<Device>>>,
     /// The problems of the last scan (each is logged and counted when it first appears).
     problems: Vec<HpcError>,
+    /// The ignored entries of the last scan (logged when they change).
+    ignored: BTreeMap<&'static str, usize>,
     answered: watch::Sender<Answered>,
 }
 
 impl HpcWatcher {
-    /// Watches `dir`. Turns on the `gpu_exporter_hpc_job_*` families.
-    pub fn new(dir: PathBuf, metrics: Arc<SelfMetrics>) -> Self {
+    /// Watches `dir` for the GPUs and MIG instances in `inventory` (the sampler's discovery;
+    /// nothing is read before the first). Turns on the `gpu_exporter_hpc_job_*` families.
+    pub fn new(
+        dir: PathBuf,
+        metrics: Arc<SelfMetrics>,
+        inventory: watch::Receiver<Arc<Vec<Device>>>,
+    ) -> Self {
         metrics.hpc_jobs.enable();
         Self {
             dir,
             metrics,
+            inventory,
             problems: Vec::new(),
+            ignored: BTreeMap::new(),
             answered: watch::Sender::new(Answered::default()),
         }
     }
@@ -294,6 +365,18 @@ impl HpcWatcher {
             tracing::info!(previous = %e, "HPC job mapping problem gone");
         }
         self.problems.clone_from(&scanned.errors);
+        if scanned.ignored != self.ignored {
+            if !scanned.ignored.is_empty() {
+                tracing::warn!(
+                    dir = %self.dir.display(),
+                    no_such_gpu = scanned.ignored.get(Ignored::NO_SUCH_GPU).copied().unwrap_or(0),
+                    not_a_mapping_name = scanned.ignored.get(Ignored::NOT_A_MAPPING_NAME).copied().unwrap_or(0),
+                    "HPC job mapping directory entries ignored (not read): named for no GPU or MIG instance on this node, or not <gpu> / <gpu>.<gi>"
+                );
+            }
+            self.ignored.clone_from(&scanned.ignored);
+        }
+        self.metrics.hpc_jobs.record_ignored(&scanned.ignored);
         let bad = scanned
             .errors
             .iter()
@@ -320,6 +403,16 @@ impl HpcWatcher {
         every: Duration,
         shutdown: CancellationToken,
     ) {
+        // Nothing is read before the sampler has found the devices.
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            found = async { self.inventory.wait_for(|d| !d.is_empty()).await.is_ok() } => {
+                if !found {
+                    // The sampler is gone (the process is ending).
+                    return shutdown.cancelled().await;
+                }
+            }
+        }
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -328,7 +421,8 @@ impl HpcWatcher {
                 _ = tick.tick() => {}
             }
             let dir = self.dir.clone();
-            let scanned = match tokio::task::spawn_blocking(move || scan(&dir)).await {
+            let monitored = entities(&self.inventory.borrow_and_update());
+            let scanned = match tokio::task::spawn_blocking(move || scan(&dir, &monitored)).await {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "HPC job mapping scan failed; keeping the last result");
@@ -429,7 +523,35 @@ mod tests {
         std::fs::write(d.join("README"), "not a mapping").unwrap();
         std::fs::write(d.join("5.swp"), b"\xff").unwrap();
         std::fs::create_dir(d.join("6")).unwrap();
-        let s = scan(d);
+        // A link to a secret: never followed, its contents never published.
+        std::fs::write(d.join("tls.key"), "-----BEGIN PRIVATE KEY-----\nsecret\n").unwrap();
+        std::os::unix::fs::symlink(d.join("tls.key"), d.join("7")).unwrap();
+        // A FIFO: never opened for reading (it would block the watcher).
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            d.join("8"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        // Files for GPUs and instances that do not exist here: not read, counted.
+        std::fs::write(d.join("42"), "ghost\n").unwrap();
+        std::fs::write(d.join("1.9"), "ghost\n").unwrap();
+        let monitored: BTreeSet<EntityKey> = [
+            key(0, None),
+            key(1, None),
+            key(1, Some(3)),
+            key(2, None),
+            key(3, None),
+            key(4, None),
+            key(6, None),
+            key(7, None),
+            key(8, None),
+            key(9, None),
+        ]
+        .into();
+        let s = scan(d, &monitored);
         assert_eq!(
             s.jobs,
             BTreeMap::from([
@@ -439,10 +561,38 @@ mod tests {
         );
         assert_eq!(s.files, 3);
         let reasons: Vec<&str> = s.errors.iter().map(HpcError::reason).collect();
-        assert_eq!(reasons, ["too_large", "not_utf8"], "{:?}", s.errors);
-        assert!(s.errors[1].to_string().ends_with("/3:1: not UTF-8 text"));
+        assert_eq!(
+            reasons,
+            [
+                "symlink",
+                "not_regular",
+                "not_regular",
+                "too_large",
+                "not_utf8"
+            ],
+            "{:?}",
+            s.errors
+        );
+        assert!(
+            s.errors[0].to_string().ends_with(
+                "/7: is a symbolic link; not followed (a mapping file must be a regular file)"
+            ),
+            "{}",
+            s.errors[0]
+        );
+        assert!(s.errors.iter().any(|e| e
+            .to_string()
+            .ends_with("/8: is a FIFO (named pipe), not a regular file")));
+        assert!(s.errors.iter().any(|e| e
+            .to_string()
+            .ends_with("/6: is a directory, not a regular file")));
+        assert!(s.errors[4].to_string().ends_with("/3:1: not UTF-8 text"));
+        assert_eq!(
+            s.ignored,
+            BTreeMap::from([(Ignored::NO_SUCH_GPU, 2), (Ignored::NOT_A_MAPPING_NAME, 3)])
+        );
 
-        let gone = scan(&d.join("missing"));
+        let gone = scan(&d.join("missing"), &monitored);
         assert!(gone.jobs.is_empty());
         assert_eq!(gone.errors.len(), 1);
         assert_eq!(gone.errors[0].reason(), "dir_unreadable");
@@ -454,7 +604,8 @@ mod tests {
     #[test]
     fn problems_are_counted_once_and_only_changes_are_published() {
         let metrics = Arc::new(SelfMetrics::default());
-        let mut w = HpcWatcher::new("/run/hpc".into(), Arc::clone(&metrics));
+        let (_inventory_tx, inventory) = watch::channel(Arc::new(Vec::new()));
+        let mut w = HpcWatcher::new("/run/hpc".into(), Arc::clone(&metrics), inventory);
         let (tx, rx) = watch::channel(Arc::new(HpcJobs::default()));
         let bad = HpcError::BadLine {
             path: "/run/hpc/1".into(),
@@ -464,6 +615,7 @@ mod tests {
             jobs: BTreeMap::from([(key(0, None), vec!["j".to_owned()])]),
             files: 1,
             errors: vec![bad.clone()],
+            ignored: BTreeMap::new(),
         };
         assert!(w.apply(scanned.clone(), &tx));
         assert_eq!(rx.borrow().jobs.len(), 1);

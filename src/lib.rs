@@ -19,21 +19,27 @@
 //!   connection limits, so that floods never lock the scraper out.
 //! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
 //! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
+//! - [`fsread`]: the one bounded file reader every configuration and `/proc` read goes through.
+//! - [`logsink`]: the log writer that never fails the code that logs.
+//! - [`supervise`]: the essential tasks, whose end stops the process.
 //!
 //! `main.rs` is the only composition root.
 
 pub mod catalog;
 pub mod config;
+pub mod fsread;
 pub mod gpu;
 pub mod health;
 pub mod hpc;
 pub mod http;
+pub mod logsink;
 pub mod pods;
 pub mod reload;
 pub mod render;
 pub mod sampler;
 pub mod self_metrics;
 pub mod snapshot;
+pub mod supervise;
 pub mod web;
 
 /// Formats an error with its chain of causes: `outer: cause: root cause`.

@@ -1,5 +1,7 @@
 //! gpu-exporter binary: parse flags, build the pipeline, serve until SIGTERM/SIGINT.
 
+use std::io::Write as _;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use gpu_exporter::gpu::sim::{SimProcess, SimulatedSource};
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::hpc::{HpcJobs, HpcWatcher};
 use gpu_exporter::http::{self, AppState};
+use gpu_exporter::logsink::LogSink;
 use gpu_exporter::pods::cri::CriClient;
 use gpu_exporter::pods::cri_refresher::{CriOptions, CriRefresher};
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
@@ -31,6 +34,7 @@ use gpu_exporter::reload::CatalogReloader;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
 use gpu_exporter::shutdown_signal;
+use gpu_exporter::supervise::Essential;
 use gpu_exporter::web::WebSecurity;
 
 /// How often the metrics CSV is checked for changes (SIGHUP reloads at once).
@@ -40,8 +44,8 @@ const HPC_POLL_MIN: Duration = Duration::from_secs(1);
 const HPC_POLL_MAX: Duration = Duration::from_secs(5);
 
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
-    init_logging(args.log_format, args.debug);
+    // SIGHUP's default action ends the process. Catch it before anything else can take time
+    // (flag parsing, file reads): until the reloader listens, a SIGHUP is queued on `hup`.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(8)
@@ -50,21 +54,46 @@ fn main() -> std::process::ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            tracing::error!("starting the async runtime: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "gpu-exporter: starting the async runtime: {e}"
+            );
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    let hup = {
+        let _entered = runtime.enter();
+        hangup_signal()
+    };
+    let args = Args::parse();
+    let log_write_errors = init_logging(args.log_format, args.debug);
+    match runtime.block_on(run(args, hup, log_write_errors)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
-            eprintln!("gpu-exporter: {e:#}");
+            // Never `eprintln!`: it panics when stderr is a closed pipe.
+            let _ = writeln!(std::io::stderr(), "gpu-exporter: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
 }
 
-fn init_logging(format: LogFormat, debug: bool) {
+/// The SIGHUP stream (`None` where it cannot be listened for).
+#[cfg(unix)]
+type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangup = Option<()>;
+
+fn hangup_signal() -> Hangup {
+    #[cfg(unix)]
+    return tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    #[cfg(not(unix))]
+    None
+}
+
+/// Logs to stderr through a writer that never fails (a closed stderr loses log lines, counted
+/// in the returned counter, and never panics the thread that logs).
+fn init_logging(format: LogFormat, debug: bool) -> Arc<AtomicU64> {
     let default = if debug { "debug" } else { "info" };
     let filter =
         EnvFilter::try_from_env("GPU_EXPORTER_LOG").unwrap_or_else(|_| EnvFilter::new(default));
@@ -74,17 +103,21 @@ fn init_logging(format: LogFormat, debug: bool) {
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
         std::env::var_os("NO_COLOR").as_deref(),
     );
+    let sink = LogSink::stderr();
+    let failed = sink.failed();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
-        .with_writer(std::io::stderr);
+        .log_internal_errors(false)
+        .with_writer(sink);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+    failed
 }
 
-async fn run(args: Args) -> Result<()> {
+async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Result<()> {
     let mut config = Config::resolve(args).context("invalid configuration")?;
     for notice in &config.notices {
         tracing::warn!("{notice}");
@@ -99,8 +132,10 @@ async fn run(args: Args) -> Result<()> {
     match nvml {
         Some(source) if source.init_error().is_none() || config.args.backend == Backend::Nvml => {
             serve(
-                config_with_supported(&mut config, &source),
+                config_with_supported(&mut config, &source)?,
                 Arc::new(source),
+                hup,
+                log_write_errors,
             )
             .await
         }
@@ -114,8 +149,10 @@ async fn run(args: Args) -> Result<()> {
             );
             let source = sim_source(&config)?;
             serve(
-                config_with_supported(&mut config, &source),
+                config_with_supported(&mut config, &source)?,
                 Arc::new(source),
+                hup,
+                log_write_errors,
             )
             .await
         }
@@ -125,8 +162,10 @@ async fn run(args: Args) -> Result<()> {
                 return list_devices(&source);
             }
             serve(
-                config_with_supported(&mut config, &source),
+                config_with_supported(&mut config, &source)?,
                 Arc::new(source),
+                hup,
+                log_write_errors,
             )
             .await
         }
@@ -237,7 +276,7 @@ fn seed_from(hostname: &str) -> u64 {
     })
 }
 
-fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Config {
+fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Result<Config> {
     for m in config.retain_supported(|f| source.supports(f)) {
         tracing::warn!(
             "{}:{}: skipping {}: the {} backend cannot read it",
@@ -247,12 +286,32 @@ fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Config
             source.name()
         );
     }
-    config.clone()
+    if config.catalog.metrics.is_empty() {
+        return Err(gpu_exporter::catalog::CatalogError::NoneSupported {
+            origin: config.catalog_origin.clone(),
+            backend: source.name().to_owned(),
+        })
+        .context("--collectors");
+    }
+    Ok(config.clone())
 }
 
-async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
+async fn serve<S: GpuSource>(
+    config: Config,
+    source: Arc<S>,
+    hup: Hangup,
+    log_write_errors: Arc<AtomicU64>,
+) -> Result<()> {
+    // A selection that matches none of the GPUs found is a mistake: refuse it, as dcgm-exporter
+    // does. (If NVML is not up yet, the sampler says so on /ready once it finds the GPUs.)
+    if let Ok(devices) = source.devices() {
+        if let Some(why) = config.selection.selects_nothing(&devices) {
+            anyhow::bail!("{why}");
+        }
+    }
     let shutdown = CancellationToken::new();
-    let metrics = Arc::new(SelfMetrics::default());
+    let metrics = Arc::new(SelfMetrics::default().with_log_write_errors(log_write_errors));
+    let mut essential = Essential::new();
     let web = match &config.args.web_config_file {
         Some(p) => Some(Arc::new(
             WebSecurity::load(p, gpu_exporter::web::DEFAULT_RECHECK)
@@ -262,22 +321,30 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
     };
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
     let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
-    spawn_sighup_forwarder(reload_tx);
+    essential.spawn("SIGHUP listener", forward_sighup(hup, reload_tx));
     match &config.catalog_path {
         Some(path) => {
-            let initial = std::fs::read(path).unwrap_or_default();
+            let initial = gpu_exporter::catalog::read(path).unwrap_or_default();
             let s = Arc::clone(&source);
-            let reloader = CatalogReloader::new(path.clone(), &initial, move |f| s.supports(f));
-            tokio::spawn(reloader.run(
-                catalog_tx,
-                reload_rx,
-                CSV_POLL,
-                Arc::clone(&metrics),
-                shutdown.clone(),
-            ));
+            let reloader = CatalogReloader::new(
+                path.clone(),
+                initial.as_bytes(),
+                move |f| s.supports(f),
+                source.name(),
+            );
+            essential.spawn(
+                "metrics CSV reloader",
+                reloader.run(
+                    catalog_tx,
+                    reload_rx,
+                    CSV_POLL,
+                    Arc::clone(&metrics),
+                    shutdown.clone(),
+                ),
+            );
         }
         None => {
-            tokio::spawn(async move {
+            essential.spawn("SIGHUP handler", async move {
                 let mut rx = reload_rx;
                 while rx.recv().await.is_some() {
                     tracing::warn!("SIGHUP: the metrics CSV is the built-in copy; pass --collectors FILE to reload one");
@@ -295,9 +362,14 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
         build: config.build_options(),
     };
     let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
-    if config.args.kubernetes {
-        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
+    // The devices found, for the pod refresher (kubelet device ids) and the HPC watcher (which
+    // mapping files to read).
+    let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
+    if config.args.kubernetes || config.args.hpc_job_mapping_dir.is_some() {
         sampler = sampler.with_inventory(inventory_tx);
+    }
+    if config.args.kubernetes {
+        let inventory_rx = inventory_rx.clone();
         let socket = &config.args.pod_resources_kubelet_socket;
         let timeout = Duration::from_millis(config.args.pod_resources_timeout);
         let kubelet =
@@ -326,7 +398,10 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             refresher_opts,
         );
         sampler = sampler.with_first_answer("kubelet", refresher.answered(), timeout);
-        tokio::spawn(refresher.run(shutdown.clone()));
+        essential.spawn(
+            "kubelet pod-resources refresher",
+            refresher.run(shutdown.clone()),
+        );
         if config.cri {
             let endpoint = &config.args.container_runtime_endpoint;
             let runtime = CriClient::new(endpoint, Duration::from_millis(config.args.cri_timeout))
@@ -360,7 +435,7 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
                     cri.answered(),
                     Duration::from_millis(config.args.cri_timeout),
                 );
-            tokio::spawn(cri.run(shutdown.clone()));
+            essential.spawn("container runtime refresher", cri.run(shutdown.clone()));
         }
         if config.process_usage {
             let root = ProcRoot::new(&config.args.path_procfs);
@@ -387,12 +462,15 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
             poll_ms = every.as_millis() as u64,
             "HPC job labels from --hpc-job-mapping-dir"
         );
-        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics));
+        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics), inventory_rx.clone());
         // Reading a local directory has no call timeout: one poll period bounds the wait.
         sampler = sampler.with_first_answer("hpc", watcher.answered(), every);
-        tokio::spawn(watcher.run(hpc_tx, every, shutdown.clone()));
+        essential.spawn(
+            "HPC job mapping watcher",
+            watcher.run(hpc_tx, every, shutdown.clone()),
+        );
     }
-    let sampler_task = tokio::spawn(sampler.run(pub_tx, shutdown.clone()));
+    essential.spawn("sampler", sampler.run(pub_tx, shutdown.clone()));
 
     let limits = http_limits(&config);
     let listener = http::bind(config.listen).with_context(|| {
@@ -417,19 +495,37 @@ async fn serve<S: GpuSource>(config: Config, source: Arc<S>) -> Result<()> {
         metrics: Arc::clone(&metrics),
     });
     let stop = shutdown.clone();
-    tokio::spawn(async move {
+    essential.spawn("SIGTERM listener", async move {
         shutdown_signal().await;
         tracing::info!("shutting down");
         stop.cancel();
+        // Shutting down is not a death: stay until the process ends.
+        std::future::pending::<()>().await;
     });
     let stopped = shutdown.clone();
-    http::serve_with(listener, router, limits, web, metrics, async move {
+    let serving = http::serve_with(listener, router, limits, web, metrics, async move {
         stopped.cancelled().await;
-    })
-    .await
-    .context("serving HTTP")?;
+    });
+    // An essential task that stops while the exporter runs (a panic, an unexpected return)
+    // ends the process with an error, so that Kubernetes restarts it: serving stale samples
+    // or ignoring SIGTERM for good would be worse.
+    let watchdog = async {
+        loop {
+            let died = essential.first_stopped().await;
+            if !shutdown.is_cancelled() {
+                return died;
+            }
+        }
+    };
+    tokio::select! {
+        served = serving => served.context("serving HTTP")?,
+        died = watchdog => {
+            shutdown.cancel();
+            return Err(anyhow::Error::new(died))
+                .context("an essential task stopped; exiting so that the exporter is restarted");
+        }
+    }
     shutdown.cancel();
-    let _ = sampler_task.await;
     Ok(())
 }
 
@@ -460,18 +556,18 @@ fn http_limits(config: &Config) -> http::Limits {
 }
 
 /// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).
-fn spawn_sighup_forwarder(tx: tokio::sync::mpsc::Sender<()>) {
+async fn forward_sighup(hup: Hangup, tx: tokio::sync::mpsc::Sender<()>) {
     #[cfg(unix)]
-    tokio::spawn(async move {
-        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
+    {
+        let Some(mut hup) = hup else {
             tracing::warn!("cannot listen for SIGHUP; the metrics CSV reloads only on file change");
-            return;
+            return std::future::pending().await;
         };
         while hup.recv().await.is_some() {
             let _ = tx.try_send(());
         }
-    });
+    }
     #[cfg(not(unix))]
-    drop(tx);
+    drop((hup, tx));
+    std::future::pending().await
 }

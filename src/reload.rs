@@ -48,6 +48,7 @@ pub enum Outcome {
 pub struct CatalogReloader<F> {
     path: PathBuf,
     supported: F,
+    backend: String,
     seen: [u8; 32],
 }
 
@@ -65,11 +66,12 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 
 impl<F: Fn(Field) -> bool + Send + 'static> CatalogReloader<F> {
     /// Watches `path`, whose contents at startup were `initial` (so an unchanged file is not
-    /// reloaded by the first poll). `supported` is the source's `supports`.
-    pub fn new(path: PathBuf, initial: &[u8], supported: F) -> Self {
+    /// reloaded by the first poll). `supported` is the source's `supports`; `backend` its name.
+    pub fn new(path: PathBuf, initial: &[u8], supported: F, backend: &str) -> Self {
         Self {
             path,
             supported,
+            backend: backend.to_owned(),
             seen: digest(initial),
         }
     }
@@ -77,13 +79,13 @@ impl<F: Fn(Field) -> bool + Send + 'static> CatalogReloader<F> {
     /// Decides what to do with the file's current contents (`Err`: it could not be read).
     pub fn consider(
         &mut self,
-        contents: Result<String, std::io::Error>,
+        contents: Result<String, CatalogError>,
         trigger: Trigger,
     ) -> Outcome {
         let origin = self.path.display().to_string();
         let seen = match &contents {
             Ok(text) => digest(text.as_bytes()),
-            Err(e) => digest(format!("unreadable: {e}").as_bytes()),
+            Err(e) => digest(format!("unreadable: {}", crate::error_chain(e)).as_bytes()),
         };
         if trigger == Trigger::Poll && seen == self.seen {
             return Outcome::Unchanged;
@@ -91,16 +93,17 @@ impl<F: Fn(Field) -> bool + Send + 'static> CatalogReloader<F> {
         self.seen = seen;
         let text = match contents {
             Ok(t) => t,
-            Err(source) => {
-                return Outcome::Rejected(CatalogError::Io {
-                    path: origin,
-                    source,
-                })
-            }
+            Err(e) => return Outcome::Rejected(e),
         };
         match catalog::parse(&text, &origin) {
             Ok((mut catalog, skipped)) => {
                 let dropped = catalog.retain_supported(&self.supported);
+                if catalog.metrics.is_empty() {
+                    return Outcome::Rejected(CatalogError::NoneSupported {
+                        origin,
+                        backend: self.backend.clone(),
+                    });
+                }
                 Outcome::Reloaded {
                     catalog,
                     dropped,
@@ -134,9 +137,18 @@ impl<F: Fn(Field) -> bool + Send + 'static> CatalogReloader<F> {
                 _ = poll.tick() => Trigger::Poll,
             };
             let path = self.path.clone();
-            let contents = tokio::task::spawn_blocking(move || std::fs::read_to_string(path))
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            // The bounded reader never waits on the file's other end (a FIFO is refused), but
+            // shutdown is not held up by a read either way.
+            let read = tokio::task::spawn_blocking(move || catalog::read(&path));
+            let contents = tokio::select! {
+                () = shutdown.cancelled() => return,
+                r = read => r.unwrap_or_else(|e| {
+                    Err(CatalogError::Read(crate::fsread::ReadError::Io {
+                        path: self.path.clone(),
+                        cause: std::io::Error::other(e),
+                    }))
+                }),
+            };
             match self.consider(contents, trigger) {
                 Outcome::Unchanged => {}
                 Outcome::Reloaded {
@@ -184,9 +196,12 @@ mod tests {
     const TWO: &str = "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\nDCGM_FI_DEV_GPU_TEMP, gauge, Temperature (in C).\n";
 
     fn reloader() -> CatalogReloader<impl Fn(Field) -> bool + Send> {
-        CatalogReloader::new("/etc/x/counters.csv".into(), GOOD.as_bytes(), |f| {
-            f != Field::GpuTemp
-        })
+        CatalogReloader::new(
+            "/etc/x/counters.csv".into(),
+            GOOD.as_bytes(),
+            |f| f != Field::GpuTemp,
+            "sim",
+        )
     }
 
     #[test]
@@ -238,10 +253,35 @@ mod tests {
             r.consider(Ok(bad.into()), Trigger::Poll),
             Outcome::Unchanged
         ));
-        let gone = Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        let gone = Err(CatalogError::Read(crate::fsread::ReadError::NotFound {
+            path: "/etc/x/counters.csv".into(),
+        }));
         assert!(matches!(
             r.consider(gone, Trigger::Poll),
-            Outcome::Rejected(CatalogError::Io { .. })
+            Outcome::Rejected(CatalogError::Read(_))
         ));
+    }
+
+    #[test]
+    fn an_empty_file_or_one_the_backend_cannot_read_is_rejected() {
+        let mut r = reloader();
+        match r.consider(Ok(String::new()), Trigger::Poll) {
+            Outcome::Rejected(e @ CatalogError::Empty { .. }) => {
+                assert!(
+                    e.to_string()
+                        .starts_with("/etc/x/counters.csv: lists no metric"),
+                    "{e}"
+                );
+            }
+            o => panic!("{o:?}"),
+        }
+        let temp_only = "DCGM_FI_DEV_GPU_TEMP, gauge, Temperature (in C).\n";
+        match r.consider(Ok(temp_only.into()), Trigger::Poll) {
+            Outcome::Rejected(e) => assert_eq!(
+                e.to_string(),
+                "/etc/x/counters.csv: none of its metrics can be read by the sim backend; refused, as it would drop every GPU series"
+            ),
+            o => panic!("{o:?}"),
+        }
     }
 }

@@ -743,7 +743,16 @@ impl<S: GpuSource> Sampler<S> {
                         changed
                     });
                 }
-                self.not_ready = None;
+                // GPUs can come and go (a MIG reconfiguration, a GPU falling off the bus):
+                // when the selection matches none of them, degrade (not ready, said why).
+                let unselected = self.opts.build.selection.selects_nothing(&self.devices);
+                if let Some(why) = unselected
+                    .as_ref()
+                    .filter(|w| self.not_ready.as_ref() != Some(*w))
+                {
+                    tracing::warn!("{why}; /ready answers 503 until it selects one");
+                }
+                self.not_ready = unselected;
                 self.discovered_at = Some(now);
             }
             // A failed discovery is retried at the next tick (the source paces its own

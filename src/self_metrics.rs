@@ -39,6 +39,8 @@ pub struct SelfMetrics {
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     last_reload_failed: AtomicBool,
+    /// Log lines (or parts) that could not be written to stderr (shared with the log writer).
+    log_write_errors: std::sync::Arc<AtomicU64>,
     /// HTTP connections and rejected requests.
     pub http: HttpStats,
 }
@@ -437,6 +439,8 @@ pub struct HpcJobsState {
     pub files_bad: u64,
     /// Problems seen, by reason (each counted when it appears).
     pub errors: BTreeMap<&'static str, u64>,
+    /// Directory entries not read at the last scan, by reason.
+    pub ignored: BTreeMap<&'static str, u64>,
 }
 
 impl HpcJobsStatus {
@@ -456,6 +460,11 @@ impl HpcJobsStatus {
         let mut s = self.lock();
         s.files_ok = ok as u64;
         s.files_bad = bad as u64;
+    }
+
+    /// Records the entries the last scan did not read, by reason.
+    pub fn record_ignored(&self, ignored: &BTreeMap<&'static str, usize>) {
+        self.lock().ignored = ignored.iter().map(|(&k, &v)| (k, v as u64)).collect();
     }
 
     /// Counts a new problem.
@@ -499,6 +508,15 @@ impl HpcJobsStatus {
                 series: crate::hpc::HpcError::REASONS
                     .iter()
                     .map(|r| labelled("reason", r, s.errors.get(r).copied().unwrap_or(0)))
+                    .collect(),
+            },
+            Family {
+                name: "gpu_exporter_hpc_job_files_ignored".to_owned(),
+                help: "Entries of --hpc-job-mapping-dir not read at the last scan, by reason: no_such_gpu (named for a GPU or MIG instance not on this node), not_a_mapping_name.".to_owned(),
+                kind: MetricType::Gauge,
+                series: crate::hpc::Ignored::REASONS
+                    .iter()
+                    .map(|r| labelled("reason", r, s.ignored.get(r).copied().unwrap_or(0)))
                     .collect(),
             },
         ]
@@ -768,6 +786,14 @@ pub struct SampleStats {
 }
 
 impl SelfMetrics {
+    /// Renders `gpu_exporter_log_write_errors_total` from `counter` (the log writer's count of
+    /// failed writes) once it is non-zero.
+    #[must_use]
+    pub fn with_log_write_errors(mut self, counter: std::sync::Arc<AtomicU64>) -> Self {
+        self.log_write_errors = counter;
+        self
+    }
+
     /// Counts a finished sampling tick.
     pub fn count_sample(&self) {
         self.samples.fetch_add(1, Ordering::Relaxed);
@@ -960,6 +986,16 @@ impl SelfMetrics {
                 one(count(self.scrapes.load(Ordering::Relaxed))),
             ),
         ];
+        // Absent until a log line is lost (stderr closed: a log shipper restarting), so that
+        // the bodies of healthy exporters do not change.
+        let lost = self.log_write_errors.load(Ordering::Relaxed);
+        if lost > 0 {
+            families.push(counter(
+                "gpu_exporter_log_write_errors_total",
+                "Writes of log lines to stderr that failed (the lines are lost; absent until the first).",
+                one(count(lost)),
+            ));
+        }
         families.extend(self.http.families());
         families.extend(self.pod_resources.families());
         families.extend(self.cri.families());

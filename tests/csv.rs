@@ -76,7 +76,7 @@ fn missing_file_error_names_the_path() {
     let err = catalog::load(Path::new("/nonexistent/metrics.csv")).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "reading metrics CSV /nonexistent/metrics.csv"
+        "metrics CSV /nonexistent/metrics.csv: no such file"
     );
 }
 

@@ -419,7 +419,12 @@ async fn dra_claims_and_hpc_jobs() {
         ..MappingOptions::default()
     };
     let mut pods = mapping::attribution_from(&reply, &devices, &opts).attribution;
-    pods.jobs = hpc::scan(std::path::Path::new(&format!("{fixtures}/hpc/a100-mig"))).jobs;
+    let monitored = hpc::entities(&devices);
+    pods.jobs = hpc::scan(
+        std::path::Path::new(&format!("{fixtures}/hpc/a100-mig")),
+        &monitored,
+    )
+    .jobs;
     assert_eq!(pods.jobs.len(), 3, "{:?}", pods.jobs);
     let body = render_case("4xA100-80GB-MIG", None, common::build_options(), pods).await;
     check("4xA100-80GB-MIG-dra-hpc", &body);

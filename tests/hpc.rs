@@ -33,11 +33,15 @@ impl Running {
             common::build_options(),
         );
         let (tx, rx) = watch::channel(Arc::new(HpcJobs::default()));
+        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
         let stop = CancellationToken::new();
-        let watcher = HpcWatcher::new(dir.to_owned(), Arc::clone(&h.metrics));
+        let watcher = HpcWatcher::new(dir.to_owned(), Arc::clone(&h.metrics), inventory_rx);
         tokio::spawn(watcher.run(tx, Duration::from_millis(20), stop.clone()));
         Self {
-            sampler: h.sampler.with_hpc_jobs(rx.clone()),
+            sampler: h
+                .sampler
+                .with_hpc_jobs(rx.clone())
+                .with_inventory(inventory_tx),
             jobs: rx,
             stop,
         }
@@ -106,6 +110,8 @@ async fn files_added_changed_broken_and_removed_take_effect_without_a_restart() 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("hpc");
     let mut r = Running::start(&dir);
+    // The first sample finds the devices; the watcher reads nothing before.
+    r.body().await;
 
     // No directory yet: logged, counted, no labels, every series there.
     r.wait_for("the missing directory", |j| {

@@ -2,7 +2,10 @@
 //! series may carry only the findings inherent to dcgm-exporter's names (counters without
 //! `_total`, `modelName`/`UUID`-style labels, `_COUNTER` in a name); the per-container series
 //! (`gpu_exporter_container_*`) only the camelCase one, as they carry each GPU's dcgm-exporter
-//! labels (`modelName`) for join-free queries; other `gpu_exporter_*` series none. promtool comes from Debian's `prometheus` package; `.ci/run` installs it. Outside
+//! labels (`modelName`) for join-free queries; `gpu_exporter_gpu_pod_info` only the camelCase one
+//! too, as it carries the pods' own Kubernetes labels (renamed `pod_label_<name>` on a collision,
+//! as dcgm-exporter 4.8.3 does, so `modelName` becomes `pod_label_modelName`); other
+//! `gpu_exporter_*` series none. promtool comes from Debian's `prometheus` package; `.ci/run` installs it. Outside
 //! CI a machine without promtool skips this test with a message.
 
 mod common;
@@ -31,8 +34,9 @@ fn golden_files_pass_promtool_with_only_inherent_dcgm_findings() {
         let (_, findings) = check(&body);
         for f in &findings {
             let (metric, finding) = f.split_once(' ').unwrap_or((f, ""));
-            let entity_labels =
-                metric.starts_with("gpu_exporter_container_") && finding == INHERENT[1];
+            let entity_labels = (metric.starts_with("gpu_exporter_container_")
+                || metric == "gpu_exporter_gpu_pod_info")
+                && finding == INHERENT[1];
             assert!(
                 (metric.starts_with("DCGM_") && INHERENT.contains(&finding)) || entity_labels,
                 "{}: unexpected promtool finding: {f}",

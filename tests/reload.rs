@@ -47,7 +47,7 @@ async fn sighup_rejects_a_bad_file_keeps_the_old_catalog_then_accepts_a_good_one
     let (req_tx, req_rx) = mpsc::channel(1);
     let metrics = Arc::new(SelfMetrics::default());
     let stop = CancellationToken::new();
-    let reloader = CatalogReloader::new(path.clone(), OLD.as_bytes(), |_| true);
+    let reloader = CatalogReloader::new(path.clone(), OLD.as_bytes(), |_| true, "sim");
     let task = tokio::spawn(reloader.run(
         tx,
         req_rx,
@@ -120,9 +120,12 @@ async fn a_changed_file_is_picked_up_by_polling_without_a_signal() {
     let metrics = Arc::new(SelfMetrics::default());
     let stop = CancellationToken::new();
     // POWER_USAGE "unsupported" by this source: the reload filters it out as startup does.
-    let reloader = CatalogReloader::new(path.clone(), OLD.as_bytes(), |f| {
-        f != catalog::Field::PowerUsage
-    });
+    let reloader = CatalogReloader::new(
+        path.clone(),
+        OLD.as_bytes(),
+        |f| f != catalog::Field::PowerUsage,
+        "sim",
+    );
     let task = tokio::spawn(reloader.run(
         tx,
         req_rx,

@@ -212,6 +212,39 @@ async fn rediscovery_notices_a_vanished_gpu() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn when_the_selected_gpu_vanishes_the_exporter_degrades_to_not_ready_and_recovers() {
+    let hidden = Arc::new(AtomicBool::new(false));
+    let mut src = faulty();
+    src.hide_gpu = Some((7, Arc::clone(&hidden)));
+    let mut opts = common::build_options();
+    opts.selection = gpu_exporter::snapshot::DeviceSelection::Gpus(Some(vec![7]));
+    let mut h = common::harness(src, common::shipped_catalog(), opts);
+    let before = h.sampler.tick().await;
+    assert_eq!(before.not_ready, None);
+    assert_eq!(
+        common::series(&body_of(&before), "DCGM_FI_DEV_GPU_TEMP").len(),
+        1
+    );
+    // GPU 7 falls off: the process keeps running, /ready says why.
+    hidden.store(true, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let gone = h.sampler.tick().await;
+    assert_eq!(
+        gone.not_ready.as_deref(),
+        Some("-d/--devices \"g:7\" selects none of the 7 GPUs (indices 0, 1, 2, 3, 4, 5, 6) and 0 MIG instances found, so no GPU series would be exported")
+    );
+    // It comes back: ready again.
+    hidden.store(false, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let back = h.sampler.tick().await;
+    assert_eq!(back.not_ready, None);
+    assert_eq!(
+        common::series(&body_of(&back), "DCGM_FI_DEV_GPU_TEMP").len(),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_new_catalog_takes_effect_on_the_next_tick() {
     let mut h = common::harness(
         common::sim("1xA100-40GB", None),

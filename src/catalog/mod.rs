@@ -9,6 +9,8 @@ mod parse;
 
 use std::path::Path;
 
+use crate::fsread::{self, Cap, ReadError, Symlinks};
+
 pub use field::Field;
 pub use parse::parse;
 
@@ -120,14 +122,24 @@ pub enum Defect {
 /// Errors loading the metrics catalog.
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
-    /// The file could not be read.
-    #[error("reading metrics CSV {path}")]
-    Io {
-        /// The path given.
-        path: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
+    /// The file could not be read: missing, not a regular file (a FIFO, a device), larger
+    /// than [`Cap::METRICS_CSV`], not UTF-8 (with the line).
+    #[error("metrics CSV {0}")]
+    Read(ReadError),
+    /// No row is a metric: the file is empty, or has only comments, labels or skipped rows.
+    /// Serving it would drop every GPU series, so it is refused (at startup and on reload).
+    #[error("{origin}: lists no metric (empty, or only comments, label rows and skipped fields); refused, as it would drop every GPU series")]
+    Empty {
+        /// The file (or other origin) name.
+        origin: String,
+    },
+    /// Every metric row names a field the GPU backend cannot read.
+    #[error("{origin}: none of its metrics can be read by the {backend} backend; refused, as it would drop every GPU series")]
+    NoneSupported {
+        /// The file (or other origin) name.
+        origin: String,
+        /// The backend's name.
+        backend: String,
     },
     /// A row is defective.
     #[error("{origin}:{line}: {defect}")]
@@ -141,16 +153,22 @@ pub enum CatalogError {
     },
 }
 
+/// Reads a metrics CSV file's text through the bounded reader: a regular file (links are
+/// followed: a ConfigMap mount is a tree of links) of at most [`Cap::METRICS_CSV`] bytes.
+///
+/// # Errors
+/// [`CatalogError::Read`], naming the path (and the line, for text that is not UTF-8).
+pub fn read(path: &Path) -> Result<String, CatalogError> {
+    fsread::read_text(path, Cap::METRICS_CSV, Symlinks::Follow).map_err(CatalogError::Read)
+}
+
 /// Reads and parses a metrics CSV file.
 ///
 /// # Errors
-/// [`CatalogError::Io`] if the file cannot be read, [`CatalogError::Invalid`] for a bad row.
+/// [`CatalogError::Read`] if the file cannot be read, [`CatalogError::Invalid`] for a bad row,
+/// [`CatalogError::Empty`] if it lists no metric.
 pub fn load(path: &Path) -> Result<(Catalog, Vec<Skipped>), CatalogError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    parse(&text, &path.display().to_string())
+    parse(&read(path)?, &path.display().to_string())
 }
 
 impl Catalog {

@@ -14,9 +14,13 @@ use super::{Catalog, CatalogError, Defect, MetricSpec, MetricType, Skipped};
 
 /// Parses CSV text. `origin` names the file in errors (usually its path).
 ///
+/// A UTF-8 byte-order mark at the start (Windows editors write one) is ignored.
+///
 /// # Errors
-/// [`CatalogError::Invalid`] for the first defective row, with its line number.
+/// [`CatalogError::Invalid`] for the first defective row, with its line number;
+/// [`CatalogError::Empty`] if no row is a metric.
 pub fn parse(text: &str, origin: &str) -> Result<(Catalog, Vec<Skipped>), CatalogError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let invalid = |line: u64, defect: Defect| CatalogError::Invalid {
         origin: origin.to_owned(),
         line,
@@ -94,6 +98,11 @@ pub fn parse(text: &str, origin: &str) -> Result<(Catalog, Vec<Skipped>), Catalo
         } else {
             metrics.push(spec);
         }
+    }
+    if metrics.is_empty() {
+        return Err(CatalogError::Empty {
+            origin: origin.to_owned(),
+        });
     }
     // dcgm-exporter's template ranges over a Go map of label fields, i.e. sorted by name.
     labels.sort_by(|a, b| a.name.cmp(&b.name));
@@ -220,6 +229,33 @@ mod tests {
         assert_eq!(c.metrics[0].help, "SM clock frequency (in MHz).");
         assert_eq!(c.metrics[0].line, 4);
         assert_eq!(c.labels[0].field, Field::DriverVersion);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_ignored() {
+        let (c, _) = ok("\u{feff}DCGM_FI_DEV_GPU_UTIL, gauge, u\n");
+        assert_eq!(c.metrics[0].name, "DCGM_FI_DEV_GPU_UTIL");
+        assert_eq!(c.metrics[0].line, 1);
+        let (c, _) = ok("\u{feff}# comment\nDCGM_FI_DEV_GPU_UTIL, gauge, u\n");
+        assert_eq!(c.metrics[0].line, 2);
+    }
+
+    #[test]
+    fn a_file_without_metrics_is_refused() {
+        for text in [
+            "",
+            "\u{feff}",
+            "\n\n",
+            "# only comments\n",
+            "DCGM_FI_DRIVER_VERSION, label, Driver Version\n",
+            "DCGM_FI_DEV_VGPU_MEMORY_USAGE, gauge, uncollected\n",
+        ] {
+            assert_eq!(
+                err(text),
+                "test.csv: lists no metric (empty, or only comments, label rows and skipped fields); refused, as it would drop every GPU series",
+                "{text:?}"
+            );
+        }
     }
 
     #[test]

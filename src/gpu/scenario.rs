@@ -201,9 +201,14 @@ struct RawEvent {
 /// # Errors
 /// [`ScenarioError::Io`] or [`ScenarioError::Invalid`] with the file and line.
 pub fn load(path: &std::path::Path) -> Result<Scenario, ScenarioError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+    let text = crate::fsread::read_text(
+        path,
+        crate::fsread::Cap::SIMULATOR,
+        crate::fsread::Symlinks::Follow,
+    )
+    .map_err(|e| ScenarioError::Io {
         path: path.display().to_string(),
-        source,
+        source: std::io::Error::other(e),
     })?;
     parse(&text, &path.display().to_string())
 }

@@ -241,6 +241,10 @@ impl CriClient {
         let path = self.path.clone();
         match grpc::classify(status, &self.path) {
             Failure::SocketMissing => CriError::SocketMissing { path },
+            Failure::NotASocket(cause) => CriError::InvalidEndpoint {
+                endpoint: path.display().to_string(),
+                cause,
+            },
             Failure::PermissionDenied(cause) => CriError::PermissionDenied { path, cause },
             Failure::Unavailable(cause) => CriError::Unavailable { path, cause },
             Failure::Timeout => CriError::Timeout {

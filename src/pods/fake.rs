@@ -285,9 +285,14 @@ impl Assignments {
     /// # Errors
     /// [`AssignmentsError`] naming the file (and line).
     pub fn load(path: &Path) -> Result<Self, AssignmentsError> {
-        let text = std::fs::read_to_string(path).map_err(|cause| AssignmentsError::Read {
+        let text = crate::fsread::read_text(
+            path,
+            crate::fsread::Cap::SIMULATOR,
+            crate::fsread::Symlinks::Follow,
+        )
+        .map_err(|e| AssignmentsError::Read {
             path: path.to_owned(),
-            cause,
+            cause: std::io::Error::other(e),
         })?;
         Self::parse(&text, &path.display().to_string())
     }

@@ -17,6 +17,9 @@ use super::Cause;
 pub enum Failure {
     /// Nothing exists at the socket path.
     SocketMissing,
+    /// Something other than a socket is at the path (a directory: a hostPath volume of type
+    /// `DirectoryOrCreate` mounted where the socket should be); says what.
+    NotASocket(Cause),
     /// The socket exists but may not be opened.
     PermissionDenied(Cause),
     /// Connecting or calling failed (server down or restarting).
@@ -33,6 +36,9 @@ pub enum Failure {
     Rejected(Cause),
 }
 
+/// The longest unix socket path the kernel accepts, bytes (`sun_path` is 108 with the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
 /// A lazily connected channel to the unix socket at `path`, every call bounded by `timeout`.
 /// Nothing is dialled until the first call; after the server restarts the channel reconnects by
 /// itself on the next call. Must be called inside a tokio runtime.
@@ -42,6 +48,13 @@ pub enum Failure {
 pub fn unix_channel(path: &Path, timeout: Duration) -> Result<Channel, Cause> {
     let abs = std::path::absolute(path)?;
     let text = abs.to_str().ok_or("the path is not valid UTF-8")?;
+    if text.len() > MAX_SOCKET_PATH {
+        return Err(format!(
+            "the path is {} bytes long; a unix socket path can be at most {MAX_SOCKET_PATH} bytes (the kernel's sun_path limit), so it could never be connected: mount the socket's directory at a shorter path",
+            text.len()
+        )
+        .into());
+    }
     let endpoint = Endpoint::from_shared(format!("unix://{text}"))?
         .connect_timeout(timeout)
         .timeout(timeout);
@@ -63,10 +76,30 @@ pub fn classify(status: &tonic::Status, path: &Path) -> Failure {
                 Some(io::ErrorKind::NotFound) => Failure::SocketMissing,
                 Some(io::ErrorKind::PermissionDenied) => Failure::PermissionDenied(cause()),
                 _ if !path.exists() => Failure::SocketMissing,
-                _ => Failure::Unavailable(cause()),
+                _ => match not_a_socket(path) {
+                    Some(kind) => Failure::NotASocket(
+                        format!("{} is {kind}, not a socket", path.display()).into(),
+                    ),
+                    None => Failure::Unavailable(cause()),
+                },
             }
         }
         _ => Failure::Rejected(cause()),
+    }
+}
+
+/// What is at `path` if it exists and is not a socket.
+fn not_a_socket(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::metadata(path).ok()?.file_type();
+    if t.is_socket() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_file() {
+        Some("a regular file")
+    } else {
+        Some("neither a socket nor a directory")
     }
 }
 
@@ -113,8 +146,11 @@ mod tests {
 
     #[test]
     fn status_codes_map_to_failures() {
-        let here = Path::new("/");
-        let c = |code, msg: &str| classify(&tonic::Status::new(code, msg), here);
+        // A real socket (nobody accepting on it matters not: only its existence is looked at).
+        let sockets = tempfile::tempdir().unwrap();
+        let here = sockets.path().join("s.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&here).unwrap();
+        let c = |code, msg: &str| classify(&tonic::Status::new(code, msg), &here);
         assert!(matches!(
             c(Code::ResourceExhausted, "x"),
             Failure::RateLimited(_)
@@ -137,5 +173,27 @@ mod tests {
             Path::new("/nonexistent/socket"),
         );
         assert!(matches!(gone, Failure::SocketMissing));
+        // A directory at the socket path (a hostPath volume created as a directory): not
+        // "unavailable" (the kubelet restarting), but what it is.
+        let dir = tempfile::tempdir().unwrap();
+        match classify(&tonic::Status::new(Code::Unavailable, ""), dir.path()) {
+            Failure::NotASocket(why) => assert_eq!(
+                why.to_string(),
+                format!("{} is a directory, not a socket", dir.path().display())
+            ),
+            f => panic!("{f:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_socket_path_over_the_kernel_limit_is_refused() {
+        let long = format!("/run/{}/kubelet.sock", "d".repeat(100));
+        let e = unix_channel(Path::new(&long), Duration::from_secs(1)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the path is 118 bytes long; a unix socket path can be at most 107 bytes (the kernel's sun_path limit), so it could never be connected: mount the socket's directory at a shorter path"
+        );
+        let fits = format!("/{}", "d".repeat(106));
+        assert!(unix_channel(Path::new(&fits), Duration::from_secs(1)).is_ok());
     }
 }

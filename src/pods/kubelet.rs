@@ -55,6 +55,7 @@ impl KubeletPodResources {
         let path = self.path.clone();
         match grpc::classify(status, &self.path) {
             Failure::SocketMissing => AttributionError::SocketMissing { path },
+            Failure::NotASocket(cause) => AttributionError::InvalidPath { path, cause },
             Failure::PermissionDenied(cause) => AttributionError::PermissionDenied { path, cause },
             Failure::Unavailable(cause) => AttributionError::Unavailable { path, cause },
             Failure::Timeout => AttributionError::Timeout {
@@ -89,5 +90,35 @@ impl PodResolver for KubeletPodResources {
                 after: self.timeout,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_directory_or_an_overlong_path_is_reported_as_what_it_is() {
+        // A directory where the socket should be (hostPath DirectoryOrCreate): not "the kubelet
+        // may be restarting", but the path and what is there.
+        let dir = tempfile::tempdir().unwrap();
+        let k = KubeletPodResources::new(dir.path(), Duration::from_secs(2)).unwrap();
+        let e = k.list().await.unwrap_err();
+        assert_eq!(e.reason(), "invalid_path");
+        assert_eq!(
+            crate::error_chain(&e),
+            format!(
+                "--pod-resources-kubelet-socket {0}: not a usable socket path: {0} is a directory, not a socket",
+                dir.path().display()
+            )
+        );
+        // A path over the kernel's 107-byte limit can never connect: refused when configured.
+        let long = dir.path().join("x".repeat(120));
+        let e = KubeletPodResources::new(&long, Duration::from_secs(2)).unwrap_err();
+        assert_eq!(e.reason(), "invalid_path");
+        assert!(
+            crate::error_chain(&e).contains("a unix socket path can be at most 107 bytes"),
+            "{e}"
+        );
     }
 }

@@ -6,8 +6,9 @@
 //! read-only elsewhere (`/host/proc` in the shipped DaemonSet). `/proc/<pid>/cgroup` is
 //! world-readable, so no capability is needed.
 
-use std::io;
 use std::path::{Path, PathBuf};
+
+use crate::fsread::{self, Cap, ReadError, Symlinks};
 
 use super::cgroup::{self, CgroupOwner};
 
@@ -26,14 +27,14 @@ pub enum ProcError {
         /// The file.
         path: PathBuf,
     },
-    /// Another I/O error.
-    #[error("{}: cannot read", path.display())]
+    /// Another I/O error, or not a regular file of at most [`Cap::PROC_CGROUP`] bytes (a FIFO
+    /// or a device there is refused without waiting on it).
+    #[error("{cause}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// The cause.
-        #[source]
-        cause: io::Error,
+        /// The cause (names the file).
+        cause: ReadError,
     },
     /// The file is not in the `id:controllers:path` format.
     #[error("{}: not a cgroup file", path.display())]
@@ -81,12 +82,10 @@ impl ProcRoot {
     /// A [`ProcError`] naming the file.
     pub fn owner(&self, pid: u32) -> Result<CgroupOwner, ProcError> {
         let path = self.root.join(pid.to_string()).join("cgroup");
-        let text = match std::fs::read_to_string(&path) {
+        let text = match fsread::read_text(&path, Cap::PROC_CGROUP, Symlinks::Refuse) {
             Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(ProcError::NotFound { path })
-            }
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            Err(ReadError::NotFound { .. }) => return Err(ProcError::NotFound { path }),
+            Err(ReadError::PermissionDenied { .. }) => {
                 return Err(ProcError::PermissionDenied { path })
             }
             Err(cause) => return Err(ProcError::Io { path, cause }),
@@ -122,5 +121,50 @@ mod tests {
         // A directory where the file should be: an I/O error other than the two named ones.
         std::fs::create_dir_all(dir.path().join("45/cgroup")).unwrap();
         assert_eq!(root.owner(45).unwrap_err().reason(), "proc_unreadable");
+    }
+
+    #[test]
+    fn fifos_devices_links_and_huge_files_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = ProcRoot::new(dir.path());
+        let cgroup = |pid: u32| {
+            std::fs::create_dir(dir.path().join(pid.to_string())).unwrap();
+            dir.path().join(format!("{pid}/cgroup"))
+        };
+        // A FIFO: reading it would wait for a writer for ever, stopping the sampler.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            cgroup(50),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let e = root.owner(50).unwrap_err();
+        assert_eq!(e.reason(), "proc_unreadable");
+        assert!(
+            e.to_string()
+                .ends_with("is a FIFO (named pipe), not a regular file; refused"),
+            "{e}"
+        );
+        // /dev/zero: reading it would grow memory without bound.
+        std::os::unix::fs::symlink("/dev/zero", cgroup(51)).unwrap();
+        assert!(root
+            .owner(51)
+            .unwrap_err()
+            .to_string()
+            .ends_with("is a symbolic link; refused (only regular files are read here)"));
+        // A file over the cap.
+        let line = "0::/kubepods.slice/x\n";
+        std::fs::write(
+            cgroup(52),
+            line.repeat(Cap::PROC_CGROUP.bytes() as usize / line.len() + 1),
+        )
+        .unwrap();
+        assert!(root
+            .owner(52)
+            .unwrap_err()
+            .to_string()
+            .ends_with("larger than 65536 bytes; refused"));
     }
 }

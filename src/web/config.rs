@@ -7,6 +7,7 @@
 //! downgrade. Unknown keys are errors too (`deny_unknown_fields`). Reading certificate files is
 //! [`super::tls`]'s business; this module only records their paths.
 
+use crate::fsread::{self, Cap, Symlinks};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -311,11 +312,20 @@ const ALLOWED_HEADERS: &[&str] = &[
 /// # Errors
 /// [`WebConfigError`] naming the file and key.
 pub fn load(path: &std::path::Path) -> Result<WebConfig, WebConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| WebConfigError::Io {
+    parse(&read_file(path)?, &path.display().to_string())
+}
+
+/// Reads the web configuration file through the bounded reader: a regular file (links are
+/// followed: a Secret or ConfigMap mount is a tree of links) of at most [`Cap::WEB_CONFIG`]
+/// bytes, never waiting on a FIFO.
+///
+/// # Errors
+/// [`WebConfigError::Io`] naming the file and why.
+pub fn read_file(path: &std::path::Path) -> Result<String, WebConfigError> {
+    fsread::read_text(path, Cap::WEB_CONFIG, Symlinks::Follow).map_err(|e| WebConfigError::Io {
         path: path.display().to_string(),
-        source,
-    })?;
-    parse(&text, &path.display().to_string())
+        source: std::io::Error::other(e),
+    })
 }
 
 /// Parses and validates web configuration text. `origin` names it in errors.
@@ -854,5 +864,41 @@ mod tests {
         assert!(e.contains("prefer_server_cipher_suites"), "{e}");
         let e = err("- just\n- a list\n");
         assert!(e.starts_with("web.yml: "), "{e}");
+    }
+
+    #[test]
+    fn the_config_and_its_pem_files_are_read_through_the_bounded_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("web.yml");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        // A FIFO would block the reader (and, for a key file, every new connection) for ever.
+        let e = crate::error_chain(&load(&fifo).unwrap_err());
+        assert!(
+            e.ends_with("web.yml: is a FIFO (named pipe), not a regular file; refused"),
+            "{e}"
+        );
+        let e = crate::web::tls::read_pem_file(&fifo).unwrap_err();
+        assert_eq!(e.reason(), "not_regular");
+        let e = crate::error_chain(&load(std::path::Path::new("/dev/zero")).unwrap_err());
+        assert!(
+            e.ends_with("/dev/zero: is a character device, not a regular file; refused"),
+            "{e}"
+        );
+        // A Secret mount: the key is a link through ..data, and is read.
+        std::fs::create_dir(dir.path().join("..v1")).unwrap();
+        std::fs::write(dir.path().join("..v1/tls.key"), "key").unwrap();
+        std::os::unix::fs::symlink("..v1", dir.path().join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/tls.key", dir.path().join("tls.key")).unwrap();
+        assert_eq!(
+            crate::web::tls::read_pem_file(&dir.path().join("tls.key")).unwrap(),
+            b"key"
+        );
     }
 }

@@ -187,10 +187,7 @@ impl WebSecurity {
     /// [`WebConfigError`] naming the file and key.
     pub fn load(path: &Path, recheck: Duration) -> Result<Self, WebConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| WebConfigError::Io {
-            path: origin.clone(),
-            source,
-        })?;
+        let text = config::read_file(path)?;
         let config = config::parse(&text, &origin)?;
         let active = Active::build(&config, &origin)?;
         Ok(Self {
@@ -236,9 +233,10 @@ impl WebSecurity {
         }
         watch.checked = std::time::Instant::now();
         let origin = self.path.display().to_string();
-        let text = match std::fs::read_to_string(&self.path) {
+        let text = match config::read_file(&self.path) {
             Ok(t) => t,
             Err(e) => {
+                let e = crate::error_chain(&e);
                 let fp = fingerprint(&format!("unreadable: {e}"), None);
                 if fp != watch.fingerprint {
                     watch.fingerprint = fp;
@@ -285,7 +283,7 @@ fn fingerprint(text: &str, config: Option<&WebConfig>) -> [u8; 32] {
         {
             if let config::Pem::File(p) = pem {
                 h.update(p.as_os_str().as_encoded_bytes());
-                match std::fs::read(p) {
+                match tls::read_pem_file(p) {
                     Ok(b) => h.update(&b),
                     Err(e) => h.update(e.to_string().as_bytes()),
                 }

@@ -25,9 +25,19 @@ use super::config::{CipherSuite, ClientAuth, Curve, Pem, TlsSettings, TlsVersion
 pub(crate) fn read_pem(pem: &Pem, key: &str, origin: &str) -> Result<Vec<u8>, WebConfigError> {
     match pem {
         Pem::Inline(s) => Ok(s.as_bytes().to_vec()),
-        Pem::File(p) => std::fs::read(p)
+        Pem::File(p) => read_pem_file(p)
             .map_err(|e| material(origin, key, format!("reading {}", p.display()), e)),
     }
+}
+
+/// Reads a PEM file through the bounded reader: a regular file (links followed, as in a
+/// Secret mount) of at most [`crate::fsread::Cap::PEM`] bytes, never waiting on a FIFO.
+pub(crate) fn read_pem_file(path: &std::path::Path) -> Result<Vec<u8>, crate::fsread::ReadError> {
+    crate::fsread::read(
+        path,
+        crate::fsread::Cap::PEM,
+        crate::fsread::Symlinks::Follow,
+    )
 }
 
 fn material(
