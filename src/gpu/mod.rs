@@ -5,6 +5,7 @@
 //! synchronous FFI), so the sampler runs them on a blocking thread. A failing *field* is recorded
 //! inside the sample; only a failing *device* (fallen off the bus, driver gone) is an `Err`.
 
+pub mod dcgm;
 pub mod nvml;
 pub mod scenario;
 pub mod sim;
