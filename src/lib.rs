@@ -18,6 +18,7 @@
 //! - [`http`]: `/metrics`, `/health`, `/ready`; per-phase connection deadlines and eviction at the
 //!   connection limits, so that floods never lock the scraper out.
 //! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
+//! - [`godur`]: Go's duration syntax (`1h30m`, `1.5s`), for flags and files in Go's format.
 //! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
 //! - [`fsread`]: the one bounded file reader every configuration and `/proc` read goes through.
 //! - [`logsink`]: the log writer that never fails the code that logs.
@@ -28,6 +29,7 @@
 pub mod catalog;
 pub mod config;
 pub mod fsread;
+pub mod godur;
 pub mod gpu;
 pub mod health;
 pub mod hpc;

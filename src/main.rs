@@ -314,7 +314,7 @@ async fn serve<S: GpuSource>(
     let mut essential = Essential::new();
     let web = match &config.args.web_config_file {
         Some(p) => Some(Arc::new(
-            WebSecurity::load(p, gpu_exporter::web::DEFAULT_RECHECK)
+            WebSecurity::load(p, gpu_exporter::web::DEFAULT_RECHECK, Arc::clone(&metrics))
                 .context("--web-config-file")?,
         )),
         None => None,
@@ -472,7 +472,7 @@ async fn serve<S: GpuSource>(
     }
     essential.spawn("sampler", sampler.run(pub_tx, shutdown.clone()));
 
-    let limits = http_limits(&config);
+    let limits = http_limits(&config)?;
     let listener = http::bind(config.listen).with_context(|| {
         format!(
             "--address {}: cannot listen on {}",
@@ -530,29 +530,38 @@ async fn serve<S: GpuSource>(
 }
 
 /// The HTTP limits: defaults, with the connection limit from `--http-max-connections` or from
-/// the file descriptor limit (raised towards the hard limit first, as Go programs do).
-fn http_limits(config: &Config) -> http::Limits {
-    let max_connections = if config.args.http_max_connections > 0 {
-        config.args.http_max_connections
+/// the file descriptor limit (raised towards the hard limit first, as Go programs do). An
+/// explicit limit the descriptor limit cannot hold is a startup error.
+fn http_limits(config: &Config) -> Result<http::Limits> {
+    let explicit = config.args.http_max_connections;
+    let wanted = if explicit > 0 {
+        explicit
     } else {
-        match http::conn::raise_fd_limit() {
-            Ok((before, after)) if before != after => tracing::info!(
-                before = ?before,
-                after = ?after,
-                "raised the soft file descriptor limit"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!("cannot raise the soft file descriptor limit: {e}"),
-        }
+        http::conn::MAX_CONNECTIONS_CEILING
+    };
+    match http::conn::raise_fd_limit_for(wanted) {
+        Ok((before, after)) if before != after => tracing::info!(
+            before = ?before,
+            after = ?after,
+            "raised the soft file descriptor limit"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot raise the soft file descriptor limit: {e}"),
+    }
+    let max_connections = if explicit > 0 {
+        http::conn::check_max_connections(explicit, http::conn::fd_limit())
+            .map_err(|e| anyhow::anyhow!("--http-max-connections: {e}"))?;
+        explicit
+    } else {
         http::conn::connections_for_fd_limit(http::conn::fd_limit())
     };
-    http::Limits {
+    Ok(http::Limits {
         max_connections,
         max_active_connections: usize::try_from(config.args.http_max_active_connections)
             .unwrap_or(usize::MAX)
             .min(max_connections),
         ..http::Limits::default()
-    }
+    })
 }
 
 /// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).

@@ -43,6 +43,8 @@ pub struct SelfMetrics {
     log_write_errors: std::sync::Arc<AtomicU64>,
     /// HTTP connections and rejected requests.
     pub http: HttpStats,
+    /// `--web-config-file` reloads and the serving certificate, rendered only with one.
+    pub web: WebConfigStatus,
 }
 
 /// The HTTP server's connection figures, rendered as `gpu_exporter_http_*`.
@@ -520,6 +522,97 @@ impl HpcJobsStatus {
                     .collect(),
             },
         ]
+    }
+}
+
+/// The web configuration's reloads and the serving certificate, updated by
+/// [`crate::web::WebSecurity`] and rendered with each sample as `gpu_exporter_web_*` when
+/// `--web-config-file` is set.
+#[derive(Debug, Default)]
+pub struct WebConfigStatus {
+    inner: Mutex<WebConfigState>,
+}
+
+/// A copy of [`WebConfigStatus`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WebConfigState {
+    /// Whether `--web-config-file` is set (the families are rendered only then).
+    pub enabled: bool,
+    /// Changes of the file (or of a certificate, key or CA it names) taken into use.
+    pub reloads_ok: u64,
+    /// Changes rejected (the previous configuration keeps serving).
+    pub reloads_failed: u64,
+    /// Whether the last change was rejected.
+    pub last_reload_failed: bool,
+    /// `notAfter` of the certificate being served, Unix seconds (`None`: no TLS).
+    pub certificate_expiry_seconds: Option<f64>,
+}
+
+impl WebConfigStatus {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WebConfigState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Turns the families on, with the expiry of the certificate served at startup.
+    pub fn enable(&self, certificate_expiry_seconds: Option<f64>) {
+        let mut s = self.lock();
+        s.enabled = true;
+        s.certificate_expiry_seconds = certificate_expiry_seconds;
+    }
+
+    /// Records a change taken into use, with the expiry of the certificate served from now on.
+    pub fn record_success(&self, certificate_expiry_seconds: Option<f64>) {
+        let mut s = self.lock();
+        s.reloads_ok += 1;
+        s.last_reload_failed = false;
+        s.certificate_expiry_seconds = certificate_expiry_seconds;
+    }
+
+    /// Records a rejected change (the certificate served does not change).
+    pub fn record_failure(&self) {
+        let mut s = self.lock();
+        s.reloads_failed += 1;
+        s.last_reload_failed = true;
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> WebConfigState {
+        self.lock().clone()
+    }
+
+    fn families(&self) -> Vec<Family> {
+        let s = self.state();
+        if !s.enabled {
+            return Vec::new();
+        }
+        let mut families = vec![
+            family(
+                "gpu_exporter_web_config_reloads_total",
+                "Changes of --web-config-file or of a certificate, key or CA it names, by result: success (in use), failure (rejected; the previous configuration keeps serving).",
+                MetricType::Counter,
+                vec![
+                    labelled(&[("result", "failure")], count(s.reloads_failed)),
+                    labelled(&[("result", "success")], count(s.reloads_ok)),
+                ],
+            ),
+            family(
+                "gpu_exporter_web_config_last_reload_success",
+                "1 if the last change of --web-config-file or its certificates was taken into use (or none was seen), 0 if it was rejected and the previous configuration is serving.",
+                MetricType::Gauge,
+                one(Value::Int(i64::from(!s.last_reload_failed))),
+            ),
+        ];
+        if let Some(t) = s.certificate_expiry_seconds {
+            families.push(family(
+                "gpu_exporter_web_tls_certificate_expiry_timestamp_seconds",
+                "notAfter of the TLS certificate being served, as Unix time: after it, verifying scrapers fail.",
+                MetricType::Gauge,
+                one(Value::Float(t)),
+            ));
+        }
+        families
     }
 }
 
@@ -1002,6 +1095,7 @@ impl SelfMetrics {
         families.extend(self.processes.families());
         families.extend(self.hpc_jobs.families());
         families.extend(self.attribution.families());
+        families.extend(self.web.families());
         families
     }
 }

@@ -67,6 +67,7 @@ fn known_metrics() -> BTreeSet<String> {
     all_modes.pod_resources.enable();
     all_modes.pod_resources.enable_dra();
     all_modes.hpc_jobs.enable();
+    all_modes.web.enable(Some(0.0));
     known.extend(
         all_modes
             .families(&SampleStats::default(), "sim")

@@ -263,6 +263,31 @@ async fn metrics_is_gzipped_when_the_scraper_accepts_gzip_and_plain_otherwise() 
     }
 }
 
+#[tokio::test]
+async fn accept_encoding_on_several_lines_is_one_list() {
+    let (r, tx, _) = app();
+    publish(&tx, "# HELP x y\n# TYPE x gauge\nx 1\n");
+    let get = |lines: &'static [&'static str]| {
+        let r = r.clone();
+        async move {
+            let mut req = Request::builder().method(Method::GET).uri("/metrics");
+            for l in lines {
+                req = req.header("accept-encoding", *l);
+            }
+            let resp = r.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            resp.headers()
+                .get("content-encoding")
+                .map(|v| v.to_str().unwrap().to_owned())
+        }
+    };
+    // gzip refused on one line, anything accepted on the next: gzip stays refused.
+    assert_eq!(get(&["gzip;q=0", "*"]).await, None);
+    assert_eq!(get(&["*", "gzip;q=0"]).await, None);
+    assert_eq!(get(&["identity", "gzip"]).await.as_deref(), Some("gzip"));
+    assert_eq!(get(&["br", "*;q=0.5"]).await.as_deref(), Some("gzip"));
+}
+
 #[test]
 fn accept_encoding_parsing() {
     use gpu_exporter::http::accepts_gzip;

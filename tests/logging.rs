@@ -58,3 +58,41 @@ fn a_startup_error_is_logged_without_escapes() {
     );
     assert!(!stderr.contains('\u{1b}'), "ANSI escape in {stderr:?}");
 }
+
+#[test]
+fn a_connection_limit_past_the_descriptor_limit_stops_startup_with_what_to_change() {
+    // The limit is set with bash's ulimit (soft and hard), so the exporter cannot raise it.
+    let mut child = Command::new("bash")
+        .args([
+            "-c",
+            "ulimit -n 256 && exec \"$0\" --backend sim --address 127.0.0.1:0 --http-max-connections 1000",
+            env!("CARGO_BIN_EXE_gpu-exporter"),
+        ])
+        .env("NO_COLOR", "")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run gpu-exporter under bash");
+    // Bounded wait for the exit; a server that starts anyway is killed and the test fails.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = status.unwrap_or_else(|| panic!("started despite the descriptor limit: {stderr}"));
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--http-max-connections: 1000 connections need 1128 file descriptors")
+            && stderr.contains("RLIMIT_NOFILE) is 256")
+            && stderr.contains("at most 128"),
+        "{stderr}"
+    );
+}

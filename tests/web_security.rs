@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use gpu_exporter::http::{self, AppState, Limits};
 use gpu_exporter::sampler::Published;
-use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::self_metrics::{SelfMetrics, WebConfigState};
 use gpu_exporter::web::WebSecurity;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
@@ -40,6 +40,17 @@ impl Ca {
 
     fn pem(&self) -> String {
         self.issuer.pem()
+    }
+
+    /// (certificate PEM, key PEM) for `sans`, valid until the given date (midnight UTC).
+    fn leaf_until(&self, sans: &[&str], (y, m, d): (i32, u8, u8)) -> (String, String) {
+        let mut p =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, sans[0]);
+        p.not_after = rcgen::date_time_ymd(y, m, d);
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
     }
 
     /// (certificate PEM, key PEM) for `sans`; `expired` puts validity in 2000.
@@ -72,6 +83,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 struct Server {
     addr: SocketAddr,
     metrics: Arc<SelfMetrics>,
+    web: Option<Arc<WebSecurity>>,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -93,7 +105,8 @@ impl Server {
             interval: Duration::from_secs(3600),
             metrics: Arc::clone(&metrics),
         });
-        let web = web.map(|p| Arc::new(WebSecurity::load(p, Duration::ZERO).unwrap()));
+        let web = web
+            .map(|p| Arc::new(WebSecurity::load(p, Duration::ZERO, Arc::clone(&metrics)).unwrap()));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -102,16 +115,36 @@ impl Server {
             listener,
             router,
             limits,
-            web,
+            web.clone(),
             Arc::clone(&metrics),
             async move { s.cancelled().await },
         ));
         Server {
             addr,
             metrics,
+            web,
             stop,
             done,
         }
+    }
+
+    /// Waits (at most ten seconds) until the web configuration's reload figures satisfy
+    /// `cond`, re-checking after each change the watcher sees.
+    async fn web_state(&self, what: &str, cond: impl Fn(&WebConfigState) -> bool) {
+        let mut seen = self.web.as_ref().expect("a web config").changes_seen();
+        let metrics = Arc::clone(&self.metrics);
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            seen.wait_for(|_| cond(&metrics.web.state())),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "timed out waiting for {what}: {:?}",
+                self.metrics.web.state()
+            )
+        })
+        .unwrap();
     }
 
     async fn stop(self) {
@@ -409,10 +442,16 @@ async fn rotated_certificates_are_served_without_restart_and_a_broken_one_is_ign
         .unwrap()
         .server_cert;
 
-    // Rotate: a new key pair from the same CA.
+    // Rotate: a new key pair from the same CA. The watcher may see the new key with the old
+    // certificate first (rejected), then both (taken).
     let (cert2, key2) = ca.leaf(&["localhost", "127.0.0.1"], false);
     write(dir.path(), "tls.key", &key2);
     write(dir.path(), "tls.crt", &cert2);
+    server
+        .web_state("the rotation", |s| {
+            s.reloads_ok == 1 && !s.last_reload_failed
+        })
+        .await;
     let second = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
     assert_eq!(second.status, 200);
     assert_ne!(
@@ -426,17 +465,32 @@ async fn rotated_certificates_are_served_without_restart_and_a_broken_one_is_ign
     assert_eq!(second.server_cert, expected.to_vec());
 
     // A broken certificate is rejected; the last good one keeps serving.
+    let failed = server.metrics.web.state().reloads_failed;
     write(
         dir.path(),
         "tls.crt",
         "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
     );
+    server
+        .web_state("the broken certificate", |s| s.reloads_failed > failed)
+        .await;
     let third = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
     assert_eq!(third.server_cert, expected.to_vec());
     // A mismatched key (new key, old cert) is also rejected.
+    // One file at a time, each change seen before the next.
     let (_, key3) = ca.leaf(&["localhost"], false);
-    write(dir.path(), "tls.crt", &cert2);
+    let failed = server.metrics.web.state().reloads_failed;
     write(dir.path(), "tls.key", &key3);
+    server
+        .web_state("the new key", |s| s.reloads_failed > failed)
+        .await;
+    let failed = server.metrics.web.state().reloads_failed;
+    write(dir.path(), "tls.crt", &cert2);
+    server
+        .web_state("the mismatched key", |s| {
+            s.reloads_failed > failed && s.last_reload_failed
+        })
+        .await;
     let fourth = https_get(server.addr, &ca.pem(), None, "").await.unwrap();
     assert_eq!(fourth.server_cert, expected.to_vec());
     server.stop().await;
@@ -619,7 +673,9 @@ fn startup_errors_name_the_file_and_key() {
         "web.yml",
         "tls_server_config:\n  cert_file: /nonexistent/tls.crt\n  key_file: /nonexistent/tls.key\n",
     );
-    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO).unwrap_err());
+    let e = gpu_exporter::error_chain(
+        &WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err(),
+    );
     assert!(
         e.contains("web.yml: tls_server_config.cert_file: reading /nonexistent/tls.crt"),
         "{e}"
@@ -637,13 +693,20 @@ fn startup_errors_name_the_file_and_key() {
             k.display()
         ),
     );
-    let e = gpu_exporter::error_chain(&WebSecurity::load(&web, Duration::ZERO).unwrap_err());
+    let e = gpu_exporter::error_chain(
+        &WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err(),
+    );
     assert!(
         e.contains("tls_server_config.key_file: using the key in"),
         "{e}"
     );
     let e = gpu_exporter::error_chain(
-        &WebSecurity::load(&dir.path().join("missing.yml"), Duration::ZERO).unwrap_err(),
+        &WebSecurity::load(
+            &dir.path().join("missing.yml"),
+            Duration::ZERO,
+            Arc::default(),
+        )
+        .unwrap_err(),
     );
     assert!(e.contains("reading web configuration"), "{e}");
 }
@@ -870,5 +933,291 @@ async fn a_flood_of_password_guesses_does_not_delay_the_scrapers_first_login() {
             .rejected(http::RejectReason::AuthThrottled),
         throttled as u64
     );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_revoked_password_stops_working_on_an_open_keep_alive_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let hash = bcrypt::hash("s3cret", 4).unwrap();
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!("basic_auth_users:\n  prometheus: {hash}\n"),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let credentials = basic("prometheus", "s3cret");
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    assert_eq!(keep_alive_get(&mut s, &credentials).await, 200);
+    // Revoked: the password is rotated in the file.
+    let rotated = bcrypt::hash("n3w-s3cret", 4).unwrap();
+    write(
+        dir.path(),
+        "web.yml",
+        &format!("basic_auth_users:\n  prometheus: {rotated}\n"),
+    );
+    server
+        .web_state("the revocation to be read", |s| s.reloads_ok == 1)
+        .await;
+    // The same connection, still open: the old password is refused, the new one works.
+    assert_eq!(keep_alive_get(&mut s, &credentials).await, 401);
+    assert_eq!(
+        keep_alive_get(&mut s, &basic("prometheus", "n3w-s3cret")).await,
+        200
+    );
+    assert_eq!(server.metrics.http.closed(http::CloseReason::Closed), 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn certificate_expiry_and_rejected_rotations_are_self_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    // Valid until 2000 (served all the same: the client decides whether it minds).
+    let (cert1, key1) = ca.leaf(&["localhost", "127.0.0.1"], true);
+    let crt = write(dir.path(), "tls.crt", &cert1);
+    let key = write(dir.path(), "tls.key", &key1);
+    let web = write(
+        dir.path(),
+        "web.yml",
+        &format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            crt.display(),
+            key.display()
+        ),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    let s = server.metrics.web.state();
+    assert!(s.enabled);
+    assert_eq!(s.certificate_expiry_seconds, Some(949_363_200.0)); // 2000-02-01T00:00:00Z
+
+    // A rotation to a broken certificate: counted as a failure, the old expiry still shown.
+    write(
+        dir.path(),
+        "tls.crt",
+        "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
+    );
+    server
+        .web_state("the broken certificate", |s| s.reloads_failed == 1)
+        .await;
+    let s = server.metrics.web.state();
+    assert!(s.last_reload_failed);
+    assert_eq!(s.certificate_expiry_seconds, Some(949_363_200.0));
+
+    // A good rotation: counted, and the new certificate's expiry shown.
+    let (cert2, key2) = ca.leaf_until(&["localhost", "127.0.0.1"], (2031, 5, 17));
+    write(dir.path(), "tls.key", &key2);
+    write(dir.path(), "tls.crt", &cert2);
+    server
+        .web_state("the rotation", |s| {
+            s.reloads_ok >= 1 && !s.last_reload_failed
+        })
+        .await;
+    let s = server.metrics.web.state();
+    // 2031-05-17T00:00:00Z
+    assert_eq!(s.certificate_expiry_seconds, Some(1_936_742_400.0));
+
+    // As exposed on /metrics (the families the sampler renders).
+    let mut body = String::new();
+    gpu_exporter::render::render(
+        &server
+            .metrics
+            .families(&gpu_exporter::self_metrics::SampleStats::default(), "sim"),
+        &mut body,
+    );
+    assert!(
+        body.contains("gpu_exporter_web_config_reloads_total{result=\"failure\"} "),
+        "{body}"
+    );
+    assert!(
+        body.contains("gpu_exporter_web_config_last_reload_success 1\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("gpu_exporter_web_tls_certificate_expiry_timestamp_seconds 1936742400\n"),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tls")
+            .join(name),
+    )
+    .unwrap()
+}
+
+#[test]
+fn keys_of_an_unsupported_curve_or_size_are_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    for (cert, key, what) in [
+        ("p521.crt", "p521.key", "ECDSA P-521"),
+        ("p521.crt", "p521-sec1.key", "ECDSA P-521"),
+        ("rsa1024.crt", "rsa1024.key", "RSA 1024-bit"),
+        ("rsa1024.crt", "rsa1024-pkcs1.key", "RSA 1024-bit"),
+    ] {
+        let crt = write(dir.path(), "tls.crt", &fixture(cert));
+        let k = write(dir.path(), "tls.key", &fixture(key));
+        let web = write(
+            dir.path(),
+            "web.yml",
+            &format!(
+                "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+                crt.display(),
+                k.display()
+            ),
+        );
+        let e = gpu_exporter::error_chain(
+            &WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err(),
+        );
+        assert!(
+            e.contains("tls_server_config.key_file: ")
+                && e.contains("unsupported curve/size")
+                && e.contains(&format!("the key is {what}")),
+            "{key}: {e}"
+        );
+        assert!(!e.contains("failed to parse"), "{key}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn a_tls_config_no_handshake_can_complete_is_refused_at_startup_and_on_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    // rcgen's keys are ECDSA P-256.
+    let (crt, key) = tls_files(dir.path(), &ca, false);
+    let base = format!(
+        "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+        crt.display(),
+        key.display()
+    );
+    let never = format!(
+        "{base}  max_version: TLS12\n  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]\n"
+    );
+    let web = write(dir.path(), "web.yml", &never);
+    let e = gpu_exporter::error_chain(
+        &WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap_err(),
+    );
+    assert!(
+        e.contains("tls_server_config.cipher_suites: no allowed cipher suite can be used with the ECDSA key"),
+        "{e}"
+    );
+    // The same suites with TLS 1.3 allowed, or with an ECDSA suite added, can complete.
+    write(
+        dir.path(),
+        "web.yml",
+        &format!("{base}  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]\n"),
+    );
+    WebSecurity::load(&web, Duration::ZERO, Arc::default()).unwrap();
+    write(
+        dir.path(),
+        "web.yml",
+        &format!("{base}  max_version: TLS12\n  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n"),
+    );
+    let server = Server::start(Some(&web), Limits::default()).await;
+    assert_eq!(
+        https_get(server.addr, &ca.pem(), None, "")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    // On reload: rejected and counted; the working configuration keeps serving.
+    write(dir.path(), "web.yml", &never);
+    server
+        .web_state("the reload", |s| s.reloads_failed == 1)
+        .await;
+    assert_eq!(
+        https_get(server.addr, &ca.pem(), None, "")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_client_hello_flood_from_the_scrapers_address_does_not_delay_its_scrape() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let web = tls_web_config(dir.path(), &ca);
+    let server = Server::start(Some(&web), Limits::default()).await;
+    // 300 connections from the scraper's own address, each sending the first bytes of a
+    // ClientHello and nothing more.
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        let mut s = connect_from([127, 0, 0, 1], server.addr).await;
+        s.write_all(&[0x16, 0x03]).await.unwrap();
+        flood.push(s);
+    }
+    // Wait until the server has taken every one in (each past its first byte).
+    let mut open = server.metrics.http.watch_open();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if server.metrics.http.active() >= 300 {
+                break;
+            }
+            open.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the flood's connections were not all taken in");
+    // The scrape completes, well within its deadline (a correctness bound: it must not wait
+    // behind the flood's handshakes; unhindered it takes milliseconds).
+    let started = std::time::Instant::now();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(1),
+        https_get(server.addr, &ca.pem(), None, ""),
+    )
+    .await
+    .expect("the scrape waited behind the half-sent ClientHellos")
+    .unwrap();
+    assert_eq!(reply.status, 200);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // Every flood connection was still open (none gave way for the scrape).
+    assert_eq!(
+        server
+            .metrics
+            .http
+            .closed(http::CloseReason::HandshakeTimeout),
+        0
+    );
+    assert!(server.metrics.http.open() >= 300);
+    drop(flood);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_as_key_file_is_rejected_on_reload_and_connections_keep_being_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let web = tls_web_config(dir.path(), &ca);
+    let server = Server::start(Some(&web), Limits::default()).await;
+    // The key is replaced by a FIFO nobody writes to (a read of it would wait for ever).
+    let fifo = dir.path().join(".fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    std::fs::rename(&fifo, dir.path().join("tls.key")).unwrap();
+    server
+        .web_state("the FIFO to be rejected", |s| s.reloads_failed >= 1)
+        .await;
+    // New connections are served (the files are read by the watcher, and never waited on).
+    for _ in 0..3 {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(5),
+            https_get(server.addr, &ca.pem(), None, ""),
+        )
+        .await
+        .expect("a new connection hung")
+        .unwrap();
+        assert_eq!(reply.status, 200);
+    }
+    assert!(server.metrics.web.state().last_reload_failed);
     server.stop().await;
 }

@@ -35,6 +35,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_util::sync::PollSemaphore;
 
 use super::Limits;
 use crate::self_metrics::SelfMetrics;
@@ -127,6 +128,13 @@ pub enum Phase {
 struct State {
     phase: Phase,
     since: Instant,
+    /// The instant the watchdog sleeps until (`None`: it is not sleeping). A phase change wakes
+    /// it only when the new deadline comes before this; otherwise it wakes at this instant,
+    /// finds the later deadline and sleeps again. A keep-alive connection answering requests
+    /// back to back thus moves its deadlines without waking the watchdog for each request.
+    armed: Option<Instant>,
+    /// Times a phase change woke the watchdog.
+    wakes: u64,
     /// The response body has been handed to hyper (`Serving` only).
     body_done: bool,
     /// Bytes of a next request arrived while serving (pipelining or a slow trickle).
@@ -139,7 +147,7 @@ pub struct Conn {
     id: u64,
     registry: Arc<Registry>,
     state: Mutex<State>,
-    /// Woken on every phase change, so the watchdog re-reads its deadline.
+    /// Woken on a phase change whose deadline comes before the watchdog's wake-up.
     changed: Notify,
     /// Woken when the registry evicts this connection.
     evict: Arc<Notify>,
@@ -154,10 +162,17 @@ impl Conn {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn enter(&self, s: &mut State, phase: Phase) {
+    /// Moves to `phase` now; returns the instant (one clock read serves the registry too).
+    fn enter(&self, s: &mut State, phase: Phase) -> Instant {
         s.phase = phase;
         s.since = Instant::now();
-        self.changed.notify_one();
+        let deadline = s.since + self.registry.timeouts.of(phase).0;
+        if s.armed.is_some_and(|armed| deadline < armed) {
+            s.armed = None;
+            s.wakes += 1;
+            self.changed.notify_one();
+        }
+        s.since
     }
 
     /// The current phase.
@@ -171,9 +186,13 @@ impl Conn {
         self.registry.activate(self.id)
     }
 
-    /// Waits for one of the client's TLS handshake slots ([`MAX_HANDSHAKES_PER_CLIENT`]).
-    pub async fn handshake_slot(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.handshakes).acquire_owned().await.ok()
+    /// Wraps a TLS connection's socket for its handshake: see [`HandshakeIo`].
+    pub fn handshake_io(&self, stream: tokio::net::TcpStream) -> HandshakeIo {
+        HandshakeIo {
+            inner: stream,
+            slots: Some(PollSemaphore::new(Arc::clone(&self.handshakes))),
+            slot: None,
+        }
     }
 
     /// The TLS handshake finished: the request's first byte is due next.
@@ -188,7 +207,9 @@ impl Conn {
     fn read_some(&self) {
         let mut s = self.lock();
         match s.phase {
-            Phase::FirstByte | Phase::Idle => self.enter(&mut s, Phase::Head),
+            Phase::FirstByte | Phase::Idle => {
+                self.enter(&mut s, Phase::Head);
+            }
             Phase::Serving => s.read_while_serving = true,
             Phase::Handshake | Phase::Head => {}
         }
@@ -199,9 +220,9 @@ impl Conn {
         let mut s = self.lock();
         s.body_done = false;
         s.read_while_serving = false;
-        self.enter(&mut s, Phase::Serving);
+        let now = self.enter(&mut s, Phase::Serving);
         drop(s);
-        self.registry.busy(self.id);
+        self.registry.busy(self.id, now);
     }
 
     /// hyper has taken the whole response body.
@@ -221,36 +242,79 @@ impl Conn {
         } else {
             Phase::Idle
         };
-        self.enter(&mut s, next);
+        let now = self.enter(&mut s, next);
         drop(s);
-        self.registry.idle(self.id);
+        self.registry.idle(self.id, now);
     }
 
-    fn deadline(&self, limits: &Limits) -> (Instant, CloseReason) {
-        let s = self.lock();
-        let (timeout, reason) = match s.phase {
-            Phase::Handshake => (limits.handshake_timeout, CloseReason::HandshakeTimeout),
-            Phase::FirstByte => (limits.first_byte_timeout, CloseReason::FirstByteTimeout),
-            Phase::Head => (limits.header_read_timeout, CloseReason::HeaderTimeout),
-            Phase::Serving => (limits.write_timeout, CloseReason::WriteTimeout),
-            Phase::Idle => (limits.idle_timeout, CloseReason::IdleTimeout),
-        };
-        (s.since + timeout, reason)
+    /// The current phase's deadline, and arms the wake-up at it.
+    fn arm(&self, timeouts: &PhaseTimeouts) -> (Instant, CloseReason) {
+        let mut s = self.lock();
+        let (timeout, reason) = timeouts.of(s.phase);
+        let deadline = s.since + timeout;
+        s.armed = Some(deadline);
+        (deadline, reason)
     }
 
     /// Resolves when the connection must close: its phase's deadline passed, or it was evicted.
     pub async fn watchdog(&self, limits: &Limits) -> CloseReason {
-        loop {
-            let changed = self.changed.notified();
-            let (deadline, reason) = self.deadline(limits);
-            if Instant::now() >= deadline {
-                return reason;
+        let timeouts = PhaseTimeouts::from(limits);
+        let result = async {
+            loop {
+                let changed = self.changed.notified();
+                let (deadline, reason) = self.arm(&timeouts);
+                if Instant::now() >= deadline {
+                    return reason;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline) => {
+                        // A later phase may have moved the deadline meanwhile: re-read it.
+                        let (now_due, reason) = self.arm(&timeouts);
+                        if Instant::now() >= now_due {
+                            return reason;
+                        }
+                    }
+                    () = changed => {}
+                    () = self.evict.notified() => return CloseReason::Evicted,
+                }
             }
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => {}
-                () = changed => {}
-                () = self.evict.notified() => return CloseReason::Evicted,
-            }
+        }
+        .await;
+        self.lock().armed = None;
+        result
+    }
+}
+
+/// The deadline of each phase (from [`Limits`]) and the reason counted when it passes.
+#[derive(Debug, Clone, Copy)]
+pub struct PhaseTimeouts {
+    handshake: Duration,
+    first_byte: Duration,
+    head: Duration,
+    serving: Duration,
+    idle: Duration,
+}
+
+impl From<&Limits> for PhaseTimeouts {
+    fn from(l: &Limits) -> Self {
+        Self {
+            handshake: l.handshake_timeout,
+            first_byte: l.first_byte_timeout,
+            head: l.header_read_timeout,
+            serving: l.write_timeout,
+            idle: l.idle_timeout,
+        }
+    }
+}
+
+impl PhaseTimeouts {
+    fn of(&self, phase: Phase) -> (Duration, CloseReason) {
+        match phase {
+            Phase::Handshake => (self.handshake, CloseReason::HandshakeTimeout),
+            Phase::FirstByte => (self.first_byte, CloseReason::FirstByteTimeout),
+            Phase::Head => (self.head, CloseReason::HeaderTimeout),
+            Phase::Serving => (self.serving, CloseReason::WriteTimeout),
+            Phase::Idle => (self.idle, CloseReason::IdleTimeout),
         }
     }
 }
@@ -323,10 +387,13 @@ impl Default for Peer {
     }
 }
 
-/// TLS handshakes one client address may have in progress at once; the others wait (within
-/// their handshake deadline). A burst of handshakes from one client (an attacker renewing its
-/// connections together) then costs the CPU a few at a time, and a scraper's handshake from
-/// another address does not queue behind the burst.
+/// TLS handshake steps one client address may have computing at once; the others wait
+/// (within their handshake deadline). A slot is held only from the moment a client's bytes
+/// have arrived until the server has processed them and waits for more ([`HandshakeIo`]), so
+/// a client that sends half a ClientHello and stalls holds none: a flood of those from the
+/// scraper's own address does not delay its handshake. A burst of complete handshakes from one
+/// client (an attacker renewing its connections together) costs the CPU a few at a time, and
+/// a scraper's handshake from another address does not queue behind the burst.
 pub const MAX_HANDSHAKES_PER_CLIENT: usize = 4;
 
 impl Peer {
@@ -453,6 +520,8 @@ impl Inner {
 /// Every open connection of one server, with the eviction policy.
 #[derive(Debug)]
 pub struct Registry {
+    /// The phase deadlines, for deciding whether a phase change must wake the watchdog.
+    timeouts: PhaseTimeouts,
     limit: usize,
     active_limit: usize,
     busy_evictable_after: Duration,
@@ -475,6 +544,7 @@ impl Registry {
         let active_limit = limits.max_active_connections.clamp(1, limit);
         metrics.http.set_limits(limit, active_limit);
         Arc::new(Self {
+            timeouts: PhaseTimeouts::from(limits),
             limit,
             active_limit,
             busy_evictable_after: limits.busy_evictable_after,
@@ -541,6 +611,8 @@ impl Registry {
                 state: Mutex::new(State {
                     phase,
                     since: now,
+                    armed: None,
+                    wakes: 0,
                     body_done: false,
                     read_while_serving: false,
                 }),
@@ -571,12 +643,12 @@ impl Registry {
         true
     }
 
-    fn busy(&self, id: u64) {
-        self.lock().reclass(id, Class::Busy(Instant::now()));
+    fn busy(&self, id: u64, since: Instant) {
+        self.lock().reclass(id, Class::Busy(since));
     }
 
-    fn idle(&self, id: u64) {
-        self.lock().reclass(id, Class::Idle(Instant::now()));
+    fn idle(&self, id: u64, since: Instant) {
+        self.lock().reclass(id, Class::Idle(since));
     }
 
     fn remove(&self, id: u64, reason: CloseReason) {
@@ -701,6 +773,85 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
     }
 }
 
+/// A TLS connection's socket during the handshake: a read waits for the client's bytes without
+/// a handshake slot, then takes one of the client's [`MAX_HANDSHAKES_PER_CLIENT`] slots before
+/// returning them, and keeps it while the TLS library processes them (signing, key exchange)
+/// until it asks for more bytes and none are there. After the handshake
+/// ([`HandshakeIo::handshake_done`]) it is a plain socket.
+#[derive(Debug)]
+pub struct HandshakeIo {
+    inner: tokio::net::TcpStream,
+    slots: Option<PollSemaphore>,
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+impl HandshakeIo {
+    /// The handshake is over: the slot is given back and reads are no longer gated.
+    pub fn handshake_done(&mut self) {
+        self.slots = None;
+        self.slot = None;
+    }
+
+    /// Whether a handshake slot is held now.
+    pub fn holds_slot(&self) -> bool {
+        self.slot.is_some()
+    }
+}
+
+impl AsyncRead for HandshakeIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(slots) = &mut this.slots {
+            if this.slot.is_none() {
+                // Wait for the client without a slot; then wait for a slot.
+                std::task::ready!(this.inner.poll_read_ready(cx))?;
+                this.slot = std::task::ready!(slots.poll_acquire(cx));
+            }
+            let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+            if r.is_pending() {
+                // Processed everything the client sent: waiting again, without the slot.
+                this.slot = None;
+            }
+            return r;
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for HandshakeIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// A response body that tells its [`Conn`] when hyper has taken all of it.
 #[derive(Debug)]
 pub struct TrackedBody {
@@ -772,6 +923,27 @@ pub fn fd_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
+/// Checks an explicit connection limit against the soft `RLIMIT_NOFILE` (`None`: unlimited):
+/// each connection is a descriptor, and [`RESERVED_FDS`] are kept for everything else. Past
+/// the limit the server would spin on `EMFILE` instead of evicting; the error says what to
+/// change.
+///
+/// # Errors
+/// A message naming the flag, the descriptors needed and the limit.
+pub fn check_max_connections(requested: usize, soft: Option<u64>) -> Result<(), String> {
+    let Some(soft) = soft else {
+        return Ok(());
+    };
+    let need = (requested as u64).saturating_add(RESERVED_FDS);
+    if need <= soft {
+        return Ok(());
+    }
+    Err(format!(
+        "{requested} connections need {need} file descriptors ({RESERVED_FDS} kept for the rest of the exporter) but the limit (RLIMIT_NOFILE) is {soft}: raise the limit (ulimit -n, or the container runtime's nofile limit) or set --http-max-connections to at most {} (0 picks that)",
+        soft.saturating_sub(RESERVED_FDS)
+    ))
+}
+
 /// Raises the soft `RLIMIT_NOFILE` towards the hard one, as far as the default connection
 /// ceiling needs (Go programs such as dcgm-exporter raise it all the way at startup). Returns
 /// the soft limit before and after.
@@ -779,9 +951,17 @@ pub fn fd_limit() -> Option<u64> {
 /// # Errors
 /// The `setrlimit` error.
 pub fn raise_fd_limit() -> io::Result<(Option<u64>, Option<u64>)> {
+    raise_fd_limit_for(MAX_CONNECTIONS_CEILING)
+}
+
+/// [`raise_fd_limit`] for `connections` connections.
+///
+/// # Errors
+/// The `setrlimit` error.
+pub fn raise_fd_limit_for(connections: usize) -> io::Result<(Option<u64>, Option<u64>)> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let now = getrlimit(Resource::Nofile);
-    let want = MAX_CONNECTIONS_CEILING as u64 + RESERVED_FDS;
+    let want = (connections as u64).saturating_add(RESERVED_FDS);
     let target = now.maximum.map_or(want, |hard| hard.min(want));
     match now.current {
         Some(soft) if soft < target => {
@@ -1015,6 +1195,34 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn requests_back_to_back_do_not_wake_the_watchdog_and_deadlines_still_hold() {
+        let limits = Limits::default();
+        let (reg, _) = registry(8);
+        let t = reg.admit(ip(1), false).unwrap();
+        let c = Arc::clone(&t.conn);
+        let watch = tokio::spawn(async move {
+            let start = Instant::now();
+            (c.watchdog(&Limits::default()).await, start.elapsed())
+        });
+        tokio::task::yield_now().await;
+        // A keep-alive scraper's requests, each moving the phase four times: the deadlines
+        // only move later than the one the watchdog waits for, so it is not woken.
+        for _ in 0..100 {
+            serve_one(&t);
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(t.conn.lock().wakes, 0);
+        // A phase whose deadline is earlier than the one waited for still wakes it, and the
+        // deadline is exact: idle, then a request head's first byte 60 s later.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        t.conn.read_some();
+        let (reason, after) = watch.await.unwrap();
+        assert_eq!(reason, CloseReason::HeaderTimeout);
+        assert_eq!(after, Duration::from_secs(60) + limits.header_read_timeout);
+        assert_eq!(t.conn.lock().wakes, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_evicted_connections_watchdog_fires_at_once() {
         let (reg, _) = registry(1);
         let a = reg.admit(ip(2), false).unwrap();
@@ -1023,6 +1231,20 @@ mod tests {
         tokio::task::yield_now().await;
         let _b = reg.admit(ip(3), false).unwrap();
         assert_eq!(watch.await.unwrap(), CloseReason::Evicted);
+    }
+
+    #[test]
+    fn an_explicit_limit_past_the_descriptor_limit_is_refused_with_what_to_change() {
+        assert_eq!(check_max_connections(896, Some(1024)), Ok(()));
+        assert_eq!(check_max_connections(1_000_000, None), Ok(()));
+        let e = check_max_connections(10_000, Some(1024)).unwrap_err();
+        assert!(
+            e.contains("10000 connections need 10128 file descriptors"),
+            "{e}"
+        );
+        assert!(e.contains("RLIMIT_NOFILE) is 1024"), "{e}");
+        assert!(e.contains("--http-max-connections to at most 896"), "{e}");
+        assert!(check_max_connections(897, Some(1024)).is_err());
     }
 
     #[test]

@@ -69,7 +69,9 @@ async fn not_found() -> (StatusCode, &'static str) {
     (StatusCode::NOT_FOUND, "not found\n")
 }
 
-async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+// The request itself, not a `HeaderMap` extractor: that one clones every header per scrape.
+async fn metrics(State(st): State<AppState>, req: axum::extract::Request) -> Response {
+    let headers = req.headers();
     let published = st.published.borrow().clone();
     let Some(p) = published else {
         return (
@@ -85,11 +87,13 @@ async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> 
     st.metrics.scrapes.fetch_add(1, Ordering::Relaxed);
     let vary = (header::VARY, HeaderValue::from_static("Accept-Encoding"));
     let content_type = (header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-    let gzip = headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(accepts_gzip);
+    // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3).
+    let gzip = accepts_gzip_in(
+        headers
+            .get_all(header::ACCEPT_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+    );
     if gzip {
         let encoding = (header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         ([content_type, encoding, vary], p.gzip_body().clone()).into_response()
@@ -101,9 +105,15 @@ async fn metrics(State(st): State<AppState>, headers: axum::http::HeaderMap) -> 
 /// Whether an `Accept-Encoding` value accepts gzip: `gzip` (or `x-gzip`) with a non-zero
 /// quality, or, when gzip is not named, `*` with a non-zero quality. `gzip;q=0` refuses it.
 pub fn accepts_gzip(accept_encoding: &str) -> bool {
+    accepts_gzip_in([accept_encoding])
+}
+
+/// [`accepts_gzip`] for a header sent on several lines: the lines are read as one list, so
+/// `gzip;q=0` on one line and `*` on another refuses gzip.
+pub fn accepts_gzip_in<'a>(lines: impl IntoIterator<Item = &'a str>) -> bool {
     let mut gzip = None;
     let mut any = None;
-    for item in accept_encoding.split(',') {
+    for item in lines.into_iter().flat_map(|l| l.split(',')) {
         let mut parts = item.split(';').map(str::trim);
         let coding = parts.next().unwrap_or_default();
         let quality = parts
@@ -304,6 +314,12 @@ pub async fn serve_with(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
+    if let Some(w) = &web {
+        // The files are re-read by a thread of their own, never on this loop.
+        if let Err(e) = w.spawn_watcher(stop.clone()) {
+            tracing::warn!("cannot start the web configuration watcher ({e}); changes to --web-config-file and its certificates will not be seen");
+        }
+    }
     let registry = Registry::new(&limits, Arc::clone(&metrics));
     let limits = Arc::new(limits);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -321,16 +337,18 @@ pub async fn serve_with(
             },
         };
         registry.evictions_settled().await;
-        let active = web.as_ref().map(|w| w.current());
-        let tls = active.as_ref().is_some_and(|a| a.tls.is_some());
-        let Some(admitted) = registry.admit(peer.ip(), tls) else {
+        // The TLS configuration in force now serves this connection to its end; credentials,
+        // rate limit and headers are looked up for each request.
+        let tls = web.as_ref().and_then(|w| w.current().tls.clone());
+        let Some(admitted) = registry.admit(peer.ip(), tls.is_some()) else {
             tracing::debug!(%peer, "every connection is busy; refusing the new one");
             continue;
         };
         let ctx = Ctx {
             router: router.clone(),
             limits: Arc::clone(&limits),
-            active,
+            web: web.clone(),
+            tls,
             metrics: Arc::clone(&metrics),
             peer,
             stop: stop.clone(),
@@ -349,7 +367,8 @@ pub async fn serve_with(
 struct Ctx {
     router: Router,
     limits: Arc<Limits>,
-    active: Option<Arc<Active>>,
+    web: Option<Arc<WebSecurity>>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     metrics: Arc<SelfMetrics>,
     peer: SocketAddr,
     stop: CancellationToken,
@@ -358,12 +377,12 @@ struct Ctx {
 /// The byte stream after the first byte arrived (and the TLS handshake, if any).
 enum Stream {
     Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Tls(Box<tokio_rustls::server::TlsStream<conn::HandshakeIo>>),
 }
 
 async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> CloseReason {
     let _ = stream.set_nodelay(true);
-    let tls = ctx.active.as_ref().and_then(|a| a.tls.clone());
+    let tls = ctx.tls.clone();
     // Nothing is allocated for the connection (no hyper buffers, no TLS state) until its
     // first byte arrives.
     let opening = async {
@@ -381,9 +400,12 @@ async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> Clos
         match tls {
             // Boxed, as is the HTTP stage below: an idle connection's task stays small.
             Some(config) => {
-                let _slot = conn.handshake_slot().await;
-                match Box::pin(tokio_rustls::TlsAcceptor::from(config).accept(stream)).await {
-                    Ok(s) => {
+                // One of the client's handshake slots is held only while the server processes
+                // what the client sent (conn::HandshakeIo), not while it waits for the client.
+                let io = conn.handshake_io(stream);
+                match Box::pin(tokio_rustls::TlsAcceptor::from(config).accept(io)).await {
+                    Ok(mut s) => {
+                        s.get_mut().0.handshake_done();
                         conn.handshake_done();
                         Ok(Stream::Tls(Box::new(s)))
                     }
@@ -421,7 +443,8 @@ where
     let Ctx {
         router,
         limits,
-        active,
+        web,
+        tls: _,
         metrics,
         peer,
         stop,
@@ -434,7 +457,7 @@ where
         let work = handle(
             router.clone(),
             request_timeout,
-            active.clone(),
+            web.clone(),
             Arc::clone(&metrics),
             peer.ip(),
             req,
@@ -485,11 +508,14 @@ fn plain(status: StatusCode, body: &'static str) -> Response {
 async fn handle(
     router: Router,
     request_timeout: Duration,
-    active: Option<Arc<Active>>,
+    web: Option<Arc<WebSecurity>>,
     metrics: Arc<SelfMetrics>,
     client: IpAddr,
     req: Request<hyper::body::Incoming>,
 ) -> Response {
+    // The settings in force for this request: a password revoked since the connection opened
+    // no longer works on it.
+    let active: Option<Arc<Active>> = web.as_ref().map(|w| w.current());
     let work = async {
         if let Some(a) = &active {
             if a.rate_limit.as_ref().is_some_and(|r| !r.allow(client)) {

@@ -183,6 +183,62 @@ mod tests {
     }
 
     #[test]
+    fn hybrid_cgroupfs_containerd_runc_as_read_from_a_real_pod() {
+        // Read from /proc/<pid>/cgroup of a real containerd 1.6.20 + runc 1.1.5 pod (cgroupfs
+        // driver, hybrid host: v1 controllers and cgroup2 at /sys/fs/cgroup/unified), the
+        // workload and then the sandbox's pause process: the same path on every line, `0::`
+        // included, ending in the container id or the sandbox id.
+        let uid = "1591d3d5-6f96-4cc3-ab34-5573981b199c";
+        for id in [
+            "6c5eaaeb949c296e23f940599cc40d825bc9f0d117c9b598fc88849836d767dd",
+            "440c0468fec2240222898a75822d4208d8af0640c9882805f7abf25662ae8ef9",
+        ] {
+            let p = format!("/kubepods/besteffort/pod{uid}/{id}");
+            let text = format!(
+                "9:name=systemd:{p}\n8:pids:{p}\n7:blkio:{p}\n6:freezer:{p}\n5:devices:{p}\n\
+                 4:memory:{p}\n3:cpuset:{p}\n2:cpuacct:{p}\n1:cpu:{p}\n0::{p}\n"
+            );
+            assert_eq!(
+                parse(&text),
+                Ok(CgroupOwner::Pod {
+                    uid: uid.into(),
+                    container_id: Some(id.into()),
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn v1_systemd_containerd_and_crio() {
+        // cgroup v1 with the systemd driver (e.g. RHEL 8 / OpenShift 4.x before cgroup v2):
+        // containerd's `cri-containerd-<id>.scope`, CRI-O's `crio-<id>.scope`, next to
+        // controllers the runtime did not place (`rdma` at the root).
+        for scope in [
+            format!("cri-containerd-{CID}.scope"),
+            format!("crio-{CID}.scope"),
+        ] {
+            let p = format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/{scope}"
+            );
+            let text = format!(
+                "12:rdma:/\n11:memory:{p}\n10:cpu,cpuacct:{p}\n7:pids:{p}\n1:name=systemd:{p}\n"
+            );
+            assert_eq!(parse(&text), pod(Some(CID)), "{text}");
+        }
+    }
+
+    #[test]
+    fn crio_cgroupfs_v1_infra_container() {
+        // CRI-O with the cgroupfs driver names the pod's infra (pause) container like any other:
+        // `crio-<sandbox id>` under the pod cgroup; conmon sits in the pod cgroup itself.
+        let p = format!("/kubepods/besteffort/pod{UID}/crio-{CID}");
+        let text = format!("11:memory:{p}\n4:pids:{p}\n1:name=systemd:{p}\n");
+        assert_eq!(parse(&text), pod(Some(CID)));
+        let conmon = format!("11:memory:/kubepods/besteffort/pod{UID}\n1:name=systemd:/kubepods/besteffort/pod{UID}\n");
+        assert_eq!(parse(&conmon), pod(None));
+    }
+
+    #[test]
     fn v1_systemd_docker_and_hybrid_host() {
         let p = format!(
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/docker-{CID}.scope"

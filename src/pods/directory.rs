@@ -7,6 +7,10 @@
 //!   creates the sandbox, plus its own `io.kubernetes.pod.{name,namespace,uid}`; keys under
 //!   `io.kubernetes.` are never pod labels and are left out. Labels added to a running pod later
 //!   (`kubectl label`) are not in the sandbox: the CRI has no call to update them.
+//! - A sandbox id resolves too: the sandbox's own process (the pause process, whose cgroup names
+//!   the sandbox id, not a container id) belongs to its pod, with an empty container name
+//!   (`container=""`, as cAdvisor labels a containerd sandbox). It is not a container: the
+//!   container count leaves it out.
 //! - Label names are sanitised as dcgm-exporter does (every character outside `[a-zA-Z0-9_]`
 //!   becomes `_`), and a leading digit gets a `_` in front so the name is valid. Names starting
 //!   with `__` (reserved by Prometheus) are dropped; of two keys that sanitise to the same name,
@@ -70,6 +74,8 @@ pub struct PodDirectory {
     available: bool,
     pods: HashMap<(String, String), Arc<PodMeta>>,
     containers: HashMap<String, ContainerMeta>,
+    /// Sandbox id → its pod, with an empty container name.
+    sandboxes: HashMap<String, ContainerMeta>,
 }
 
 const KUBELET_PREFIX: &str = "io.kubernetes.";
@@ -132,6 +138,20 @@ impl PodDirectory {
             };
             by_sandbox.insert(s.id.as_str(), (pod, meta));
         }
+        let sandboxes = by_sandbox
+            .iter()
+            .filter(|(id, _)| !id.is_empty())
+            .map(|(id, (pod, meta))| {
+                let meta = Arc::clone(meta);
+                (
+                    id.to_ascii_lowercase(),
+                    ContainerMeta {
+                        pod: pod.clone(),
+                        meta,
+                    },
+                )
+            })
+            .collect();
         let mut containers = HashMap::with_capacity(snapshot.containers.len());
         for c in &snapshot.containers {
             if c.id.is_empty() {
@@ -176,6 +196,7 @@ impl PodDirectory {
             available: true,
             pods,
             containers,
+            sandboxes,
         }
     }
 
@@ -189,9 +210,10 @@ impl PodDirectory {
         self.pods.get(&(namespace.to_owned(), name.to_owned()))
     }
 
-    /// The container with runtime id `id` (lowercase hex).
+    /// The container with runtime id `id` (lowercase hex); a sandbox id gives its pod with an
+    /// empty container name (the sandbox's pause process).
     pub fn container(&self, id: &str) -> Option<&ContainerMeta> {
-        self.containers.get(id)
+        self.containers.get(id).or_else(|| self.sandboxes.get(id))
     }
 
     /// Number of pods known.
@@ -332,6 +354,36 @@ mod tests {
         assert_eq!(d.container("b1").unwrap().pod.container, "sidecar");
         assert_eq!((d.pods_len(), d.containers_len()), (2, 3));
         assert!(!PodDirectory::default().is_available());
+    }
+
+    #[test]
+    fn a_sandbox_id_resolves_to_its_pod_without_a_container() {
+        // The pause process's cgroup names the sandbox id (seen under containerd 1.6 + runc:
+        // `.../pod<uid>/<sandbox id>`); it belongs to the pod, not to any container.
+        let snap = RuntimeSnapshot {
+            sandboxes: vec![
+                sandbox("S-NEW", "infer", "embed-a", "uid-new", true, 2),
+                sandbox("s-old", "infer", "embed-a", "uid-old", false, 1),
+            ],
+            containers: vec![container("abc", "S-NEW", "server")],
+        };
+        let d = PodDirectory::from_runtime(&snap, &all_labels());
+        let pause = d.container("s-new").unwrap();
+        assert_eq!(
+            (
+                pause.pod.namespace.as_str(),
+                pause.pod.pod.as_str(),
+                pause.pod.container.as_str()
+            ),
+            ("infer", "embed-a", "")
+        );
+        assert_eq!(pause.meta.uid, "uid-new");
+        assert!(Arc::ptr_eq(&pause.meta, d.pod("infer", "embed-a").unwrap()));
+        // An old sandbox of a recreated pod keeps its own UID, as its containers do.
+        assert_eq!(d.container("s-old").unwrap().meta.uid, "uid-old");
+        // Sandboxes are not counted as containers.
+        assert_eq!((d.pods_len(), d.containers_len()), (1, 1));
+        assert!(d.container("s-gone").is_none());
     }
 
     #[test]

@@ -393,6 +393,44 @@ mod tests {
     }
 
     #[test]
+    fn a_process_in_the_sandbox_cgroup_is_its_pods_not_an_unknown_container() {
+        // The pause process's cgroup names the sandbox id ("sa", pod a): attributed to the pod
+        // with an empty container name; the entity stays complete and the runtime is not asked
+        // again.
+        let d = gpu(0, &[]);
+        let procs = [proc(40, None, 1, Some(1)), proc(41, None, 2, Some(2))];
+        let owners: HashMap<u32, Owner> = [
+            (
+                40,
+                Ok(CgroupOwner::Pod {
+                    uid: "uid-a".into(),
+                    container_id: Some("sa".into()),
+                }),
+            ),
+            (41, in_container(1)),
+        ]
+        .into();
+        let u = attribute(&[(&d, &procs)], &owners, &directory());
+        let e = &u.entities[&key(0, None)];
+        assert!(e.complete);
+        let names: Vec<_> = e
+            .containers
+            .iter()
+            .map(|c| {
+                (
+                    c.pod.pod.as_str(),
+                    c.pod.container.as_str(),
+                    c.meta.uid.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(names, [("a", "", "uid-a"), ("a", "main", "uid-a")]);
+        assert_eq!(u.outcomes["attributed"], 2);
+        assert!(!u.stale_directory);
+        assert!(u.errors.is_empty());
+    }
+
+    #[test]
     fn failures_make_the_entity_incomplete_and_are_counted() {
         let d = gpu(0, &[]);
         let procs = [

@@ -5,23 +5,32 @@
 //! - verdicts are cached by (user, SHA-256 of the password). Right passwords are kept apart from
 //!   wrong ones, so a flood of distinct wrong guesses (which clears the bounded cache of
 //!   failures) never evicts Prometheus's verdict: Prometheus pays one bcrypt run, once;
-//! - repeats of the same wrong password are answered from the cache of failures;
+//! - repeats of the same wrong password are answered from the cache of failures, and requests
+//!   with the same credentials as a check in progress wait for its verdict instead of running
+//!   their own (two connections of one scraper logging in at once both get in);
 //! - each client address may have one fresh (uncached) check in progress and a budget of
 //!   [`FAILURE_BURST`] failed ones, refilled by one every [`FAILURE_REFILL`]; past that its fresh
 //!   guesses are answered 429 without running bcrypt;
 //! - fresh checks go through a small semaphore, so at most [`MAX_CONCURRENT_VERIFICATIONS`]
 //!   bcrypt runs happen at once, and since a client waits there with at most one check, a
-//!   client with the right password waits for at most one run per other client.
+//!   client with the right password waits for at most one run per other client. A check that
+//!   has started runs to its end even if its request is given up (the 30 s request timeout, a
+//!   closed connection), and keeps its semaphore permit, its client's "check in progress" mark
+//!   and the charge of a failure until then: giving up a request never lifts a bound.
 //!
-//! Unknown users are checked against a real hash too, so timing does not reveal user names.
+//! Unknown users are checked against the configured hash with the highest bcrypt cost, so an
+//! unknown name takes as long as the slowest user. Users whose hashes have different costs can
+//! still be told apart from each other (and a user with a lower cost from an unknown name) by
+//! the time a fresh check takes; give every user the same cost to avoid that (a warning is
+//! logged when they differ).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 
 use super::RateLimiter;
 
@@ -57,38 +66,99 @@ struct Cache {
     wrong: HashSet<Key>,
 }
 
+/// What outlives a reload of the web configuration: the bound on parallel bcrypt runs and each
+/// client's budget of failures.
+#[derive(Debug)]
+pub struct Budgets {
+    failures: RateLimiter,
+    permits: Arc<Semaphore>,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Self {
+            failures: RateLimiter::new(FAILURE_REFILL, FAILURE_BURST),
+            permits: Arc::new(Semaphore::new(MAX_CONCURRENT_VERIFICATIONS)),
+        }
+    }
+}
+
+/// The verdicts of one version of the users (a reload starts afresh, so a revoked password
+/// is checked again).
+#[derive(Debug, Default)]
+struct Verdicts {
+    cache: Mutex<Cache>,
+    /// Clients with a fresh check in progress.
+    checking: Mutex<HashSet<IpAddr>>,
+    /// Fresh checks in progress, by credentials: `Some(right)` once decided.
+    in_flight: Mutex<HashMap<Key, watch::Receiver<Option<bool>>>>,
+}
+
 /// The configured users, the verdict caches and the per-client budgets.
 #[derive(Debug)]
 pub struct BasicAuth {
     users: BTreeMap<String, String>,
-    cache: Mutex<Cache>,
-    checking: Mutex<HashSet<IpAddr>>,
-    failures: RateLimiter,
-    permits: Semaphore,
+    /// The hash unknown users are checked against: the highest cost configured.
+    decoy: String,
+    verdicts: Arc<Verdicts>,
+    budgets: Arc<Budgets>,
 }
 
-/// Removes a client from the set of those with a check in progress.
-struct Checking<'a>(&'a Mutex<HashSet<IpAddr>>, IpAddr);
+/// Clears a fresh check's marks when it ends (or is given up before it starts).
+struct Fresh {
+    verdicts: Arc<Verdicts>,
+    client: IpAddr,
+    key: Key,
+}
 
-impl Drop for Checking<'_> {
+impl Drop for Fresh {
     fn drop(&mut self) {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&self.1);
+        lock(&self.verdicts.checking).remove(&self.client);
+        lock(&self.verdicts.in_flight).remove(&self.key);
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The cost field of a bcrypt hash (`$2b$10$...` → 10).
+fn cost(hash: &str) -> u32 {
+    hash.get(4..6).and_then(|c| c.parse().ok()).unwrap_or(0)
 }
 
 impl BasicAuth {
     /// `users`: user name → bcrypt hash (already validated by the config parser).
     pub fn new(users: BTreeMap<String, String>) -> Self {
+        Self::with_budgets(users, None)
+    }
+
+    /// Like [`Self::new`], sharing `budgets` (from the configuration this one replaces).
+    pub fn with_budgets(users: BTreeMap<String, String>, budgets: Option<Arc<Budgets>>) -> Self {
+        let decoy = users
+            .values()
+            .max_by_key(|h| cost(h))
+            .cloned()
+            .unwrap_or_default();
         Self {
             users,
-            cache: Mutex::new(Cache::default()),
-            checking: Mutex::new(HashSet::new()),
-            failures: RateLimiter::new(FAILURE_REFILL, FAILURE_BURST),
-            permits: Semaphore::new(MAX_CONCURRENT_VERIFICATIONS),
+            decoy,
+            verdicts: Arc::default(),
+            budgets: budgets.unwrap_or_default(),
         }
+    }
+
+    /// The budgets, to hand on to the next version of the configuration.
+    pub fn budgets(&self) -> Arc<Budgets> {
+        Arc::clone(&self.budgets)
+    }
+
+    /// The distinct bcrypt costs of the configured hashes, lowest first.
+    pub fn costs(&self) -> Vec<u32> {
+        let mut c: Vec<u32> = self.users.values().map(|h| cost(h)).collect();
+        c.sort_unstable();
+        c.dedup();
+        c
     }
 
     /// The verdict on an `Authorization` header value sent by `client`.
@@ -96,70 +166,102 @@ impl BasicAuth {
         let Some((user, password)) = authorization.and_then(decode_basic) else {
             return Verdict::Denied;
         };
-        let key = (user, Sha256::digest(password.as_bytes()).into());
-        {
-            let cache = self.lock();
-            if cache.right.contains(&key) {
-                return Verdict::Allowed;
+        let key: Key = (user, Sha256::digest(password.as_bytes()).into());
+        loop {
+            {
+                let cache = lock(&self.verdicts.cache);
+                if cache.right.contains(&key) {
+                    return Verdict::Allowed;
+                }
+                if cache.wrong.contains(&key) {
+                    return Verdict::Denied;
+                }
             }
-            if cache.wrong.contains(&key) {
-                return Verdict::Denied;
+            // The same credentials are being checked: wait for that verdict. If that check is
+            // given up before it starts, look again.
+            let pending = lock(&self.verdicts.in_flight).get(&key).cloned();
+            if let Some(mut rx) = pending {
+                if let Ok(v) = rx.wait_for(Option::is_some).await {
+                    return if v.unwrap_or(false) {
+                        Verdict::Allowed
+                    } else {
+                        Verdict::Denied
+                    };
+                }
+                continue;
             }
-        }
-        // Unknown users are checked against some real hash (and always fail), so that the time
-        // taken does not tell which user names exist.
-        let (hash, known) = match self.users.get(&key.0) {
-            Some(h) => (h.clone(), true),
-            None => match self.users.values().next() {
-                Some(h) => (h.clone(), false),
-                None => return Verdict::Denied,
-            },
-        };
-        if !self.failures.available(client) {
-            return Verdict::Throttled;
-        }
-        let _checking = {
-            let mut c = self
-                .checking
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !c.insert(client) {
-                return Verdict::Throttled;
+            if let Some(v) = self.fresh(key.clone(), password.clone(), client).await {
+                return v;
             }
-            Checking(&self.checking, client)
-        };
-        let Ok(_permit) = self.permits.acquire().await else {
-            return Verdict::Denied;
-        };
-        let verified = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or(false);
-        let right = known && verified;
-        let mut cache = self.lock();
-        let kept = if right {
-            &mut cache.right
-        } else {
-            &mut cache.wrong
-        };
-        if kept.len() >= CACHE_CAPACITY {
-            kept.clear();
-        }
-        kept.insert(key);
-        drop(cache);
-        if right {
-            Verdict::Allowed
-        } else {
-            self.failures.spend(client);
-            Verdict::Denied
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
-        self.cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// Runs bcrypt for credentials seen neither in the caches nor in progress; `None` when
+    /// another request started checking the same ones meanwhile (wait for that one).
+    async fn fresh(&self, key: Key, password: String, client: IpAddr) -> Option<Verdict> {
+        if self.users.is_empty() {
+            return Some(Verdict::Denied);
+        }
+        // Unknown users are checked against a real hash (and always fail), so that the time
+        // taken does not tell which user names exist.
+        let (hash, known) = match self.users.get(&key.0) {
+            Some(h) => (h.clone(), true),
+            None => (self.decoy.clone(), false),
+        };
+        if !self.budgets.failures.available(client) {
+            return Some(Verdict::Throttled);
+        }
+        let (tx, rx) = watch::channel(None);
+        let fresh = {
+            let mut checking = lock(&self.verdicts.checking);
+            let mut in_flight = lock(&self.verdicts.in_flight);
+            if in_flight.contains_key(&key) {
+                return None;
+            }
+            if !checking.insert(client) {
+                return Some(Verdict::Throttled);
+            }
+            in_flight.insert(key.clone(), rx);
+            Fresh {
+                verdicts: Arc::clone(&self.verdicts),
+                client,
+                key,
+            }
+        };
+        let Ok(permit) = Arc::clone(&self.budgets.permits).acquire_owned().await else {
+            return Some(Verdict::Denied);
+        };
+        // From here the check runs to its end even if this request is given up: the permit,
+        // the client's mark and the failure charge go with the worker, not with the request.
+        let verdicts = Arc::clone(&self.verdicts);
+        let budgets = Arc::clone(&self.budgets);
+        let worker = tokio::task::spawn_blocking(move || {
+            let verified = bcrypt::verify(password, &hash).unwrap_or(false);
+            let right = known && verified;
+            {
+                let mut cache = lock(&verdicts.cache);
+                let kept = if right {
+                    &mut cache.right
+                } else {
+                    &mut cache.wrong
+                };
+                if kept.len() >= CACHE_CAPACITY {
+                    kept.clear();
+                }
+                kept.insert(fresh.key.clone());
+            }
+            if !right {
+                budgets.failures.spend(client);
+            }
+            tx.send_replace(Some(right));
+            drop(fresh);
+            drop(permit);
+            right
+        });
+        Some(match worker.await {
+            Ok(true) => Verdict::Allowed,
+            _ => Verdict::Denied,
+        })
     }
 }
 
@@ -263,7 +365,7 @@ mod tests {
         assert_eq!(check("prom", "s3cret ").await, Verdict::Denied);
         assert_eq!(check("eve", "s3cret").await, Verdict::Denied);
         assert_eq!(auth.check(None, c).await, Verdict::Denied);
-        let cache = auth.lock();
+        let cache = lock(&auth.verdicts.cache);
         assert_eq!((cache.right.len(), cache.wrong.len()), (1, 2));
     }
 
@@ -288,7 +390,7 @@ mod tests {
         assert_eq!(denied, FAILURE_BURST as usize + 1);
         assert_eq!(throttled, 100 - denied);
         assert_eq!(
-            auth.lock().wrong.len(),
+            lock(&auth.verdicts.cache).wrong.len(),
             denied,
             "throttled guesses ran no bcrypt"
         );
@@ -325,12 +427,11 @@ mod tests {
             );
         }
         assert!(
-            auth.lock().wrong.len() < CACHE_CAPACITY,
+            lock(&auth.verdicts.cache).wrong.len() < CACHE_CAPACITY,
             "the failures were cleared"
         );
         // The scraper's verdict survived: answered from the cache.
-        assert!(auth
-            .lock()
+        assert!(lock(&auth.verdicts.cache)
             .right
             .contains(&("prom".to_owned(), Sha256::digest(b"s3cret").into())));
         assert_eq!(
@@ -345,7 +446,7 @@ mod tests {
         let (a, b) = (header("prom", "guess-a"), header("prom", "guess-b"));
         let attacker = client(2);
         // Hold both bcrypt permits so the first check waits in the queue.
-        let held = auth.permits.acquire_many(2).await.unwrap();
+        let held = auth.budgets.permits.acquire_many(2).await.unwrap();
         let first = auth.check(Some(a.as_bytes()), attacker);
         let mut first = std::pin::pin!(first);
         assert!(
@@ -363,6 +464,90 @@ mod tests {
             auth.check(Some(b.as_bytes()), attacker).await,
             Verdict::Denied
         );
+    }
+
+    #[tokio::test]
+    async fn simultaneous_logins_with_the_same_credentials_share_one_check() {
+        let auth = prom();
+        let right = header("prom", "s3cret");
+        let scraper = client(1);
+        // Hold both permits so the first login's check waits with its client marked.
+        let held = auth.budgets.permits.acquire_many(2).await.unwrap();
+        let mut first = std::pin::pin!(auth.check(Some(right.as_bytes()), scraper));
+        assert!(futures_poll(first.as_mut()).is_none());
+        // A second connection of the same scraper logs in at the same moment: it waits for
+        // the first check's verdict rather than being told 429.
+        let mut second = std::pin::pin!(auth.check(Some(right.as_bytes()), scraper));
+        assert!(
+            futures_poll(second.as_mut()).is_none(),
+            "the second login was not kept waiting"
+        );
+        drop(held);
+        assert_eq!(first.await, Verdict::Allowed);
+        assert_eq!(second.await, Verdict::Allowed);
+        assert_eq!(lock(&auth.verdicts.cache).right.len(), 1);
+    }
+
+    /// Polls `cond` until it holds, for at most ten seconds.
+    async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_check_whose_request_is_given_up_keeps_its_permit_and_is_charged() {
+        // Cost 12: the check takes a few hundred milliseconds, far longer than what happens
+        // between starting it and giving it up below.
+        let hash = bcrypt::hash("s3cret", 12).unwrap();
+        let auth = BasicAuth::new(BTreeMap::from([("prom".to_owned(), hash)]));
+        let attacker = client(2);
+        let guess = header("prom", "guess");
+        {
+            let mut check = std::pin::pin!(auth.check(Some(guess.as_bytes()), attacker));
+            assert!(futures_poll(check.as_mut()).is_none());
+            assert_eq!(auth.budgets.permits.available_permits(), 1);
+            // The request is given up (the request timeout, a closed connection).
+        }
+        // bcrypt still runs: its permit is still taken and the client still has a check in
+        // progress, so the bound of two parallel runs and one per client holds.
+        assert_eq!(auth.budgets.permits.available_permits(), 1);
+        let other = header("prom", "other");
+        assert_eq!(
+            auth.check(Some(other.as_bytes()), attacker).await,
+            Verdict::Throttled
+        );
+        until("the given-up check to finish", || {
+            auth.budgets.permits.available_permits() == MAX_CONCURRENT_VERIFICATIONS
+        })
+        .await;
+        // It was charged to the client's failures and its verdict cached.
+        let left = auth.budgets.failures.with_bucket(attacker, |t| *t);
+        assert!(
+            (left - f64::from(FAILURE_BURST - 1)).abs() < 0.01,
+            "failures left {left}"
+        );
+        assert_eq!(
+            auth.check(Some(guess.as_bytes()), attacker).await,
+            Verdict::Denied
+        );
+    }
+
+    #[test]
+    fn unknown_users_are_checked_against_the_costliest_hash() {
+        let cheap = bcrypt::hash("a", 4).unwrap();
+        let dear = bcrypt::hash("b", 6).unwrap();
+        let auth = BasicAuth::new(BTreeMap::from([
+            ("a-cheap".to_owned(), cheap),
+            ("b-dear".to_owned(), dear.clone()),
+        ]));
+        assert_eq!(auth.decoy, dear);
+        assert_eq!(auth.costs(), vec![4, 6]);
     }
 
     fn futures_poll<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> Option<F::Output> {

@@ -252,7 +252,7 @@ struct RawFile {
     tls_server_config: Option<RawTls>,
     #[serde(default)]
     http_server_config: Option<RawHttp>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "unique_keys")]
     basic_auth_users: Option<BTreeMap<String, String>>,
     #[serde(default)]
     rate_limit: Option<RawRateLimit>,
@@ -280,7 +280,53 @@ struct RawTls {
 #[serde(deny_unknown_fields)]
 struct RawHttp {
     http2: Option<bool>,
+    #[serde(default, deserialize_with = "unique_keys")]
     headers: Option<BTreeMap<String, String>>,
+}
+
+/// A mapping whose keys must be distinct: YAML parsers differ on a repeated key (most keep the
+/// last), so a user or header given twice is an error naming the key and where it is, never a
+/// silent pick.
+fn unique_keys<'de, D>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Unique;
+    impl<'de> serde::de::Visitor<'de> for Unique {
+        type Value = Option<BTreeMap<String, String>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a mapping of names to strings")
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D2: serde::Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_map(Unique)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(k) = map.next_key::<String>()? {
+                let v: String = map.next_value()?;
+                if out.contains_key(&k) {
+                    return Err(serde::de::Error::custom(format!("{DUPLICATE}{k}")));
+                }
+                out.insert(k, v);
+            }
+            Ok(Some(out))
+        }
+    }
+    d.deserialize_option(Unique)
 }
 
 #[derive(Debug, Deserialize)]
@@ -339,9 +385,16 @@ pub fn parse(text: &str, origin: &str) -> Result<WebConfig, WebConfigError> {
         RawFile::default()
     } else {
         serde_yaml::from_str::<Option<RawFile>>(text)
-            .map_err(|source| WebConfigError::Yaml {
-                origin: origin.to_owned(),
-                source,
+            .map_err(|source| match duplicate_lines(text, &source) {
+                Some((key, lines)) => WebConfigError::Invalid {
+                    origin: origin.to_owned(),
+                    key,
+                    reason: lines,
+                },
+                None => WebConfigError::Yaml {
+                    origin: origin.to_owned(),
+                    source,
+                },
             })?
             .unwrap_or_default()
     };
@@ -416,12 +469,13 @@ pub fn parse(text: &str, origin: &str) -> Result<WebConfig, WebConfigError> {
                 Some(RawDuration::Number(n)) => {
                     return Err(bad(
                         "rate_limit.interval",
-                        format!("{n} has no unit (use ms, s, m or h)"),
+                        format!("{n} has no unit (use ns, us, ms, s, m or h)"),
                     ))
                 }
                 Some(RawDuration::Text(s)) if matches!(s.trim(), "" | "0") => Duration::ZERO,
-                Some(RawDuration::Text(s)) => crate::gpu::scenario::parse_duration(&s)
-                    .map_err(|e| bad("rate_limit.interval", e))?,
+                Some(RawDuration::Text(s)) => {
+                    crate::godur::parse(&s).map_err(|e| bad("rate_limit.interval", e))?
+                }
             };
             let burst = r.burst.unwrap_or(0);
             if interval.is_zero() {
@@ -444,6 +498,56 @@ pub fn parse(text: &str, origin: &str) -> Result<WebConfig, WebConfigError> {
         http2,
         rate_limit,
     })
+}
+
+/// Marks [`unique_keys`]'s error, followed by the key.
+const DUPLICATE: &str = "duplicate key: ";
+
+/// For [`unique_keys`]'s error: the repeated key's dotted path and where it is given
+/// ("given twice, at lines 2 and 4"). serde_yaml places the error at the mapping's first key;
+/// the repeats are found among the lines of that mapping at its indentation.
+fn duplicate_lines(text: &str, e: &serde_yaml::Error) -> Option<(String, String)> {
+    let msg = e.to_string();
+    let rest = msg.split_once(DUPLICATE)?.1;
+    let loc = e.location()?;
+    // serde_yaml appends " at line L column C" to the message.
+    let name = rest.rsplit_once(" at line ").map_or(rest, |(n, _)| n);
+    let section = msg.split_once(": ").map_or("", |(s, _)| s);
+    let indent = loc.column().saturating_sub(1);
+    let mut lines = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(loc.line().saturating_sub(1)) {
+        let body = line.trim_start();
+        if body.is_empty() || body.starts_with('#') {
+            continue;
+        }
+        let at = line.len() - body.len();
+        if at < indent {
+            break;
+        }
+        if at == indent {
+            let key = body.split_once(':').map_or("", |(k, _)| k.trim());
+            if key.trim_matches(|c| c == '"' || c == '\'') == name {
+                lines.push((i + 1).to_string());
+            }
+        }
+    }
+    let path = if section.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{section}.{name}")
+    };
+    let reason = if lines.len() >= 2 {
+        format!(
+            "given twice (YAML keys must be unique), at lines {}",
+            lines.join(" and ")
+        )
+    } else {
+        format!(
+            "given twice (YAML keys must be unique), in the mapping at line {}",
+            loc.line()
+        )
+    };
+    Some((path, reason))
 }
 
 fn is_only_comments(text: &str) -> bool {
@@ -819,6 +923,30 @@ mod tests {
     }
 
     #[test]
+    fn a_user_or_header_given_twice_is_refused_with_its_line() {
+        let e = err(&format!(
+            "basic_auth_users:\n  prom: {HASH}\n  alice: {HASH}\n  prom: {HASH}\n"
+        ));
+        assert_eq!(
+            e,
+            "web.yml: basic_auth_users.prom: given twice (YAML keys must be unique), at lines 2 and 4"
+        );
+        let e = err("http_server_config:\n  headers:\n    X-Frame-Options: deny\n    # again\n    \"X-Frame-Options\": sameorigin\n");
+        assert_eq!(
+            e,
+            "web.yml: http_server_config.headers.X-Frame-Options: given twice (YAML keys must be unique), at lines 3 and 5"
+        );
+        // Flow style: the mapping is named.
+        let e = err(&format!("basic_auth_users: {{a: {HASH}, a: {HASH}}}\n"));
+        assert!(e.contains("basic_auth_users.a: given twice"), "{e}");
+        // An empty mapping value is still no users.
+        assert!(parse("basic_auth_users:\n", "w")
+            .unwrap()
+            .basic_auth_users
+            .is_empty());
+    }
+
+    #[test]
     fn headers_are_limited_to_the_toolkit_set() {
         let c = parse(
             "http_server_config:\n  http2: false\n  headers:\n    X-Frame-Options: deny\n    Strict-Transport-Security: max-age=31536000\n    X-XSS-Protection: \"\"\n",
@@ -852,6 +980,18 @@ mod tests {
                 .rate_limit,
             None
         );
+        // Go's syntax, as exporter-toolkit reads it (time.ParseDuration).
+        for (text, want) in [
+            ("1h30m", Duration::from_secs(5400)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("500us", Duration::from_micros(500)),
+        ] {
+            let c = parse(
+                &format!("rate_limit:\n  interval: {text}\n  burst: 5\n"),
+                "w",
+            );
+            assert_eq!(c.unwrap().rate_limit.unwrap().interval, want, "{text}");
+        }
         let e = err("rate_limit:\n  interval: fast\n  burst: 5\n");
         assert!(e.contains("rate_limit.interval"), "{e}");
         let e = err("rate_limit:\n  interval: 1s\n");

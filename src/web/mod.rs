@@ -2,13 +2,18 @@
 //! limit, in Prometheus exporter-toolkit's format, with certificate rotation without restart.
 //!
 //! [`config`] parses the file (pure); [`tls`] builds the rustls configuration; [`auth`] checks
-//! basic-auth credentials. [`WebSecurity`] holds the [`Active`] settings the HTTP server applies
-//! to each new connection and re-reads the file and every certificate it names when their
-//! contents change (checked at most once per `recheck` interval, on new connections). A new
-//! version that fails to load is logged and the old one keeps serving.
+//! basic-auth credentials; [`der`] reads a certificate's expiry and a key's type. [`WebSecurity`]
+//! holds the [`Active`] settings: the HTTP server takes the TLS configuration for each new
+//! connection and the credentials, rate limit and headers for each request, so a revoked
+//! password stops working on connections already open. A watcher thread
+//! ([`WebSecurity::spawn_watcher`]) re-reads the file and every certificate it names every
+//! `recheck` interval, off the accept loop and the request path, so a file that blocks a
+//! reader stalls only the reloads. A version that fails to load is logged, counted in
+//! `gpu_exporter_web_config_reloads_total{result="failure"}`, and the old one keeps serving.
 
 pub mod auth;
 pub mod config;
+pub mod der;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -19,17 +24,25 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::self_metrics::SelfMetrics;
 
 pub use config::{WebConfig, WebConfigError};
 
-/// How often, at most, the files are checked for changes.
+/// How often the files are checked for changes.
 pub const DEFAULT_RECHECK: Duration = Duration::from_secs(1);
 
-/// The settings applied to a connection (snapshotted when it is accepted).
+/// The watcher's shortest pause between checks (a `recheck` of zero means this).
+pub const MIN_RECHECK: Duration = Duration::from_millis(10);
+
+/// The settings in force: TLS for each new connection, the rest for each request.
 #[derive(Debug)]
 pub struct Active {
     /// TLS server configuration, when `tls_server_config` names a certificate.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// `notAfter` of the served certificate, Unix seconds.
+    pub tls_not_after: Option<i64>,
     /// Basic auth, when users are configured.
     pub auth: Option<auth::BasicAuth>,
     /// Extra response headers.
@@ -39,17 +52,36 @@ pub struct Active {
 }
 
 impl Active {
-    /// Builds the settings for `config`, reading the certificate files it names.
+    /// Builds the settings for `config`, reading the certificate files it names. The bcrypt
+    /// budgets (the bound on parallel checks, each client's failed logins) carry over from
+    /// `previous`, so a reload neither lifts them nor forgives a guessing client.
     ///
     /// # Errors
     /// [`WebConfigError`] naming the key whose material is unusable.
-    pub fn build(config: &WebConfig, origin: &str) -> Result<Active, WebConfigError> {
-        let tls = match &config.tls {
-            Some(t) => Some(tls::server_config(t, origin)?),
-            None => None,
+    pub fn build(
+        config: &WebConfig,
+        origin: &str,
+        previous: Option<&Active>,
+    ) -> Result<Active, WebConfigError> {
+        let (tls, tls_not_after) = match &config.tls {
+            Some(t) => {
+                let s = tls::server_config(t, origin)?;
+                (Some(s.config), s.not_after)
+            }
+            None => (None, None),
         };
+        let budgets = previous
+            .and_then(|p| p.auth.as_ref())
+            .map(auth::BasicAuth::budgets);
         let auth = (!config.basic_auth_users.is_empty())
-            .then(|| auth::BasicAuth::new(config.basic_auth_users.clone()));
+            .then(|| auth::BasicAuth::with_budgets(config.basic_auth_users.clone(), budgets));
+        if let Some(costs) = auth.as_ref().map(auth::BasicAuth::costs) {
+            if costs.len() > 1 {
+                tracing::warn!(
+                    "{origin}: basic_auth_users: the bcrypt hashes have different costs ({costs:?}); the time a login takes can tell the users apart; hash every password with the same cost"
+                );
+            }
+        }
         let mut headers = Vec::new();
         for (k, v) in &config.headers {
             let bad = |reason: &str| WebConfigError::Invalid {
@@ -66,6 +98,7 @@ impl Active {
             .map(|r| RateLimiter::new(r.interval, r.burst));
         Ok(Active {
             tls,
+            tls_not_after,
             auth,
             headers,
             rate_limit,
@@ -172,41 +205,56 @@ pub struct WebSecurity {
     recheck: Duration,
     active: RwLock<Arc<Active>>,
     watch: Mutex<Watch>,
+    metrics: Arc<SelfMetrics>,
+    /// Changes seen so far (taken into use or rejected), for waiting on a reload.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Debug)]
 struct Watch {
-    checked: std::time::Instant,
     fingerprint: [u8; 32],
 }
 
+fn unix_seconds(t: Option<i64>) -> Option<f64> {
+    #[allow(clippy::cast_precision_loss)]
+    t.map(|s| s as f64)
+}
+
 impl WebSecurity {
-    /// Loads `path` at startup; every error is fatal here.
+    /// Loads `path` at startup; every error is fatal here. Reloads are counted into
+    /// `metrics.web`.
     ///
     /// # Errors
     /// [`WebConfigError`] naming the file and key.
-    pub fn load(path: &Path, recheck: Duration) -> Result<Self, WebConfigError> {
+    pub fn load(
+        path: &Path,
+        recheck: Duration,
+        metrics: Arc<SelfMetrics>,
+    ) -> Result<Self, WebConfigError> {
         let origin = path.display().to_string();
         let text = config::read_file(path)?;
         let config = config::parse(&text, &origin)?;
-        let active = Active::build(&config, &origin)?;
+        let active = Active::build(&config, &origin, None)?;
+        metrics.web.enable(unix_seconds(active.tls_not_after));
         Ok(Self {
             path: path.to_owned(),
             recheck,
             active: RwLock::new(Arc::new(active)),
             watch: Mutex::new(Watch {
-                checked: std::time::Instant::now(),
                 fingerprint: fingerprint(&text, Some(&config)),
             }),
+            metrics,
+            changes: tokio::sync::watch::Sender::new(0),
         })
     }
 
     /// Whether TLS is on (it cannot be switched on or off without a restart).
     pub fn tls_enabled(&self) -> bool {
-        self.current_unchecked().tls.is_some()
+        self.current().tls.is_some()
     }
 
-    fn current_unchecked(&self) -> Arc<Active> {
+    /// The settings in force. Never touches the file system.
+    pub fn current(&self) -> Arc<Active> {
         Arc::clone(
             &self
                 .active
@@ -215,23 +263,40 @@ impl WebSecurity {
         )
     }
 
-    /// The settings for a new connection, after re-reading the files if they changed.
-    pub fn current(&self) -> Arc<Active> {
-        self.refresh();
-        self.current_unchecked()
+    /// Follows the number of changes seen (taken into use or rejected), to wait for a reload.
+    pub fn changes_seen(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
-    /// Re-reads the files if `recheck` has passed and their contents changed. A version that
-    /// fails to load is logged once and ignored; the old settings stay.
-    fn refresh(&self) {
+    /// Starts the thread that calls [`Self::check_for_changes`] every `recheck` (at least
+    /// [`MIN_RECHECK`]) until `stop` is cancelled. A plain thread, not a runtime task: a read
+    /// that blocks holds up only the reloads, never the server or its shutdown.
+    ///
+    /// # Errors
+    /// The thread could not be started.
+    pub fn spawn_watcher(self: &Arc<Self>, stop: CancellationToken) -> std::io::Result<()> {
+        let me = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("web-config".to_owned())
+            .spawn(move || {
+                let every = me.recheck.max(MIN_RECHECK);
+                while !stop.is_cancelled() {
+                    std::thread::sleep(every);
+                    if !stop.is_cancelled() {
+                        me.check_for_changes();
+                    }
+                }
+            })
+            .map(drop)
+    }
+
+    /// Re-reads the files and takes a changed version into use. A version that fails to load
+    /// is logged and counted once and ignored; the old settings stay. Blocking: file I/O.
+    pub fn check_for_changes(&self) {
         let mut watch = self
             .watch
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if watch.checked.elapsed() < self.recheck {
-            return;
-        }
-        watch.checked = std::time::Instant::now();
         let origin = self.path.display().to_string();
         let text = match config::read_file(&self.path) {
             Ok(t) => t,
@@ -240,6 +305,8 @@ impl WebSecurity {
                 let fp = fingerprint(&format!("unreadable: {e}"), None);
                 if fp != watch.fingerprint {
                     watch.fingerprint = fp;
+                    self.metrics.web.record_failure();
+                    self.changes.send_modify(|n| *n += 1);
                     tracing::warn!("{origin}: cannot re-read the web configuration ({e}); keeping the current one");
                 }
                 return;
@@ -251,24 +318,37 @@ impl WebSecurity {
             return;
         }
         watch.fingerprint = fp;
-        let built = parsed.and_then(|c| Active::build(&c, &origin));
+        let current = self.current();
+        let built = parsed.and_then(|c| Active::build(&c, &origin, Some(&current)));
         match built {
-            Ok(new) if new.tls.is_some() != self.tls_enabled() => tracing::warn!(
-                "{origin}: the new web configuration switches TLS {}; that needs a restart, keeping the current configuration",
-                if new.tls.is_some() { "on" } else { "off" }
-            ),
+            Ok(new) if new.tls.is_some() != current.tls.is_some() => {
+                self.metrics.web.record_failure();
+                tracing::warn!(
+                    "{origin}: the new web configuration switches TLS {}; that needs a restart, keeping the current configuration",
+                    if new.tls.is_some() { "on" } else { "off" }
+                );
+            }
             Ok(new) => {
+                self.metrics
+                    .web
+                    .record_success(unix_seconds(new.tls_not_after));
                 *self
                     .active
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
-                tracing::info!("{origin}: web configuration reloaded (certificates, users, headers)");
+                tracing::info!(
+                    "{origin}: web configuration reloaded (certificates, users, headers)"
+                );
             }
-            Err(e) => tracing::warn!(
-                "rejected the changed web configuration, keeping the current one: {}",
-                crate::error_chain(&e)
-            ),
+            Err(e) => {
+                self.metrics.web.record_failure();
+                tracing::warn!(
+                    "rejected the changed web configuration, keeping the current one: {}",
+                    crate::error_chain(&e)
+                );
+            }
         }
+        self.changes.send_modify(|n| *n += 1);
     }
 }
 
@@ -356,15 +436,33 @@ mod tests {
             "http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
         )
         .unwrap();
-        let w = WebSecurity::load(&p, Duration::ZERO).unwrap();
+        let metrics = Arc::new(SelfMetrics::default());
+        let w = WebSecurity::load(&p, Duration::ZERO, Arc::clone(&metrics)).unwrap();
         assert_eq!(w.current().headers[0].1, "deny");
+        assert!(metrics.web.state().enabled);
         std::fs::write(&p, "http_server_config:\n  headerz: {}\n").unwrap();
+        w.check_for_changes();
         assert_eq!(w.current().headers[0].1, "deny");
+        let s = metrics.web.state();
+        assert_eq!(
+            (s.reloads_ok, s.reloads_failed, s.last_reload_failed),
+            (0, 1, true)
+        );
+        // Unchanged: not counted again.
+        w.check_for_changes();
+        assert_eq!(metrics.web.state().reloads_failed, 1);
         std::fs::write(
             &p,
             "http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n",
         )
         .unwrap();
+        w.check_for_changes();
         assert_eq!(w.current().headers[0].1, "sameorigin");
+        let s = metrics.web.state();
+        assert_eq!(
+            (s.reloads_ok, s.reloads_failed, s.last_reload_failed),
+            (1, 1, false)
+        );
+        assert_eq!(*w.changes_seen().borrow(), 2);
     }
 }

@@ -83,13 +83,24 @@ fn certificates(
     Ok(certs)
 }
 
+/// A server configuration and the certificate it serves.
+#[derive(Debug)]
+pub struct ServerTls {
+    /// For the TLS acceptor.
+    pub config: Arc<ServerConfig>,
+    /// `notAfter` of the served (leaf) certificate, Unix seconds (`None` if unreadable).
+    pub not_after: Option<i64>,
+}
+
 /// Builds the server configuration, reading every file it names.
 ///
 /// # Errors
 /// [`WebConfigError::Material`] or [`WebConfigError::Invalid`] naming the key whose file is
-/// unreadable, not PEM, or not usable (key does not match the certificate, bad CA).
-pub fn server_config(t: &TlsSettings, origin: &str) -> Result<Arc<ServerConfig>, WebConfigError> {
+/// unreadable, not PEM, or not usable (key does not match the certificate, an unsupported key
+/// type, a bad CA), or a combination of versions and suites no handshake could complete with.
+pub fn server_config(t: &TlsSettings, origin: &str) -> Result<ServerTls, WebConfigError> {
     let chain = certificates(&t.cert, cert_key(&t.cert), origin)?;
+    let not_after = super::der::certificate_not_after(&chain[0]);
     let key_name = match t.key {
         Pem::File(_) => "key_file",
         Pem::Inline(_) => "key",
@@ -105,6 +116,26 @@ pub fn server_config(t: &TlsSettings, origin: &str) -> Result<Arc<ServerConfig>,
     })?;
 
     let provider = Arc::new(provider(t));
+    let signing_key = provider
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|e| match super::der::key_kind(&key) {
+            // Name what the key is when rustls cannot use that kind at all.
+            Some(kind) if !supported_key(&kind) => WebConfigError::Invalid {
+                origin: origin.to_owned(),
+                key: format!("tls_server_config.{key_name}"),
+                reason: format!(
+                    "{}: unsupported curve/size: the key is {kind}; rustls supports ECDSA P-256 and P-384, RSA of 2048 to 8192 bits, and Ed25519",
+                    describe(&t.key)
+                ),
+            },
+            _ => material(
+                origin,
+                key_name,
+                format!("loading the private key in {}", describe(&t.key)),
+                e,
+            ),
+        })?;
     let versions: Vec<&'static rustls::SupportedProtocolVersion> = [
         (TlsVersion::Tls12, &rustls::version::TLS12),
         (TlsVersion::Tls13, &rustls::version::TLS13),
@@ -113,6 +144,24 @@ pub fn server_config(t: &TlsSettings, origin: &str) -> Result<Arc<ServerConfig>,
     .filter(|(v, _)| (t.min_version..=t.max_version).contains(v))
     .map(|(_, p)| p)
     .collect();
+    // A certificate no allowed suite can sign with would fail every handshake
+    // (TLS 1.2 only, RSA-only suites and an ECDSA certificate): refuse it now.
+    let algorithm = signing_key.algorithm();
+    let usable = provider.cipher_suites.iter().any(|s| {
+        versions.iter().any(|v| v.version == s.version().version)
+            && s.usable_for_signature_algorithm(algorithm)
+    });
+    if !usable {
+        return Err(WebConfigError::Invalid {
+            origin: origin.to_owned(),
+            key: "tls_server_config.cipher_suites".to_owned(),
+            reason: format!(
+                "no allowed cipher suite can be used with the {algorithm:?} key in {}, so no handshake could complete: with TLS 1.2 only, list a TLS_ECDHE_{}_* suite, allow TLS13 (max_version), or use a certificate of another key type",
+                describe(&t.key),
+                if algorithm == rustls::SignatureAlgorithm::RSA { "RSA" } else { "ECDSA" }
+            ),
+        });
+    }
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(&versions)
         .map_err(|e| {
@@ -142,7 +191,21 @@ pub fn server_config(t: &TlsSettings, origin: &str) -> Result<Arc<ServerConfig>,
     config.ignore_client_order = t.prefer_server_cipher_suites;
     // gpu-exporter speaks HTTP/1.1 only; say so in ALPN so clients do not try h2.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok(ServerTls {
+        config: Arc::new(config),
+        not_after,
+    })
+}
+
+/// Whether rustls's ring provider can sign with a key of this kind at all.
+fn supported_key(kind: &super::der::KeyKind) -> bool {
+    use super::der::KeyKind;
+    match kind {
+        KeyKind::Rsa(bits) => (2048..=8192).contains(bits),
+        KeyKind::Ec(curve) => curve == "P-256" || curve == "P-384",
+        KeyKind::Ed25519 => true,
+        KeyKind::Ed448 | KeyKind::Other(_) => false,
+    }
 }
 
 fn cert_key(p: &Pem) -> &'static str {

@@ -26,14 +26,13 @@ Every wait is bounded; everything is cleaned up (lab.py) even when a check fails
 import argparse
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lab import Lab, LabError, probe, http_get, wait_for  # noqa: E402
+from lab import Lab, LabError, free_port, probe, scrape, series, wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_NAME = "gpu-node-7"
@@ -55,30 +54,11 @@ def check(cond: bool, what: str, detail: str = ""):
     print(f"  ok  {what}", flush=True)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def parse(text: str) -> list[tuple[str, dict, str]]:
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = LINE.match(line)
-        if not m:
-            raise AssertionError(f"unparseable exposition line: {line!r}")
-        out.append((m.group(1), dict(LABEL.findall(m.group(2) or "")), m.group(3)))
-    return out
-
-
-def series(samples, name: str, **labels):
-    return [s for s in samples if s[0] == name and all(s[1].get(k) == v for k, v in labels.items())]
+def dcp_rows() -> int:
+    """The metric rows of the dcp CSV the image ships: active (uncommented, non-blank), not `label`."""
+    text = (REPO / "metrics-config" / "dcp-metrics-included.csv").read_text()
+    rows = [l.split(",") for l in text.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    return sum(1 for r in rows if r[1].strip() != "label")
 
 
 def operator_env(port: int, extra: dict | None = None) -> dict:
@@ -113,12 +93,6 @@ def start_exporter(lab: Lab, name: str, image: str, port: int, args, kubelet_dir
     return pod
 
 
-def scrape(port: int):
-    status, body = http_get("127.0.0.1", port, "/metrics")
-    assert status == 200, f"/metrics answered {status}: {body[:500]}"
-    return parse(body)
-
-
 def fake_kubelet(lab: Lab, binary: str, assignments: Path, sock_dir: Path, log_name: str):
     sock_dir.mkdir(parents=True)
     p = lab.spawn([binary, "--socket", str(sock_dir / "kubelet.sock"), "--assignments", str(assignments)], log_name)
@@ -144,16 +118,16 @@ def pod_operator(lab: Lab, image: str, kubelet_dir: Path):
     samples = wait_for(sampled, PATIENCE, "the first sample (a discovery error)")
     check(series(samples, "gpu_exporter_build_info", backend="nvml") != [],
           "gpu_exporter_build_info{backend=\"nvml\"}: the default backend, as the Operator passes none")
-    check(all(v == "0" for _, _, v in series(samples, "gpu_exporter_gpus")),
+    check(all(v == 0 for _, _, v in series(samples, "gpu_exporter_gpus")),
           "gpu_exporter_gpus is 0 in every state")
     errs = series(samples, "gpu_exporter_sample_errors_total", reason="discovery_error")
     check(errs and float(errs[0][2]) >= 1, "gpu_exporter_sample_errors_total{reason=\"discovery_error\"} >= 1")
     check(not any(n.startswith("DCGM_FI_") for n, _, _ in samples), "no DCGM_FI_* series without a GPU")
     log = pod.log("nvidia-dcgm-exporter")
-    check(re.search(r"listening.*metrics=24.*collectors=" + re.escape(DCP_CSV), log) is not None,
-          f"the exporter loaded {DCP_CSV} (24 metrics)", log)
-    check(f"{DCP_CSV}:" in log and "DCGM_FI_DEV_VGPU_LICENSE_STATUS" in log,
-          "the one field it cannot read is skipped with a warning naming file:line", log)
+    rows = dcp_rows()
+    check(re.search(rf"listening.*metrics={rows}.*collectors=" + re.escape(DCP_CSV), log) is not None,
+          f"the exporter loaded {DCP_CSV} ({rows} metrics: every active row of metrics-config/dcp-metrics-included.csv)", log)
+    check(f"{DCP_CSV}:" not in log, "no row of it is skipped (a skip warning names file:line)", log)
     check(pod.state("nvidia-dcgm-exporter") == "CONTAINER_RUNNING", "the container is still running")
     pod.remove()
 
@@ -176,7 +150,7 @@ def pod_simulated(lab: Lab, image: str, kubelet_dir: Path):
     check(series(samples, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") != [], "the dcp CSV's profiling rows are served")
     check(series(samples, "gpu_exporter_build_info", backend="sim") != [], "gpu_exporter_build_info{backend=\"sim\"}")
     up = series(samples, "gpu_exporter_pod_resources_up")
-    check(up and up[0][2] == "1", "gpu_exporter_pod_resources_up 1 (the mounted kubelet socket answers)")
+    check(up and up[0][2] == 1, "gpu_exporter_pod_resources_up 1 (the mounted kubelet socket answers)")
     st, _ = probe(port, "/ready")
     check(st == 200, "GET /ready -> 200")
     log = pod.log("nvidia-dcgm-exporter")
@@ -233,7 +207,7 @@ def pod_nvml(lab: Lab, image: str, kubelet_dir: Path, node_dir: Path):
         raise AssertionError(f"{e}\nlog:\n{pod.log('nvidia-dcgm-exporter')}") from e
     for uuid, (i, temp) in STANDIN_GPUS.items():
         got = series(samples, "DCGM_FI_DEV_GPU_TEMP", gpu=i, UUID=uuid)
-        check(len(got) == 1 and got[0][2] == temp and got[0][1].get("modelName") == "NVIDIA H100 80GB HBM3"
+        check(len(got) == 1 and got[0][2] == float(temp) and got[0][1].get("modelName") == "NVIDIA H100 80GB HBM3"
               and got[0][1].get("hostname") == NODE_NAME and got[0][1].get("DCGM_FI_DRIVER_VERSION") == "550.54.15",
               f"DCGM_FI_DEV_GPU_TEMP{{gpu=\"{i}\",UUID=\"{uuid}\"}} {temp} with modelName, hostname, driver version",
               str(got))

@@ -26,6 +26,7 @@ import http.client
 import importlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,30 @@ from typing import Callable, Iterable
 
 HERE = Path(__file__).resolve().parent
 PAUSE_IMAGE = "localhost/lab-pause:1"
+WORKLOAD_IMAGE = "localhost/lab-workload:1"
+
+PAUSE_SOURCE = """
+    #include <signal.h>
+    #include <unistd.h>
+    static void stop(int sig) { (void)sig; _exit(0); }
+    int main(void) {
+        signal(SIGTERM, stop);
+        signal(SIGINT, stop);
+        for (;;) pause();
+    }
+    """
+
+WORKLOAD_SOURCE = """
+    #include <signal.h>
+    #include <unistd.h>
+    static void stop(int sig) { (void)sig; _exit(0); }
+    int main(void) {
+        signal(SIGTERM, stop);
+        signal(SIGINT, stop);
+        if (fork() < 0) _exit(1);
+        for (;;) pause();
+    }
+    """
 
 
 class LabError(Exception):
@@ -77,6 +102,54 @@ def http_get(host: str, port: int, path: str, headers: dict | None = None, timeo
 def probe(port: int, path: str = "/health", host: str = "127.0.0.1") -> tuple[int, str]:
     """An httpGet probe as the kubelet sends it (its User-Agent, no credentials)."""
     return http_get(host, port, path, {"User-Agent": "kube-probe/1.35", "Accept": "*/*"})
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict, float]]:
+    """Prometheus text exposition → (name, labels, value); raises on a line it cannot read."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            raise LabError(f"unparseable exposition line: {line!r}")
+        out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))))
+    return out
+
+
+def series(samples, name: str, **labels) -> list[tuple[str, dict, float]]:
+    """The samples of `name` whose labels include `labels`."""
+    return [s for s in samples if s[0] == name and all(s[1].get(k) == v for k, v in labels.items())]
+
+
+def scrape(port: int, host: str = "127.0.0.1") -> list[tuple[str, dict, float]]:
+    """GET /metrics, parsed."""
+    status, body = http_get(host, port, "/metrics")
+    if status != 200:
+        raise LabError(f"/metrics on {host}:{port} answered {status}: {body[:500]}")
+    return parse_metrics(body)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of `pid` (/proc/<pid>/task/*/children)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(x) for x in (task / "children").read_text().split()]
+    return sorted(out)
 
 
 def run(cmd: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
@@ -154,6 +227,12 @@ class Cri:
     def container_status(self, cid: str):
         return self.rt.ContainerStatus(self.pb.ContainerStatusRequest(container_id=cid), timeout=self.timeout).status
 
+    def sandbox_pid(self, pod_id: str) -> int:
+        """The sandbox's own process (the pause process) as a host PID (verbose status info)."""
+        req = self.pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True)
+        resp = self.rt.PodSandboxStatus(req, timeout=self.timeout)
+        return int(json.loads(resp.info["info"])["pid"])
+
     def container_pid(self, cid: str) -> int:
         """The container's init PID on the host (containerd's verbose status info)."""
         resp = self.rt.ContainerStatus(self.pb.ContainerStatusRequest(container_id=cid, verbose=True), timeout=self.timeout)
@@ -226,6 +305,10 @@ class Pod:
     def pid(self, container: str) -> int:
         """The container's main process, as a host PID."""
         return self.lab.cri.container_pid(self.containers[container])
+
+    def pause_pid(self) -> int:
+        """The sandbox's pause process, as a host PID (its cgroup names the sandbox id)."""
+        return self.lab.cri.sandbox_pid(self.id)
 
     def state(self, container: str) -> str:
         st = self.lab.cri.container_status(self.containers[container])
@@ -333,9 +416,13 @@ class Lab:
     def start_containerd(self, timeout: float = 30):
         """Starts containerd with the lab's config, waits for CRI to answer, imports the pause
         image."""
+        self._launch_containerd(timeout)
+        self.import_image(self.build_pause_image())
+
+    def _launch_containerd(self, timeout: float):
         cfg = self.dir / "containerd.toml"
         cfg.write_text(self._config())
-        logf = open(self.dir / "containerd.log", "w")
+        logf = open(self.dir / "containerd.log", "a")
         self.proc = subprocess.Popen(
             ["containerd", "--config", str(cfg), "--log-level", "info"],
             stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
@@ -344,10 +431,23 @@ class Lab:
         wait_for(lambda: self.socket.exists() or self.proc.poll() is not None, timeout, f"containerd socket {self.socket}")
         if self.proc.poll() is not None:
             raise LabError(f"containerd exited ({self.proc.returncode}):\n{self.containerd_log()}")
-        self.cri = Cri(self.socket)
+        if self.cri is None:
+            self.cri = Cri(self.socket)
         v = wait_for(lambda: self.cri.version(), timeout, "CRI Version")
         self.log(f"containerd up: {v.runtime_name} {v.runtime_version} (CRI {v.runtime_api_version}), socket {self.socket}")
-        self.import_image(self.build_pause_image())
+
+    def stop_containerd(self, grace: float = 10):
+        """Stops containerd (SIGTERM, as a service manager does) and waits until it has exited and
+        its socket is gone. The pods' shims and processes keep running, as on a node."""
+        if self.proc is not None:
+            _stop(self.proc, grace=grace)
+        wait_for(lambda: not self.socket.exists(), grace, f"containerd socket {self.socket} to go")
+        self.log(f"containerd stopped ({self.proc.returncode if self.proc else '-'})")
+
+    def restart_containerd(self, timeout: float = 30):
+        """Starts containerd again after `stop_containerd`: same config, root and state, so it
+        finds its pods and their running shims again."""
+        self._launch_containerd(timeout)
 
     def containerd_log(self, tail: int = 60) -> str:
         try:
@@ -376,23 +476,24 @@ class Lab:
         run(base + ["push", "--quiet", tag, f"docker-archive:{out}:{tag}"])
         return out
 
+    def build_static_image(self, name: str, c_source: str, tag: str) -> Path:
+        """An image of one static C program (`gcc -static`) at /<name>, its entrypoint; written
+        as a docker-archive in the lab dir (import it with `import_image`)."""
+        src = self.dir / f"{name}.c"
+        src.write_text(textwrap.dedent(c_source))
+        rootfs = self.dir / f"{name}-rootfs"
+        rootfs.mkdir()
+        run(["gcc", "-static", "-Os", "-o", str(rootfs / name), str(src)])
+        return self.build_image(rootfs, tag, [f"/{name}"], self.dir / f"{name}.tar")
+
     def build_pause_image(self) -> Path:
         """A sandbox image: a static C program that sleeps in pause() until SIGTERM/SIGINT."""
-        src = self.dir / "pause.c"
-        src.write_text(textwrap.dedent("""
-            #include <signal.h>
-            #include <unistd.h>
-            static void stop(int sig) { (void)sig; _exit(0); }
-            int main(void) {
-                signal(SIGTERM, stop);
-                signal(SIGINT, stop);
-                for (;;) pause();
-            }
-            """))
-        rootfs = self.dir / "pause-rootfs"
-        rootfs.mkdir()
-        run(["gcc", "-static", "-Os", "-o", str(rootfs / "pause"), str(src)])
-        return self.build_image(rootfs, PAUSE_IMAGE, ["/pause"], self.dir / "pause.tar")
+        return self.build_static_image("pause", PAUSE_SOURCE, PAUSE_IMAGE)
+
+    def build_workload_image(self, tag: str = WORKLOAD_IMAGE) -> Path:
+        """A workload image: a static C program that forks one child and both sleep until
+        SIGTERM/SIGINT, so a container has two processes (main and child)."""
+        return self.build_static_image("workload", WORKLOAD_SOURCE, tag)
 
     # ---- pods ----------------------------------------------------------------------------------
 
