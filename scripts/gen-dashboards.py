@@ -96,6 +96,15 @@ def q(expr, legend="", instant=False, table=False, fmt=None):
 # classic name -> (newest name, PromQL that turns the newest value into the classic unit). The
 # driver-version label is renamed too, so the two sides of `or` match ignoring both spellings.
 
+# What panels reading DCGM_FI_PROF_* fields need on GPUs older than Hopper (docs/nvml.md).
+PROF_NEEDS = (" DCGM_FI_PROF_* fields come from NVML GPM on Hopper and newer GPUs; on older ones (A100, L40S, "
+              "A10, T4, V100) only from DCGM's profiling module, through a DCGM hostengine (e.g. the GPU "
+              "Operator's nvidia-dcgm:5555 service): without one they are absent there "
+              "(gpu_exporter_fields_unavailable lists them).")
+MIG_UTIL_NEEDS = (" A MIG instance's utilization is its graphics engine activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE): "
+                  "on MIG GPUs older than Hopper it needs DCGM's profiling module, through a DCGM hostengine "
+                  "(e.g. the GPU Operator's nvidia-dcgm:5555 service); without one those instances are left out.")
+
 NEWEST = {
     "DCGM_FI_DEV_SM_CLOCK": ("DCGM_FI_DEV_SM_CLOCK_HERTZ", "/ 1000000"),
     "DCGM_FI_DEV_MEM_CLOCK": ("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", "/ 1000000"),
@@ -393,7 +402,7 @@ def cluster():
         f'sum({rec("hostname:dcgm_gpu_utilization_percent:count")})',
         f'avg({util})'))],
         unit="percent", minv=0, maxv=100,
-        desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL. MIG instances: graphics engine activity."))
+        desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL. MIG instances: graphics engine activity." + MIG_UTIL_NEEDS))
     b.add(4, 4, stat_panel("Power draw", [q(recorded_or_raw(
         f'sum({rec("hostname:dcgm_power_usage_watts:sum")})',
         f'sum(max by (cluster, hostname, UUID) ({m("DCGM_FI_DEV_POWER_USAGE", R)}))'))],
@@ -406,7 +415,7 @@ def cluster():
         f'sum({rec("hostname:dcgm_idle_allocated_gpus:count")})', f'count({idle_raw})') + "\nor\nvector(0)")],
         thresholds=[(1, "orange")],
         desc="GPUs and MIG instances held by a pod whose utilization averaged under 10 % over 30 minutes "
-             "(the GPUUnderutilized alert fires after an hour of this)."))
+             "(the GPUUnderutilized alert fires after an hour of this)." + MIG_UTIL_NEEDS))
     b.add(6, 8, piechart_panel("GPUs by health state", [
         q(recorded_or_raw(f'sum({rec("hostname:dcgm_gpus_by_health:count", f", health={state!r}")})'.replace("'", '"'),
                           f'count({health_all} == {value})'), state)
@@ -430,11 +439,12 @@ def cluster():
         "{{le}}", fmt=prometheus_m.PromQueryFormat.HEATMAP)],
         unit="percent",
         desc="How many GPUs (and MIG instances) ran at each utilization level over time, in 10 % buckets "
-             "(a cell at 30 % counts those over 20 % and up to 30 %; 0 % is exactly idle)."))
+             "(a cell at 30 % counts those over 20 % and up to 30 %; 0 % is exactly idle)." + MIG_UTIL_NEEDS))
     b.add(12, 9, timeseries_panel("Average utilization per node", [q(recorded_or_raw(
         rec("hostname:dcgm_gpu_utilization_percent:avg"),
         f'avg by (cluster, hostname) ({util})'), "{{hostname}}")],
-        unit="percent", minv=0, maxv=100))
+        unit="percent", minv=0, maxv=100,
+        desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL. MIG instances: graphics engine activity." + MIG_UTIL_NEEDS))
     b.add(24, 7, table_panel("Idle GPUs held by pods", [
         q(recorded_or_raw(f'{idle_rec}, GPU_I_ID=""}} < 10',
                           idle_whole), instant=True, table=True),
@@ -443,7 +453,7 @@ def cluster():
           instant=True, table=True)],
         merge=True, hide=("__name__", "instance", "job", "pci_bus_id", "device", "DCGM_FI_DRIVER_VERSION",
                           "DCGM_FI_SYSTEM_DRIVER_VERSION"),
-        unit="percent", desc="Allocated GPUs and MIG instances averaging under 10 % over 30 minutes."))
+        unit="percent", desc="Allocated GPUs and MIG instances averaging under 10 % over 30 minutes." + MIG_UTIL_NEEDS))
 
     b.row("Power, temperature and memory")
     b.add(12, 8, timeseries_panel("Power draw per node", [q(recorded_or_raw(
@@ -489,13 +499,13 @@ def node():
     b.row("Utilization and memory")
     b.add(8, 8, timeseries_panel("GPU utilization", [q(m("DCGM_FI_DEV_GPU_UTIL", F), "GPU {{gpu}}")],
                                  unit="percent", minv=0, maxv=100,
-                                 desc="Not available on MIG-enabled GPUs: see graphics engine activity."))
+                                 desc="Not available on MIG-enabled GPUs: see graphics engine activity." + MIG_UTIL_NEEDS))
     b.add(8, 8, timeseries_panel("Graphics engine active", [q(m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", F), by_gpu)],
-                                 unit="percentunit", minv=0, maxv=1, desc="Per GPU or MIG instance."))
+                                 unit="percentunit", minv=0, maxv=1, desc="Per GPU or MIG instance." + PROF_NEEDS))
     b.add(8, 8, timeseries_panel("Tensor and DRAM activity", [
         q(m("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", F), "tensor GPU {{gpu}} {{GPU_I_ID}}"),
         q(m("DCGM_FI_PROF_DRAM_ACTIVE", F), "dram GPU {{gpu}} {{GPU_I_ID}}")],
-        unit="percentunit", minv=0, maxv=1))
+        unit="percentunit", minv=0, maxv=1, desc="Per GPU or MIG instance." + PROF_NEEDS))
     b.add(8, 8, timeseries_panel("Framebuffer used", [q(m("DCGM_FI_DEV_FB_USED", F), by_gpu)], unit="mbytes",
                                  desc="MiB, per GPU or MIG instance."))
     b.add(8, 8, timeseries_panel("Framebuffer used %", [
@@ -536,7 +546,7 @@ def node():
     b.add(8, 8, timeseries_panel("PCIe bandwidth", [
         q(f'max by (gpu) ({m("DCGM_FI_PROF_PCIE_TX_BYTES", F)})', "TX GPU {{gpu}}"),
         q(f'-max by (gpu) ({m("DCGM_FI_PROF_PCIE_RX_BYTES", F)})', "RX GPU {{gpu}}")],
-        unit="Bps", desc="TX up, RX down."))
+        unit="Bps", desc="TX up, RX down." + PROF_NEEDS))
     b.add(8, 8, timeseries_panel("PCIe replays", [
         q(f'max by (gpu) ({m("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", F, "increase({}[$__rate_interval])")})', "GPU {{gpu}}")],
         desc="PCIe packet retries; a steady rise means a bad link (GPUPCIeReplaysRising)."))
@@ -621,7 +631,7 @@ def workloads():
         rec_avg("hostname_namespace", "namespace", NS), f'avg by (namespace) ({raw_util(raw_ns)})'),
         "{{namespace}}")],
         unit="percent", minv=0, maxv=100,
-        desc="Average over the GPUs and MIG instances pods hold, each once." + NS_DESC))
+        desc="Average over the GPUs and MIG instances pods hold, each once." + NS_DESC + MIG_UTIL_NEEDS))
     b.add(8, 8, bargauge_panel("GPUs and MIG slices held per namespace", [q(recorded_or_raw(
         f'sum by (namespace) ({rec("hostname_namespace", "dcgm_gpus_held:count", NS)})',
         f'count by (namespace) (count by (namespace, hostname, UUID, GPU_I_ID) '
@@ -638,7 +648,7 @@ def workloads():
         rec_avg("hostname_namespace_pod_container", "namespace, pod, container", POD),
         f'avg by (namespace, pod, container) ({raw_util(raw_pod)})'), holder)],
         unit="percent", minv=0, maxv=100,
-        desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL; MIG slices: graphics engine activity."))
+        desc="Whole GPUs: DCGM_FI_DEV_GPU_UTIL; MIG slices: graphics engine activity." + MIG_UTIL_NEEDS))
     b.add(12, 8, table_panel("MIG slices per pod", [
         q(f'count by (namespace, pod, container, hostname, gpu, GPU_I_PROFILE, GPU_I_ID) '
           f'({m("DCGM_FI_DEV_FB_USED", W + mig)})', instant=True, table=True)],
@@ -663,7 +673,7 @@ def workloads():
           f'100 * {m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", hpc + mig)})', "{{hpc_job}}")],
         unit="percent", minv=0, maxv=100,
         desc="Average over the GPUs and MIG instances each job runs on, from the exporter's "
-             "--hpc-job-mapping-dir files (not filtered by namespace or pod)."))
+             "--hpc-job-mapping-dir files (not filtered by namespace or pod)." + MIG_UTIL_NEEDS))
 
     b.row("GPU use per pod on shared GPUs")
     shared = "{{namespace}}/{{pod}}/{{container}} on {{hostname}} GPU {{gpu}}"

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{Catalog, Field};
 use crate::gpu::{
-    Device, DeviceSample, FieldError, GpuProcess, GpuSource, SourceError, Value, XidEvent,
+    Device, DeviceSample, FieldError, FieldGap, GpuProcess, GpuSource, SourceError, Value, XidEvent,
 };
 use crate::health::{History, Recent, Status};
 use crate::hpc::HpcJobs;
@@ -167,6 +167,23 @@ pub fn fields_to_read(catalog: &Catalog, supported: impl Fn(Field) -> bool) -> V
     fields
 }
 
+/// Which of `fields` `source` can never read on which of `devices` (GPU indexes), and why.
+pub fn field_gaps<S: GpuSource + ?Sized>(
+    source: &S,
+    devices: &[Device],
+    fields: &[Field],
+) -> BTreeMap<(Field, FieldGap), Vec<u32>> {
+    let mut out: BTreeMap<(Field, FieldGap), Vec<u32>> = BTreeMap::new();
+    for d in devices {
+        for &f in fields {
+            if let Some(gap) = source.field_gap(d, f) {
+                out.entry((f, gap)).or_default().push(d.identity.index);
+            }
+        }
+    }
+    out
+}
+
 /// The sampling loop's state.
 #[derive(Debug)]
 pub struct Sampler<S: GpuSource> {
@@ -201,6 +218,12 @@ pub struct Sampler<S: GpuSource> {
     waited: bool,
     /// The last sample's readings.
     last: Option<LastSample>,
+    /// Bumped whenever discovery finds a different device list.
+    device_generation: u64,
+    /// The catalog and device generation the field gaps were last worked out for.
+    gaps_checked: Option<(Arc<Catalog>, u64)>,
+    /// Field gaps already logged (each reason is logged once).
+    gaps_logged: BTreeSet<FieldGap>,
 }
 
 impl<S: GpuSource> Sampler<S> {
@@ -236,6 +259,9 @@ impl<S: GpuSource> Sampler<S> {
             first_answers: Vec::new(),
             waited: false,
             last: None,
+            device_generation: 0,
+            gaps_checked: None,
+            gaps_logged: BTreeSet::new(),
         }
     }
 
@@ -404,6 +430,7 @@ impl<S: GpuSource> Sampler<S> {
 
         let source = Arc::clone(&self.source);
         let fields = fields_to_read(&catalog, |f| source.supports(f));
+        self.check_field_gaps(&catalog, &fields);
         let devices = self.devices.clone();
         let proc_root = self.proc_root.clone();
         let read = tokio::task::spawn_blocking(move || {
@@ -641,6 +668,50 @@ impl<S: GpuSource> Sampler<S> {
         result.entities
     }
 
+    /// After a discovery or catalog change: works out which fields can never be read on which
+    /// GPUs (`gpu_exporter_fields_unavailable`), and logs each reason once, with its fix.
+    fn check_field_gaps(&mut self, catalog: &Arc<Catalog>, fields: &[Field]) {
+        let current = self
+            .gaps_checked
+            .as_ref()
+            .is_some_and(|(c, g)| Arc::ptr_eq(c, catalog) && *g == self.device_generation);
+        if current {
+            return;
+        }
+        self.gaps_checked = Some((Arc::clone(catalog), self.device_generation));
+        let gaps = field_gaps(&*self.source, &self.devices, fields);
+        let mut by_reason: BTreeMap<FieldGap, (Vec<&'static str>, BTreeSet<u32>)> = BTreeMap::new();
+        for ((field, gap), gpus) in &gaps {
+            let e = by_reason.entry(*gap).or_default();
+            e.0.push(field.dcgm_name());
+            e.1.extend(gpus.iter().copied());
+        }
+        for (gap, (names, indexes)) in &by_reason {
+            if self.gaps_logged.insert(*gap) {
+                let gpus: Vec<String> = indexes.iter().map(u32::to_string).collect();
+                let models: BTreeSet<&str> = self
+                    .devices
+                    .iter()
+                    .filter(|d| indexes.contains(&d.identity.index))
+                    .map(|d| d.identity.model.as_str())
+                    .collect();
+                tracing::warn!(
+                    fields = %names.join(","),
+                    gpus = %gpus.join(","),
+                    models = %models.into_iter().collect::<Vec<_>>().join(","),
+                    reason = gap.as_str(),
+                    "fields not served on these GPUs (gpu_exporter_fields_unavailable): {}",
+                    gap.explanation()
+                );
+            }
+        }
+        self.metrics.set_field_gaps(
+            gaps.into_iter()
+                .map(|(k, gpus)| (k, gpus.len() as u64))
+                .collect(),
+        );
+    }
+
     async fn rediscover_if_due(&mut self, now: Instant) {
         // Asked first, so the request is consumed even when the periodic discovery is due.
         let wanted = self.source.wants_rediscovery();
@@ -655,6 +726,7 @@ impl<S: GpuSource> Sampler<S> {
         match tokio::task::spawn_blocking(move || source.devices()).await {
             Ok(Ok(devices)) => {
                 if devices != self.devices {
+                    self.device_generation += 1;
                     tracing::info!(
                         gpus = devices.len(),
                         instances = devices.iter().map(|d| d.instances.len()).sum::<usize>(),

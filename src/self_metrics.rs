@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::catalog::{Field, MetricType};
-use crate::gpu::{FieldError, Value};
+use crate::gpu::{FieldError, FieldGap, Value};
 use crate::http::{CloseReason, RejectReason};
 use crate::pods::cri::CriError;
 use crate::pods::AttributionError;
@@ -24,6 +24,7 @@ pub struct SelfMetrics {
     samples: AtomicU64,
     sample_errors: Mutex<BTreeMap<&'static str, u64>>,
     field_errors: Mutex<BTreeMap<(Field, FieldError), u64>>,
+    field_gaps: Mutex<BTreeMap<(Field, FieldGap), u64>>,
     /// Pod-resources (kubelet) health, rendered only in Kubernetes mode.
     pub pod_resources: PodResourcesStatus,
     /// Container runtime (CRI) health, rendered only when the CRI client runs.
@@ -925,6 +926,15 @@ impl SelfMetrics {
         }
     }
 
+    /// Sets the GPUs on which each field of the catalog can never be read, by why (the
+    /// sampler's answer after each discovery or catalog change; replaces the previous one).
+    pub fn set_field_gaps(&self, gaps: BTreeMap<(Field, FieldGap), u64>) {
+        *self
+            .field_gaps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = gaps;
+    }
+
     /// The self-metric families for the body of this sample.
     pub fn families(&self, stats: &SampleStats, backend: &str) -> Vec<Family> {
         let gauge = |name: &str, help: &str, series: Vec<Series>| Family {
@@ -981,6 +991,20 @@ impl SelfMetrics {
                 })
                 .collect()
         };
+        let field_gaps: Vec<Series> = {
+            let m = self
+                .field_gaps
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            m.iter()
+                .map(|((f, gap), n)| {
+                    labelled(
+                        &[("field", f.dcgm_name()), ("reason", gap.as_str())],
+                        count(*n),
+                    )
+                })
+                .collect()
+        };
         let g = stats.gpus;
         let mut families = vec![
             gauge(
@@ -1030,6 +1054,11 @@ impl SelfMetrics {
                 "gpu_exporter_field_errors_total",
                 "Field reads that failed (their series is missing), by field and reason.",
                 field_errors,
+            ),
+            gauge(
+                "gpu_exporter_fields_unavailable",
+                "GPUs on which a field of the metrics CSV can never be read, so its series is absent there, by field and reason (needs_dcgm_profiling: a DCGM_FI_PROF_* field on a GPU older than Hopper, which NVML cannot profile; DCGM's profiling module can).",
+                field_gaps,
             ),
             counter(
                 "gpu_exporter_config_reloads_total",

@@ -452,6 +452,49 @@ fn shipped_queries() -> Vec<(String, String)> {
 }
 
 #[test]
+fn panels_reading_profiling_fields_say_what_older_gpus_need() {
+    // DCGM_FI_PROF_* series exist through NVML only on Hopper and newer (GPM); older GPUs need a
+    // DCGM hostengine. A panel reading one (directly, or through the utilization recording rules,
+    // which take MIG instances' graphics engine activity) says so, so that a blank panel on an
+    // A100 node is explained where it is seen.
+    let mut silent = Vec::new();
+    let mut checked = 0;
+    for (path, d) in dashboards() {
+        for p in panels(&d) {
+            let exprs: Vec<&str> = p["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["expr"].as_str())
+                .collect();
+            let reads_prof = exprs.iter().any(|e| {
+                metric_names(e)
+                    .iter()
+                    .any(|n| n.starts_with("DCGM_FI_PROF_"))
+                    || e.contains("dcgm_gpu_utilization_percent")
+                    || e.contains("dcgm_idle_allocated_gpus")
+            });
+            if !reads_prof {
+                continue;
+            }
+            checked += 1;
+            let desc = p["description"].as_str().unwrap_or_default();
+            if !(desc.contains("Hopper") && desc.contains("nvidia-dcgm:5555")) {
+                silent.push(format!("{}: panel {:?}", path.display(), p["title"]));
+            }
+        }
+    }
+    assert!(
+        silent.is_empty(),
+        "panels reading DCGM_FI_PROF_* without saying what GPUs before Hopper need: {silent:#?}"
+    );
+    assert!(
+        checked >= 10,
+        "only {checked} panels read profiling fields: is the check broken?"
+    );
+}
+
+#[test]
 fn dashboards_and_rules_read_both_naming_generations() {
     // A node may run dcgm-exporter 4.9+'s names (docs/metric-names.md): wherever a query reads a
     // renamed metric by its classic name it must also read the newest one (converted to the

@@ -276,7 +276,8 @@ fn pod_labels(ns: &str, pod: &str, container: &str) -> String {
 }
 
 const UTIL: &str = "DCGM_FI_DEV_GPU_UTIL";
-const ENGINE: &str = "DCGM_FI_PROF_GR_ENGINE_ACTIVE";
+// A MIG instance series (A100s have no profiling series without a DCGM source).
+const MIG_SERIES: &str = "DCGM_FI_DEV_FB_USED";
 const POD_INFO: &str = "gpu_exporter_gpu_pod_info";
 
 // ---------------------------------------------------------------------------------------------
@@ -346,21 +347,24 @@ async fn whole_gpus_and_mig_instances_get_their_pod_labels() {
     let body = p.body().await;
 
     // MIG instances (flex mode exports instances of MIG GPUs).
-    let etl0 = lines_for(&body, ENGINE, 0, Some(2));
+    let etl0 = lines_for(&body, MIG_SERIES, 0, Some(2));
     assert_eq!(etl0.len(), 1, "{body}");
     assert!(
         etl0[0].contains(&pod_labels("batch", "etl-0", "worker")),
         "{}",
         etl0[0]
     );
+    assert!(lines_for(&body, MIG_SERIES, 0, Some(3))[0]
+        .contains(&pod_labels("batch", "etl-1", "worker")));
     assert!(
-        lines_for(&body, ENGINE, 0, Some(3))[0].contains(&pod_labels("batch", "etl-1", "worker"))
-    );
-    assert!(
-        lines_for(&body, ENGINE, 1, Some(0))[0].contains(&pod_labels("ml", "finetune-0", "main"))
+        lines_for(&body, MIG_SERIES, 1, Some(0))[0].contains(&pod_labels(
+            "ml",
+            "finetune-0",
+            "main"
+        ))
     );
     // Unallocated instance: no pod labels.
-    assert!(!lines_for(&body, ENGINE, 0, Some(10))[0].contains("pod="));
+    assert!(!lines_for(&body, MIG_SERIES, 0, Some(10))[0].contains("pod="));
     // Whole GPU with MIG disabled.
     let whole = lines_for(&body, UTIL, 3, None);
     assert_eq!(whole.len(), 1);
@@ -370,7 +374,7 @@ async fn whole_gpus_and_mig_instances_get_their_pod_labels() {
         whole[0]
     );
     // Shared MIG instance (two time-sliced replicas): unlabelled series + one info per holder.
-    let shared = lines_for(&body, ENGINE, 0, Some(9));
+    let shared = lines_for(&body, MIG_SERIES, 0, Some(9));
     assert_eq!(shared.len(), 1);
     assert!(!shared[0].contains("pod="), "{}", shared[0]);
     let info = lines_for(&body, POD_INFO, 0, Some(9));
@@ -914,7 +918,7 @@ async fn dra_allocations_through_the_binary_are_attributed_and_unresolvable_ones
     );
     // A MIG instance, with its profile and MIG UUID.
     let mig = &inv[0].instances.iter().find(|i| i.gi_id == 2).unwrap().uuid;
-    let etl = lines_for(&body, ENGINE, 0, Some(2));
+    let etl = lines_for(&body, MIG_SERIES, 0, Some(2));
     assert_eq!(etl.len(), 1);
     assert!(
         etl[0].contains(&format!(
@@ -930,16 +934,18 @@ async fn dra_allocations_through_the_binary_are_attributed_and_unresolvable_ones
         etl[0]
     );
     // A claim shared by two pods: a copy each. The older driver's names resolve too.
-    let shared = lines_for(&body, ENGINE, 0, Some(9));
+    let shared = lines_for(&body, MIG_SERIES, 0, Some(9));
     assert_eq!(shared.len(), 2, "{shared:#?}");
     assert!(shared[0].contains("pod=\"shell-a\"") && shared[1].contains("pod=\"shell-b\""));
-    assert!(lines_for(&body, ENGINE, 2, Some(1))[0].contains("dra_device_name=\"gpu-2-mig-5-0-4\""));
+    assert!(
+        lines_for(&body, MIG_SERIES, 2, Some(1))[0].contains("dra_device_name=\"gpu-2-mig-5-0-4\"")
+    );
     // The device-plugin holder next to them keeps its plain labels.
-    let finetune = lines_for(&body, ENGINE, 1, Some(0));
+    let finetune = lines_for(&body, MIG_SERIES, 1, Some(0));
     assert!(finetune[0].contains(&pod_labels("ml", "finetune-0", "main")));
     assert!(!finetune[0].contains("dra_"));
     // Unallocated instances and every other series are as before attribution.
-    assert!(!lines_for(&body, ENGINE, 0, Some(3))[0].contains("pod="));
+    assert!(!lines_for(&body, MIG_SERIES, 0, Some(3))[0].contains("pod="));
     assert_eq!(
         series(&body, "DCGM_FI_DEV_FB_USED").len(),
         series(&before, "DCGM_FI_DEV_FB_USED").len() + 1,
@@ -996,7 +1002,11 @@ async fn without_the_dra_flag_dra_allocations_get_no_labels() {
     assert!(!lines_for(&body, UTIL, 3, None)[0].contains("pod="));
     // The device-plugin holder is attributed as always.
     assert!(
-        lines_for(&body, ENGINE, 1, Some(0))[0].contains(&pod_labels("ml", "finetune-0", "main"))
+        lines_for(&body, MIG_SERIES, 1, Some(0))[0].contains(&pod_labels(
+            "ml",
+            "finetune-0",
+            "main"
+        ))
     );
     assert!(body.contains("gpu_exporter_pod_resources_allocated_entities 1\n"));
 }

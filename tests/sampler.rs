@@ -14,7 +14,9 @@ use std::time::Duration;
 use gpu_exporter::catalog::{self, Field};
 use gpu_exporter::gpu::scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
-use gpu_exporter::gpu::{Device, DeviceSample, FieldError, GpuSource, SourceError, XidEvent};
+use gpu_exporter::gpu::{
+    Device, DeviceSample, FieldError, FieldGap, GpuSource, SourceError, XidEvent,
+};
 use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::proto::ListPodResourcesResponse;
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
@@ -39,6 +41,9 @@ impl GpuSource for Faulty {
     }
     fn supports(&self, field: Field) -> bool {
         self.inner.supports(field)
+    }
+    fn field_gap(&self, device: &Device, field: Field) -> Option<FieldGap> {
+        self.inner.field_gap(device, field)
     }
     fn devices(&self) -> Result<Vec<Device>, SourceError> {
         let mut d = self.inner.devices()?;
@@ -297,6 +302,9 @@ impl GpuSource for Counting {
     fn supports(&self, field: Field) -> bool {
         self.inner.supports(field)
     }
+    fn field_gap(&self, device: &Device, field: Field) -> Option<FieldGap> {
+        self.inner.field_gap(device, field)
+    }
     fn devices(&self) -> Result<Vec<Device>, SourceError> {
         self.inner.devices()
     }
@@ -529,4 +537,95 @@ async fn a_pod_change_is_published_within_one_refresh_without_reading_the_gpus()
     assert_eq!(node.reads(), 16);
     assert!(second.contains("gpu_exporter_samples_total 2\n"));
     assert!(util_of(&second, 2).contains(ALICE));
+}
+
+/// A log sink for one test's thread-local subscriber.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuf {
+    fn count(&self, needle: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .matches(needle)
+            .count()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn pre_hopper_gpus_have_no_profiling_series_and_say_why_once() {
+    let logs = LogBuf::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let h = common::harness(
+        common::sim("4xA100-80GB-MIG", None),
+        common::shipped_catalog(),
+        common::build_options(),
+    );
+    let mut sampler = h.sampler;
+    let mut body = String::new();
+    for _ in 0..3 {
+        body = common::normalise(&sampler.tick().await.body);
+    }
+    // A reloaded catalog is checked again, but the reason is not logged again.
+    h.catalog_tx
+        .send_replace(Arc::new(common::shipped_catalog()));
+    assert_eq!(
+        common::series(&body, "gpu_exporter_fields_unavailable").len(),
+        5
+    );
+    body = common::normalise(&sampler.tick().await.body);
+    assert!(
+        !body.lines().any(|l| l.starts_with("DCGM_FI_PROF_")),
+        "profiling series on an A100 without a DCGM source"
+    );
+    // The shipped CSV's five profiling fields, each missing on all four GPUs.
+    let unavailable = common::series(&body, "gpu_exporter_fields_unavailable");
+    assert_eq!(unavailable.len(), 5, "{unavailable:#?}");
+    for l in &unavailable {
+        assert!(
+            l.contains("field=\"DCGM_FI_PROF_")
+                && l.ends_with("reason=\"needs_dcgm_profiling\"} 4"),
+            "{l}"
+        );
+    }
+    assert_eq!(logs.count("gpu_exporter_fields_unavailable"), 1);
+    assert_eq!(
+        logs.count("`-r host:5555` / DCGM_REMOTE_HOSTENGINE_INFO"),
+        1
+    );
+    assert_eq!(logs.count("`nvidia-dcgm:5555`"), 1);
+    assert_eq!(logs.count("NVIDIA A100-SXM4-80GB"), 1);
+
+    // Hopper: served through GPM, nothing to say.
+    let logs_before = logs.count("gpu_exporter_fields_unavailable");
+    let h = common::harness(
+        common::sim("8xH100-SXM", None),
+        common::shipped_catalog(),
+        common::build_options(),
+    );
+    let mut sampler = h.sampler;
+    sampler.tick().await;
+    let body = common::normalise(&sampler.tick().await.body);
+    assert_eq!(
+        common::series(&body, "DCGM_FI_PROF_GR_ENGINE_ACTIVE").len(),
+        8
+    );
+    assert!(common::series(&body, "gpu_exporter_fields_unavailable").is_empty());
+    assert_eq!(logs.count("gpu_exporter_fields_unavailable"), logs_before);
 }

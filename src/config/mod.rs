@@ -333,7 +333,8 @@ pub struct Args {
           value_parser = ["hostname", "Hostname"])]
     pub hostname_label: String,
 
-    /// dcgm-exporter's remote hostengine address. No effect: gpu-exporter reads NVML directly.
+    /// dcgm-exporter's remote hostengine address. No effect yet: gpu-exporter reads NVML directly
+    /// (a DCGM source for the profiling fields of GPUs before Hopper is planned, issue 27).
     #[arg(short = 'r', long, env = "DCGM_REMOTE_HOSTENGINE_INFO", hide = true)]
     pub remote_hostengine_info: Option<String>,
 
@@ -748,7 +749,7 @@ impl Config {
             None => system_hostname(),
         };
         if args.remote_hostengine_info.is_some() {
-            notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect: gpu-exporter reads NVML directly and needs no DCGM hostengine".to_owned());
+            notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect yet: gpu-exporter reads NVML directly; on GPUs before Hopper that leaves out the DCGM_FI_PROF_* fields, which only a DCGM hostengine serves (a DCGM source is planned)".to_owned());
         }
         if args.enable_dcgm_log || args.dcgm_log_level.is_some() {
             notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: there is no DCGM library to log".to_owned());

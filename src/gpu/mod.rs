@@ -5,6 +5,7 @@
 //! synchronous FFI), so the sampler runs them on a blocking thread. A failing *field* is recorded
 //! inside the sample; only a failing *device* (fallen off the bus, driver gone) is an `Err`.
 
+pub mod dcgm;
 pub mod nvml;
 pub mod scenario;
 pub mod sim;
@@ -45,6 +46,34 @@ impl FieldError {
             FieldError::NoPermission => "no_permission",
             FieldError::Failed => "failed",
             FieldError::Invalid => "invalid",
+        }
+    }
+}
+
+/// Why a source cannot serve a field on a GPU at all, known from the hardware rather than from a
+/// failed read. The exporter reports each once (a log line naming the fix) and as the
+/// `gpu_exporter_fields_unavailable{field,reason}` gauge; the field's reads on that GPU are
+/// [`FieldError::NotSupported`] (no series, no error counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FieldGap {
+    /// A `DCGM_FI_PROF_*` field on a GPU without NVML GPM (before Hopper: A100, L40S, A10, T4,
+    /// V100) and no DCGM source: NVML has no other way to read profiling metrics; dcgm-exporter
+    /// reads them from DCGM's profiling module.
+    ProfilingNeedsDcgm,
+}
+
+impl FieldGap {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FieldGap::ProfilingNeedsDcgm => "needs_dcgm_profiling",
+        }
+    }
+
+    /// Why, and the fix, for the log line.
+    pub fn explanation(self) -> &'static str {
+        match self {
+            FieldGap::ProfilingNeedsDcgm => "NVML reads DCGM_FI_PROF_* (profiling) metrics only through GPM, which needs a Hopper or newer GPU; on older GPUs (A100, L40S, A10, T4, V100) they come from DCGM's profiling module, read through a DCGM hostengine (`-r host:5555` / DCGM_REMOTE_HOSTENGINE_INFO, e.g. the GPU Operator's standalone DCGM service `nvidia-dcgm:5555`); this build does not read a DCGM hostengine yet, so these series are absent on those GPUs",
         }
     }
 }
@@ -243,6 +272,15 @@ pub trait GpuSource: Send + Sync + 'static {
     /// Whether this source can ever produce `field` (unsupported CSV rows are skipped at startup
     /// with one warning each).
     fn supports(&self, field: Field) -> bool;
+
+    /// Why `field` can never be read on `device` (a hardware generation without the field's
+    /// source), or `None` when it can or when only a read can tell. Asked after each discovery
+    /// for the fields in the catalog; the reads of such a field are
+    /// [`FieldError::NotSupported`].
+    fn field_gap(&self, device: &Device, field: Field) -> Option<FieldGap> {
+        let _ = (device, field);
+        None
+    }
 
     /// Enumerates devices. Called at startup and again on a slow cadence, so GPUs that vanish or
     /// return are noticed without a restart.

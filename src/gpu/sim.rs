@@ -31,6 +31,9 @@ struct Model {
     mem_mhz: i64,
     nvlinks: u32,
     pcie_gen: i64,
+    /// Whether NVML GPM works on it (Hopper and newer): the only NVML source of the
+    /// `DCGM_FI_PROF_*` fields.
+    gpm: bool,
 }
 
 const A100_40GB: Model = Model {
@@ -44,6 +47,7 @@ const A100_40GB: Model = Model {
     mem_mhz: 1215,
     nvlinks: 0,
     pcie_gen: 4,
+    gpm: false,
 };
 
 const A100_80GB: Model = Model {
@@ -57,6 +61,7 @@ const A100_80GB: Model = Model {
     mem_mhz: 1593,
     nvlinks: 12,
     pcie_gen: 4,
+    gpm: false,
 };
 
 const H100_SXM: Model = Model {
@@ -70,6 +75,7 @@ const H100_SXM: Model = Model {
     mem_mhz: 2619,
     nvlinks: 18,
     pcie_gen: 5,
+    gpm: true,
 };
 
 /// A fleet profile: a model, a GPU count and, per GPU, its MIG layout.
@@ -362,6 +368,13 @@ impl SimulatedSource {
         Ok(self)
     }
 
+    /// Whether the simulated GPUs have a source for the `DCGM_FI_PROF_*` fields, as real ones
+    /// of the model would: NVML GPM on Hopper and newer. (A simulated DCGM source, when there is
+    /// one, serves them on every model: it would be checked here.)
+    fn serves_profiling(&self) -> bool {
+        self.profile.model.gpm
+    }
+
     fn identity(&self, index: u32) -> GpuIdentity {
         const BUS: [u8; 8] = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB];
         GpuIdentity {
@@ -637,7 +650,17 @@ impl SimulatedSource {
             .filter(|f| !device.mig_enabled || f.mig_scope() != MigScope::Unsupported)
             .filter(|f| !f.is_link())
             .collect();
-        let readings = gpu_fields.iter().map(|&f| (f, value(f))).collect();
+        let profiling = self.serves_profiling();
+        let readings = gpu_fields
+            .iter()
+            .map(|&f| {
+                if f.is_profiling() && !profiling {
+                    (f, Err(FieldError::NotSupported))
+                } else {
+                    (f, value(f))
+                }
+            })
+            .collect();
         let instance_used = |inst: &MigInstance| {
             let mem = mig_memory_mib(&inst.profile);
             let share = hash(self.seed, index, u64::from(inst.gi_id), 60);
@@ -657,6 +680,7 @@ impl SimulatedSource {
                     .filter(|f| f.mig_scope() == MigScope::Instance)
                     .map(|&f| {
                         let r = match f {
+                            _ if f.is_profiling() && !profiling => Err(FieldError::NotSupported),
                             Field::FbTotal => Ok(Value::Int(mem)),
                             Field::FbUsed => Ok(Value::Int(used)),
                             Field::FbFree => Ok(Value::Int(mem - used)),
@@ -750,6 +774,11 @@ impl GpuSource for SimulatedSource {
 
     fn supports(&self, field: Field) -> bool {
         field != Field::ExpP2pStatus
+    }
+
+    fn field_gap(&self, _device: &Device, field: Field) -> Option<super::FieldGap> {
+        (field.is_profiling() && !self.serves_profiling())
+            .then_some(super::FieldGap::ProfilingNeedsDcgm)
     }
 
     fn devices(&self) -> Result<Vec<Device>, SourceError> {
@@ -1080,6 +1109,51 @@ mod tests {
             panic!()
         };
         assert_eq!(used + free, total);
+    }
+
+    #[test]
+    fn profiling_fields_only_where_a_real_source_serves_them() {
+        use crate::gpu::FieldGap;
+        let prof: Vec<Field> = Field::ALL
+            .iter()
+            .copied()
+            .filter(|f| f.is_profiling())
+            .collect();
+        assert!(prof.contains(&Field::ProfGrEngineActive));
+        // Hopper: NVML GPM serves them (the NVLink ones need NVLinks, which the H100 has).
+        let h100 = fleet("8xH100-SXM", "");
+        let d = h100.devices().unwrap();
+        let x = h100.sample(&d[0], Field::ALL).unwrap();
+        for &f in &prof {
+            assert!(x.get(f).is_some(), "{f:?} missing on an H100");
+            assert_eq!(h100.field_gap(&d[0], f), None);
+        }
+        // Ampere (whole GPUs and MIG instances): no GPM and no DCGM source, so none.
+        for profile in ["1xA100-40GB", "4xA100-80GB-MIG"] {
+            let a100 = fleet(profile, "");
+            for d in a100.devices().unwrap() {
+                let x = a100.sample(&d, Field::ALL).unwrap();
+                for &f in &prof {
+                    assert_eq!(a100.field_gap(&d, f), Some(FieldGap::ProfilingNeedsDcgm));
+                    if let Some((_, r)) = x.readings.iter().find(|(g, _)| *g == f) {
+                        assert_eq!(*r, Err(FieldError::NotSupported), "{profile} {f:?}");
+                    }
+                    for inst in &x.instances {
+                        if let Some((_, r)) = inst.readings.iter().find(|(g, _)| *g == f) {
+                            assert_eq!(*r, Err(FieldError::NotSupported), "{profile} {f:?}");
+                        }
+                    }
+                }
+                assert_eq!(a100.field_gap(&d, Field::GpuTemp), None);
+                // Other instance fields are still there.
+                for inst in &x.instances {
+                    assert!(inst
+                        .readings
+                        .iter()
+                        .any(|(f, r)| *f == Field::FbUsed && r.is_ok()));
+                }
+            }
+        }
     }
 
     #[test]

@@ -774,3 +774,51 @@ fn per_link_nvlink_series_come_through_the_real_path() {
     );
     assert!(standin.counter("calls.nvmlDeviceGetNvLinkErrorCounter") >= 4);
 }
+
+#[test]
+fn a_gpu_without_gpm_has_no_profiling_series_and_the_exporter_says_why_once() {
+    // GPU 0 plays an A100 (no GPM); GPU 1 stays an H100 (GPM). Through the real NVML path the
+    // profiling fields are absent on GPU 0 only, not counted as read errors, and reported once in
+    // the log (with the fix) and in gpu_exporter_fields_unavailable.
+    let mut n = node::standard();
+    n.insert("gpu.0.gpm".into(), "0".into());
+    n.insert("gpu.0.name".into(), "NVIDIA A100-SXM4-80GB".into());
+    let standin = StandIn::new(n);
+    let exp = Exporter::start(&standin, &["-f", arg(&default_csv())]);
+    let s = settled(&exp);
+    let prof: Vec<&Series> = s
+        .series
+        .iter()
+        .filter(|x| x.name.starts_with("DCGM_FI_PROF_"))
+        .collect();
+    assert!(!prof.is_empty());
+    assert!(
+        prof.iter().all(|x| x.label("gpu") == "1"),
+        "profiling series on the GPU without GPM: {prof:#?}"
+    );
+    for field in [
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+    ] {
+        assert_eq!(
+            s.value(
+                "gpu_exporter_fields_unavailable",
+                &[("field", field), ("reason", "needs_dcgm_profiling")]
+            ),
+            Some(1.0),
+            "{field}"
+        );
+        assert_eq!(field_errors(&s, field, "not_supported"), 0.0, "{field}");
+    }
+    let logs = exp.logs();
+    assert_eq!(
+        logs.matches("gpu_exporter_fields_unavailable").count(),
+        1,
+        "{logs}"
+    );
+    assert_eq!(logs.matches("nvidia-dcgm:5555").count(), 1, "{logs}");
+    assert!(logs.contains("NVIDIA A100-SXM4-80GB"), "{logs}");
+}

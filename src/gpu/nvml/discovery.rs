@@ -2,7 +2,6 @@
 //! re-enumerating MIG devices on every discovery.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::gpu::{Device, GpuIdentity, MigInstance, SourceError, Value};
@@ -81,11 +80,6 @@ impl<A: NvmlApi> NvmlSource<A> {
         ready.gpus = found;
         devices.sort_by_key(|d| d.identity.index);
 
-        if self.gpm_decision.load(Ordering::Relaxed) == 0 {
-            let any = ready.gpus.values().any(|g| g.gpm);
-            self.gpm_decision
-                .store(if any { 1 } else { 2 }, Ordering::Relaxed);
-        }
         self.ensure_events(ready);
         Ok(devices)
     }

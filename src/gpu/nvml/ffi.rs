@@ -7,7 +7,7 @@
 //! "unknown", into nothing).
 //!
 //! This is the bottom layer of the real backend: it depends on `nvml-wrapper` and [`super::api`]
-//! only, and [`super::real`] builds on it. This is the crate's only `unsafe` code. Every block calls one NVML function with pointers
+//! only, and [`super::real`] builds on it. This and `gpu::dcgm::ffi` are the crate's only `unsafe` code. Every block calls one NVML function with pointers
 //! to live, correctly sized locals, as `nvml.h` documents for it.
 #![allow(unsafe_code)]
 

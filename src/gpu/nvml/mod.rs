@@ -30,7 +30,7 @@ mod processes;
 mod read;
 pub mod real;
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -110,8 +110,6 @@ pub struct NvmlSource<A: NvmlApi> {
     init: Box<InitFn<A>>,
     retry: RetryPolicy,
     state: Mutex<State<A>>,
-    /// GPM support decided at startup: 0 unknown (NVML not up at startup), 1 yes, 2 no.
-    gpm_decision: AtomicU8,
     xids: Arc<XidQueue>,
     /// Set when a MIG handle turned out stale; taken by [`GpuSource::wants_rediscovery`].
     rediscover: AtomicBool,
@@ -142,13 +140,12 @@ impl<A: NvmlApi> NvmlSource<A> {
                 next_attempt: Instant::now(),
                 attempts: 0,
             }),
-            gpm_decision: AtomicU8::new(0),
             rediscover: AtomicBool::new(false),
             xids: Arc::new(XidQueue::default()),
             link_error_period: nvlink::DEFAULT_ERROR_PERIOD,
         };
-        // The first attempt (and discovery, which decides GPM support) happens now, so the
-        // composition root knows whether NVML is up before it filters the catalog.
+        // The first attempt (and discovery) happens now, so the composition root knows whether
+        // NVML is up before it filters the catalog.
         if let Err(e) = source.devices() {
             tracing::debug!(error = %crate::error_chain(&e), "NVML not available at startup");
         }
@@ -194,12 +191,20 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
     }
 
     fn supports(&self, field: Field) -> bool {
-        match convert::plan(field) {
-            Plan::Unavailable => false,
-            // Decided by the hardware at startup; kept while NVML was not up yet.
-            Plan::Gpm(_) => self.gpm_decision.load(Ordering::Relaxed) != 2,
-            _ => true,
+        // GPM (profiling) fields are decided per GPU: `field_gap` says which GPUs lack them.
+        !matches!(convert::plan(field), Plan::Unavailable)
+    }
+
+    fn field_gap(&self, device: &Device, field: Field) -> Option<crate::gpu::FieldGap> {
+        if !matches!(convert::plan(field), Plan::Gpm(_)) {
+            return None;
         }
+        let state = self.lock();
+        let State::Ready(ready) = &*state else {
+            return None;
+        };
+        let g = ready.gpus.get(&device.identity.uuid)?;
+        (!g.gpm).then_some(crate::gpu::FieldGap::ProfilingNeedsDcgm)
     }
 
     fn devices(&self) -> Result<Vec<Device>, SourceError> {

@@ -402,16 +402,36 @@ fn init_is_retried_with_backoff_and_succeeds_later() {
 }
 
 #[test]
-fn gpm_support_is_decided_from_the_hardware() {
+fn gpm_support_is_decided_per_gpu_from_the_hardware() {
+    // A pre-Hopper GPU (no GPM) next to a Hopper one: the profiling fields stay in the catalog,
+    // are read on the Hopper GPU, and are "not supported" (no series, no error) on the old one,
+    // which `field_gap` reports with its reason.
     let mut old = FakeGpu::h100(0);
     old.gpm_supported = false;
-    let src = source(&FakeNvml::new("570.172.08", vec![old]));
-    assert!(!src.supports(Field::ProfSmActive));
+    let src = source(&FakeNvml::new("570.172.08", vec![old, FakeGpu::h100(1)]));
+    assert!(src.supports(Field::ProfSmActive));
     assert!(src.supports(Field::GpuTemp));
     assert!(!src.supports(Field::ExpP2pStatus));
-    let src = source(&FakeNvml::new("570.172.08", vec![FakeGpu::h100(0)]));
-    assert!(src.supports(Field::ProfSmActive));
     assert!(src.supports(Field::ExpGpuHealthStatus));
+    let devs = src.devices().unwrap();
+    assert_eq!(
+        src.field_gap(&devs[0], Field::ProfSmActive),
+        Some(crate::gpu::FieldGap::ProfilingNeedsDcgm)
+    );
+    assert_eq!(src.field_gap(&devs[0], Field::GpuTemp), None);
+    assert_eq!(src.field_gap(&devs[1], Field::ProfSmActive), None);
+    let fields = [Field::ProfSmActive, Field::GpuTemp];
+    for _ in 0..2 {
+        let s = src.sample(&devs[0], &fields).unwrap();
+        assert_eq!(
+            reading(&s, Field::ProfSmActive),
+            Err(FieldError::NotSupported)
+        );
+        assert!(reading(&s, Field::GpuTemp).is_ok());
+    }
+    src.sample(&devs[1], &fields).unwrap();
+    let s = src.sample(&devs[1], &fields).unwrap();
+    assert!(reading(&s, Field::ProfSmActive).is_ok());
 }
 
 #[test]

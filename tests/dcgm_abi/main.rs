@@ -1,0 +1,197 @@
+//! DCGM's C ABI without DCGM: a stand-in `libdcgm.so.4` written in C (`dcgm_standin.c`, built
+//! here with the system C compiler, with DCGM 4.x's struct layouts, versions, return codes and
+//! blank sentinels) is loaded through the exporter's real `dlopen` path (`gpu::dcgm::ffi`), and
+//! what the exporter reads is compared with what the stand-in's "hostengine" holds: connect,
+//! devices, latest values of GPUs and MIG GPU instances, blanks, a refused field, the hostengine
+//! going away and coming back.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use gpu_exporter::gpu::dcgm::{
+    self, reading, status, DcgmLibrary, Entity, EntityGroup, LatestValue,
+};
+use gpu_exporter::gpu::{FieldError, Value};
+
+/// Builds the stand-in once per test process; returns the library's path.
+fn library() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dcgm-abi");
+        std::fs::create_dir_all(&dir).expect("create the stand-in's build directory");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dcgm_abi/dcgm_standin.c");
+        let tmp = dir.join(format!("libdcgm.so.4.{}.tmp", std::process::id()));
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let out = Command::new(&cc)
+            .args([
+                "-shared",
+                "-fPIC",
+                "-O1",
+                "-std=c11",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-fvisibility=hidden",
+                "-Wl,-soname,libdcgm.so.4",
+                "-o",
+            ])
+            .arg(&tmp)
+            .arg(&src)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run the C compiler `{cc}`: {e} (install gcc, or set CC)")
+            });
+        assert!(
+            out.status.success(),
+            "building {} failed:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lib = dir.join("libdcgm.so.4");
+        std::fs::rename(&tmp, &lib).expect("install the stand-in");
+        lib
+    })
+}
+
+/// The stand-in's configuration file: written by the test, re-read by every call.
+struct Hostengine {
+    _dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Hostengine {
+    fn new(text: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("hostengine.conf");
+        std::fs::write(&config, text).expect("write the stand-in configuration");
+        Self { _dir: dir, config }
+    }
+
+    fn set(&self, text: &str) {
+        std::fs::write(&self.config, text).expect("rewrite the stand-in configuration");
+    }
+}
+
+const A100: &str = "hostengine = up
+gpus = 2
+value.1.0.1001 = 0.625
+value.1.0.1004 = 0.125
+value.1.1.1001 = 0.5
+value.4.0.1001 = 0.25
+refuse.1005 = 1
+";
+
+const GR_ENGINE_ACTIVE: u16 = 1001;
+const PIPE_TENSOR_ACTIVE: u16 = 1004;
+const DRAM_ACTIVE: u16 = 1005;
+const SM_OCCUPANCY: u16 = 1003;
+
+fn find(values: &[LatestValue], group: EntityGroup, id: u32, field: u16) -> LatestValue {
+    *values
+        .iter()
+        .find(|v| v.entity.group == group && v.entity.id == id && v.field_id == field)
+        .unwrap_or_else(|| panic!("no value for {group:?} {id} field {field}: {values:#?}"))
+}
+
+// One test: the stand-in reads its configuration from the process environment, which tests
+// running in parallel threads would share.
+#[test]
+fn the_real_dlopen_path_reads_what_the_hostengine_holds_and_survives_it_going_away() {
+    let he = Hostengine::new(A100);
+    std::env::set_var("DCGM_STANDIN_CONFIG", &he.config);
+    let lib =
+        DcgmLibrary::open(library().to_str().expect("utf-8 path")).expect("load the stand-in");
+
+    // Connect (the stand-in rejects any other dcgmConnectV2Params version) and list GPUs.
+    let conn = lib.connect("127.0.0.1:5555", false, 1000).expect("connect");
+    assert_eq!(conn.gpu_ids().expect("dcgmGetAllDevices"), [0, 1]);
+
+    // Latest values: whole GPUs and a MIG GPU instance, exact; the stand-in rejects entries
+    // without dcgmFieldValue_version2, and the entity group numbers are DCGM's (GPU_I = 4).
+    let entities = [
+        Entity {
+            group: EntityGroup::Gpu,
+            id: 0,
+        },
+        Entity {
+            group: EntityGroup::Gpu,
+            id: 1,
+        },
+        Entity {
+            group: EntityGroup::GpuInstance,
+            id: 0,
+        },
+    ];
+    let fields = [
+        GR_ENGINE_ACTIVE,
+        PIPE_TENSOR_ACTIVE,
+        DRAM_ACTIVE,
+        SM_OCCUPANCY,
+    ];
+    let values = conn
+        .latest(&entities, &fields)
+        .expect("dcgmEntitiesGetLatestValues");
+    assert_eq!(values.len(), 12);
+    let r = |g, id, f| reading(&find(&values, g, id, f));
+    assert_eq!(
+        r(EntityGroup::Gpu, 0, GR_ENGINE_ACTIVE),
+        Ok(Value::Float(0.625))
+    );
+    assert_eq!(
+        r(EntityGroup::Gpu, 0, PIPE_TENSOR_ACTIVE),
+        Ok(Value::Float(0.125))
+    );
+    assert_eq!(
+        r(EntityGroup::Gpu, 1, GR_ENGINE_ACTIVE),
+        Ok(Value::Float(0.5))
+    );
+    assert_eq!(
+        r(EntityGroup::GpuInstance, 0, GR_ENGINE_ACTIVE),
+        Ok(Value::Float(0.25))
+    );
+    // Not held: DCGM_FP64_BLANK with DCGM_ST_NO_DATA, a failed read (no series).
+    let blank = find(&values, EntityGroup::Gpu, 1, SM_OCCUPANCY);
+    assert_eq!(blank.status, status::NO_DATA);
+    assert_eq!(blank.value, dcgm::RawValue::Double(dcgm::blank::FP64));
+    assert_eq!(reading(&blank), Err(FieldError::Failed));
+    // A field the hostengine refuses: DCGM_FP64_NOT_SUPPORTED, not supported.
+    assert_eq!(
+        r(EntityGroup::Gpu, 0, DRAM_ACTIVE),
+        Err(FieldError::NotSupported)
+    );
+
+    // The hostengine goes away: calls on the connection and new connections say so.
+    he.set("hostengine = down\n");
+    let e = conn
+        .latest(&entities, &fields)
+        .expect_err("hostengine down");
+    assert!(e.connection_lost(), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "dcgmEntitiesGetLatestValues returned DCGM_ST_CONNECTION_NOT_VALID (-21)"
+    );
+    let e = lib
+        .connect("127.0.0.1:5555", false, 1000)
+        .expect_err("no hostengine");
+    assert!(e.connection_lost(), "{e}");
+    drop(conn);
+
+    // It comes back: a new connection reads again.
+    he.set(A100);
+    let conn = lib
+        .connect("127.0.0.1:5555", false, 1000)
+        .expect("reconnect");
+    let values = conn
+        .latest(&entities[..1], &[GR_ENGINE_ACTIVE])
+        .expect("read again");
+    assert_eq!(reading(&values[0]), Ok(Value::Float(0.625)));
+}
+
+#[test]
+fn a_missing_library_names_what_to_install() {
+    let e = DcgmLibrary::open("/nonexistent/libdcgm.so.4").expect_err("no library");
+    let text = e.to_string();
+    assert!(text.contains("/nonexistent/libdcgm.so.4"), "{text}");
+    assert!(text.contains("-r / DCGM_REMOTE_HOSTENGINE_INFO"), "{text}");
+}
