@@ -539,8 +539,10 @@ def node():
         unit="percentunit", minv=0, maxv=1,
         desc="Fraction of time clocks were held down for thermal or power reasons (violation counters, ns)."))
     b.add(24, 7, timeseries_panel("Clock events in the window", [
-        q(f'max by (gpu, clock_event) (DCGM_EXP_CLOCK_EVENTS_COUNT{{{F}}})', "GPU {{gpu}} {{clock_event}}")],
-        desc="Samples with each clock-event (throttle) reason within the exporter's window."))
+        q(f'max by (gpu, clock_event) (DCGM_EXP_CLOCK_EVENTS_COUNT{{{F}, clock_event!=""}})', "GPU {{gpu}} {{clock_event}}")],
+        desc="Samples with each clock-event (throttle) reason within the exporter's window. A GPU without "
+             "events has one zero series without a clock_event label (as dcgm-exporter serves it); "
+             "the panel leaves it out."))
 
     b.row("Interconnect")
     b.add(8, 8, timeseries_panel("PCIe bandwidth", [
