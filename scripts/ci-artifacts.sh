@@ -63,7 +63,7 @@ if [[ -n "${GPU_EXPORTER_BIN:-}" ]]; then
   bin="$GPU_EXPORTER_BIN"
 else
   cargo build --release --quiet --bins
-  bin=target/release/gpu-exporter
+  bin="${CARGO_TARGET_DIR:-target}/release/gpu-exporter"
 fi
 tests/e2e/run.sh "$bin"
 
