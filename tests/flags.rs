@@ -203,7 +203,7 @@ fn errors_name_the_env_var_the_flag_or_the_file_and_key() {
         &|c| {
             c.env("DCGM_EXPORTER_WEB_WRITE_TIMEOUT", "30");
         },
-        &["DCGM_EXPORTER_WEB_WRITE_TIMEOUT=\"30\"", "missing unit"],
+        &["DCGM_EXPORTER_WEB_WRITE_TIMEOUT=\"30\"", "has no unit"],
     );
     fails(
         &|c| {
@@ -276,7 +276,7 @@ fn errors_name_the_env_var_the_flag_or_the_file_and_key() {
         &[
             "--config-file",
             "bad.yaml: collections[0].every:",
-            "missing unit",
+            "has no unit",
         ],
     );
     let unknown = write(

@@ -590,7 +590,7 @@ mod tests {
         );
         assert_eq!(
             err("version: 1\ncollection:\n  interval: 10\n"),
-            "c.yaml: collection.interval: \"10\" is not a duration (missing unit; e.g. 10s, 1m30s, 250ms)"
+            "c.yaml: collection.interval: \"10\" has no unit (use ns, us, ms, s, m or h)"
         );
         assert_eq!(
             err("version: 2\ncollections:\n  - name: a\n    every: 0s\n    metrics: {include: [\"*\"]}\n"),
