@@ -58,6 +58,7 @@ fn options() -> BuildOptions {
         xid_window_ms: 300_000,
         clock_window_ms: 300_000,
         pod_uid: false,
+        container_labels: false,
         old_namespace: false,
     }
 }

@@ -411,56 +411,57 @@ async fn serve<S: GpuSource>(
             "kubelet pod-resources refresher",
             refresher.run(shutdown.clone()),
         );
-        if config.cri {
-            let endpoint = &config.args.container_runtime_endpoint;
-            let runtime = CriClient::new(endpoint, Duration::from_millis(config.args.cri_timeout))
-                .context("--container-runtime-endpoint")?;
-            let (dir_tx, dir_rx) = watch::channel(Arc::new(PodDirectory::default()));
-            let cri = CriRefresher::new(
-                runtime,
-                dir_tx,
-                Arc::clone(&metrics),
-                CriOptions {
-                    refresh: Duration::from_millis(config.args.cri_refresh),
-                    ttl: Duration::from_millis(config.args.cri_ttl),
-                    labels: LabelOptions {
-                        enabled: config.args.kubernetes_enable_pod_labels,
-                        allowlist: config.label_allowlist.clone(),
-                    },
+    }
+    if config.cri {
+        let endpoint = &config.args.container_runtime_endpoint;
+        let runtime = CriClient::new(endpoint, Duration::from_millis(config.args.cri_timeout))
+            .context("--container-runtime-endpoint")?;
+        let (dir_tx, dir_rx) = watch::channel(Arc::new(PodDirectory::default()));
+        let cri = CriRefresher::new(
+            runtime,
+            dir_tx,
+            Arc::clone(&metrics),
+            CriOptions {
+                refresh: Duration::from_millis(config.args.cri_refresh),
+                ttl: Duration::from_millis(config.args.cri_ttl),
+                labels: LabelOptions {
+                    enabled: config.args.kubernetes_enable_pod_labels,
+                    allowlist: config.label_allowlist.clone(),
                 },
+            },
+        );
+        tracing::info!(
+            endpoint = %endpoint,
+            refresh_ms = config.args.cri_refresh,
+            ttl_ms = config.args.cri_ttl,
+            pod_uid = config.args.kubernetes_enable_pod_uid,
+            pod_labels = config.args.kubernetes_enable_pod_labels,
+            "pod metadata from the container runtime (CRI)"
+        );
+        sampler = sampler
+            .with_directory(dir_rx, cri.waker())
+            .with_first_answer(
+                "cri",
+                cri.answered(),
+                Duration::from_millis(config.args.cri_timeout),
             );
-            tracing::info!(
-                endpoint = %endpoint,
-                refresh_ms = config.args.cri_refresh,
-                ttl_ms = config.args.cri_ttl,
-                pod_uid = config.args.kubernetes_enable_pod_uid,
-                pod_labels = config.args.kubernetes_enable_pod_labels,
-                "pod metadata from the container runtime (CRI)"
+        essential.spawn("container runtime refresher", cri.run(shutdown.clone()));
+    }
+    if config.process_usage {
+        let root = ProcRoot::new(&config.args.path_procfs);
+        if !root.root().is_dir() {
+            tracing::warn!(
+                path = %root.root().display(),
+                "--path.procfs is not a directory; GPU processes will not be attributed to containers until it is (mount the host's /proc there)"
             );
-            sampler = sampler
-                .with_directory(dir_rx, cri.waker())
-                .with_first_answer(
-                    "cri",
-                    cri.answered(),
-                    Duration::from_millis(config.args.cri_timeout),
-                );
-            essential.spawn("container runtime refresher", cri.run(shutdown.clone()));
         }
-        if config.process_usage {
-            let root = ProcRoot::new(&config.args.path_procfs);
-            if !root.root().is_dir() {
-                tracing::warn!(
-                    path = %root.root().display(),
-                    "--path.procfs is not a directory; GPU processes will not be attributed to containers until it is (mount the host's /proc there)"
-                );
-            }
-            tracing::info!(
-                procfs = %root.root().display(),
-                virtual_gpus = config.args.kubernetes_virtual_gpus,
-                "per-process GPU usage per container"
-            );
-            sampler = sampler.with_process_usage(root);
-        }
+        tracing::info!(
+            procfs = %root.root().display(),
+            virtual_gpus = config.args.kubernetes_virtual_gpus,
+            container_labels = config.container_labels,
+            "per-process GPU usage per container"
+        );
+        sampler = sampler.with_process_usage(root);
     }
     if let Some(dir) = &config.args.hpc_job_mapping_dir {
         let (hpc_tx, hpc_rx) = watch::channel(Arc::new(HpcJobs::default()));

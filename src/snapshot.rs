@@ -138,6 +138,9 @@ pub struct BuildOptions {
     pub old_namespace: bool,
     /// Add `pod_uid` to pod-labelled series (`--kubernetes-enable-pod-uid`).
     pub pod_uid: bool,
+    /// dcgm-exporter's `--container-labels` (outside Kubernetes mode): next to each series of a
+    /// GPU or MIG instance, one copy per container running processes there, with `container`.
+    pub container_labels: bool,
 }
 
 /// Who *uses* the GPUs, beyond who holds them: the container runtime's pod metadata (`pod_uid`,
@@ -711,7 +714,12 @@ fn entity<'a>(
     let mut prefix = identity_labels(outcome, instance, ctx.opts);
     push_label_fields(&mut prefix, ctx.catalog, outcome, |_| true);
     let jobs = ctx.attribution.jobs_of(key);
-    let variants = ctx.variants(&prefix, holders, instance, jobs, usage);
+    let mut variants = ctx.variants(&prefix, holders, instance, jobs, usage);
+    if ctx.opts.container_labels {
+        if let Some(u) = usage {
+            variants = with_container_copies(&prefix, variants, u, ctx.names);
+        }
+    }
     // dcgm-exporter 4.8.2+ (#594): "original device-level metric" kept next to the per-pod
     // copies of GPU_UTIL and FB_USED when pods share the device (DRA holders take another path).
     let shared =
@@ -731,6 +739,51 @@ fn entity<'a>(
         holders,
         usage,
     }
+}
+
+/// dcgm-exporter's `--container-labels`: each variant, then one copy of it per container running
+/// processes on the entity (by container name, once each), with a `container` label. Variants
+/// that already name a container are left alone; the copies carry the entity's values.
+fn with_container_copies(
+    prefix: &str,
+    variants: Vec<Variant>,
+    usage: &EntityUsage,
+    names: Names,
+) -> Vec<Variant> {
+    let mut seen = HashSet::new();
+    let containers: Vec<&str> = usage
+        .containers
+        .iter()
+        .map(|c| c.pod.container.as_str())
+        .filter(|n| !n.is_empty() && seen.insert(*n))
+        .collect();
+    if containers.is_empty() {
+        return variants;
+    }
+    let mut out = Vec::with_capacity(variants.len() * (containers.len() + 1));
+    for v in variants {
+        let named = v
+            .attrs
+            .iter()
+            .any(|(k, _)| *k == "container" || *k == names.container);
+        let copies: Vec<Variant> = if named {
+            Vec::new()
+        } else {
+            containers
+                .iter()
+                .map(|name| {
+                    let mut attrs = v.attrs.clone();
+                    attrs.push(("container", (*name).to_owned()));
+                    let mut copy = Variant::new(prefix, attrs, v.pod_labels.clone());
+                    copy.own = v.own;
+                    copy
+                })
+                .collect()
+        };
+        out.push(v);
+        out.extend(copies);
+    }
+    out
 }
 
 /// A GPU's NVLink as dcgm-exporter renders link entities: `nvlink` (the link index + 1, as
@@ -1143,6 +1196,7 @@ mod tests {
             clock_window_ms: 300_000,
             old_namespace: false,
             pod_uid: false,
+            container_labels: false,
         }
     }
 

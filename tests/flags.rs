@@ -22,7 +22,7 @@ fn lines<'a>(body: &'a str, metric: &str) -> Vec<&'a str> {
 }
 
 /// The dcgm-exporter flags that mean nothing here: each must log exactly one warning.
-const INERT: [&str; 14] = [
+const INERT: [&str; 13] = [
     "--cpu-devices",
     "--fake-gpus",
     "--dump-enabled",
@@ -34,7 +34,6 @@ const INERT: [&str; 14] = [
     "--enable-gpu-bind-unbind-watch",
     "--gpu-bind-unbind-poll-interval",
     "--enable-pprof",
-    "--container-labels",
     "--disable-startup-validate",
     "--remote-hostengine-info",
 ];
@@ -135,6 +134,13 @@ fn every_upstream_flag_in_go_syntax_starts_and_serves() {
         assert_eq!(e.warnings_about(flag), 1, "{flag}: {}", e.log());
     }
     assert_eq!(e.warnings_about("--enable-dcgm-log"), 1, "{}", e.log());
+    // --container-labels (with --container-runtime-socket, without -k) is implemented: no
+    // "has no effect" warning.
+    assert!(
+        !e.log().contains("--container-labels has no effect"),
+        "{}",
+        e.log()
+    );
 }
 
 #[test]
@@ -238,6 +244,19 @@ fn errors_name_the_env_var_the_flag_or_the_file_and_key() {
             c.env("DCGM_EXPORTER_DEVICES_STR", "x:1");
         },
         &["environment variable DCGM_EXPORTER_DEVICES_STR: --devices \"x:1\": unknown device type"],
+    );
+    // dcgm-exporter's --container-labels outside Kubernetes mode needs a runtime socket.
+    fails(
+        &|c| {
+            c.arg("--container-labels");
+        },
+        &["--container-labels requires --container-runtime-socket or DCGM_CONTAINER_RUNTIME_SOCKET"],
+    );
+    fails(
+        &|c| {
+            c.env("DCGM_EXPORTER_CONTAINER_LABELS", "True");
+        },
+        &["environment variable DCGM_EXPORTER_CONTAINER_LABELS: --container-labels requires --container-runtime-socket"],
     );
     fails(
         &|c| {

@@ -334,6 +334,64 @@ async fn processes_on_shared_and_mig_gpus_virtual() {
     check("4xA100-80GB-MIG-processes-virtual", &body);
 }
 
+/// dcgm-exporter's `--container-labels` without `-k`: no pod attribution, but the same node's
+/// processes, cgroups and runtime containers give each GPU and MIG instance one copy of its series
+/// per container running there (`container` = the container's name, once per name), next to the
+/// original series.
+#[tokio::test(start_paused = true)]
+async fn container_labels_outside_kubernetes() {
+    let node = common::shared_node();
+    let opts = BuildOptions {
+        container_labels: true,
+        ..common::build_options()
+    };
+    let source = common::sim_running("4xA100-80GB-MIG", &node);
+    let h = common::harness(source, common::shipped_catalog(), opts);
+    let (_dir_tx, dir_rx) = watch::channel(Arc::new(common::directory(&node, true)));
+    let mut sampler = h
+        .sampler
+        .with_directory(dir_rx, Arc::new(Notify::new()))
+        .with_process_usage(ProcRoot::new(common::proc_fixture()));
+    let mut last = None;
+    for _ in 0..3 {
+        last = Some(sampler.tick().await);
+    }
+    let body = common::normalise(&last.expect("three ticks").body);
+    let temps = common::series(&body, "DCGM_FI_DEV_GPU_TEMP");
+    let of = |entity: &str| -> Vec<&str> {
+        temps
+            .iter()
+            .copied()
+            .filter(|l| l.contains(entity))
+            .collect()
+    };
+    // GPU 3, time-sliced by three pods whose containers are all named `server`: one copy.
+    let gpu3 = of("gpu=\"3\",");
+    assert_eq!(gpu3.len(), 2, "{gpu3:#?}");
+    assert!(!gpu3[0].contains("container="), "{}", gpu3[0]);
+    assert!(gpu3[1].contains(",container=\"server\"}"), "{}", gpu3[1]);
+    // The copy carries the original's value and no pod labels.
+    let value = |l: &str| l.rsplit(' ').next().unwrap().to_owned();
+    assert_eq!(value(gpu3[0]), value(gpu3[1]));
+    assert!(!gpu3[1].contains("pod="), "{}", gpu3[1]);
+    // MIG instances: GI 2 runs etl-0's `worker`, GI 9 shell-a's `shell` (shell-b runs nothing).
+    let gi2 = of("GPU_I_ID=\"2\"");
+    let gi2: Vec<&str> = gi2
+        .into_iter()
+        .filter(|l| l.contains("gpu=\"0\""))
+        .collect();
+    assert_eq!(gi2.len(), 2, "{gi2:#?}");
+    assert!(gi2[1].contains(",container=\"worker\"}"), "{}", gi2[1]);
+    let gi9 = of("GPU_I_ID=\"9\"");
+    assert_eq!(gi9.len(), 2, "{gi9:#?}");
+    assert!(gi9[1].contains(",container=\"shell\"}"), "{}", gi9[1]);
+    // GPUs nobody runs on keep their single series.
+    assert_eq!(of("gpu=\"1\",").len(), 1);
+    // No pod labels anywhere on GPU series: this is not Kubernetes mode.
+    assert!(temps.iter().all(|l| !l.contains("pod=")), "{temps:#?}");
+    check("4xA100-80GB-MIG-container-labels", &body);
+}
+
 #[tokio::test(start_paused = true)]
 async fn old_namespace_labels() {
     // `-o/--use-old-namespace`: uuid, pod_name, pod_namespace, container_name.

@@ -35,6 +35,7 @@ fn options() -> SamplerOptions {
             xid_window_ms: 300_000,
             clock_window_ms: 300_000,
             pod_uid: false,
+            container_labels: false,
             old_namespace: false,
         },
     }

@@ -5,18 +5,38 @@ use super::Args;
 /// dcgm-exporter flags that mean nothing here: (Args field, why). Each one given (by flag,
 /// environment or a non-default value) is reported once.
 const INERT: &[(&str, &str)] = &[
-    ("cpu_devices", "gpu-exporter has no CPU entities (they come from DCGM)"),
-    ("fake_gpus", "there are no DCGM fake GPUs; --backend sim runs a simulated fleet"),
-    ("dump_enabled", "gpu-exporter writes no debug dumps; use --debug logs and /metrics"),
+    (
+        "cpu_devices",
+        "gpu-exporter has no CPU entities (they come from DCGM)",
+    ),
+    (
+        "fake_gpus",
+        "there are no DCGM fake GPUs; --backend sim runs a simulated fleet",
+    ),
+    (
+        "dump_enabled",
+        "gpu-exporter writes no debug dumps; use --debug logs and /metrics",
+    ),
     ("dump_directory", "gpu-exporter writes no debug dumps"),
     ("dump_retention", "gpu-exporter writes no debug dumps"),
     ("dump_compression", "gpu-exporter writes no debug dumps"),
-    ("watch_max_keep_age", "there are no DCGM field watches; NVML is read each interval"),
-    ("watch_max_keep_samples", "there are no DCGM field watches; NVML is read each interval"),
-    ("enable_gpu_bind_unbind_watch", "GPUs are rediscovered through NVML every minute"),
-    ("gpu_bind_unbind_poll_interval", "GPUs are rediscovered through NVML every minute"),
+    (
+        "watch_max_keep_age",
+        "there are no DCGM field watches; NVML is read each interval",
+    ),
+    (
+        "watch_max_keep_samples",
+        "there are no DCGM field watches; NVML is read each interval",
+    ),
+    (
+        "enable_gpu_bind_unbind_watch",
+        "GPUs are rediscovered through NVML every minute",
+    ),
+    (
+        "gpu_bind_unbind_poll_interval",
+        "GPUs are rediscovered through NVML every minute",
+    ),
     ("enable_pprof", "there is no Go runtime to profile"),
-    ("container_labels", "container labels are not read; --kubernetes-enable-pod-labels copies pod labels from the container runtime"),
 ];
 
 /// One line for each inert flag given.
@@ -35,7 +55,6 @@ pub(super) fn notices(args: &Args) -> Vec<String> {
                 "enable_gpu_bind_unbind_watch" => args.enable_gpu_bind_unbind_watch,
                 "gpu_bind_unbind_poll_interval" => args.gpu_bind_unbind_poll_interval.is_some(),
                 "enable_pprof" => args.enable_pprof,
-                "container_labels" => args.container_labels,
                 _ => false,
             }
     };

@@ -401,9 +401,11 @@ pub struct Args {
     #[arg(long, env = "DCGM_EXPORTER_SYSTEMD_SOCKET")]
     pub web_systemd_socket: bool,
 
-    /// dcgm-exporter's runtime container labels. No effect: gpu-exporter copies pod labels from
-    /// the container runtime with --kubernetes-enable-pod-labels.
-    #[arg(long, env = "DCGM_EXPORTER_CONTAINER_LABELS", hide = true)]
+    /// Outside Kubernetes mode: next to each GPU series, one copy per container running
+    /// processes on that GPU, with a `container` label (the container's name). Containers are
+    /// found through --container-runtime-socket (a CRI socket, e.g. containerd's) and the host's
+    /// /proc (--path.procfs). Ignored with -k.
+    #[arg(long, env = "DCGM_EXPORTER_CONTAINER_LABELS")]
     pub container_labels: bool,
 
     /// The container runtime's socket path (dcgm-exporter's name for
@@ -529,6 +531,12 @@ pub enum ConfigError {
         /// The endpoint.
         endpoint: String,
     },
+    /// `--container-labels` outside Kubernetes mode without a runtime socket (dcgm-exporter's
+    /// own startup error).
+    #[error(
+        "--container-labels requires --container-runtime-socket or DCGM_CONTAINER_RUNTIME_SOCKET"
+    )]
+    ContainerLabelsSocket,
     /// An error in a value that came from an environment variable.
     #[error("environment variable {var}")]
     FromEnv {
@@ -562,6 +570,7 @@ impl ConfigError {
             ConfigError::AllowlistRegex { .. } => "kubernetes_pod_label_allowlist_regex",
             ConfigError::File(_) => "config_file",
             ConfigError::RuntimeSocket { .. } => "container_runtime_socket",
+            ConfigError::ContainerLabelsSocket => "container_labels",
             ConfigError::Unsupported { flag, .. } => match *flag {
                 "--configmap-data" => "configmap_data",
                 _ => return None,
@@ -601,8 +610,11 @@ pub struct Config {
     /// Per-process attribution is on (`--kubernetes-process-usage` or
     /// `--kubernetes-virtual-gpus`, with `-k`).
     pub process_usage: bool,
-    /// The container runtime client runs (`-k` with pod UIDs, pod labels or process usage).
+    /// The container runtime client runs (`-k` with pod UIDs, pod labels or process usage, or
+    /// `--container-labels` without `-k`).
     pub cri: bool,
+    /// `--container-labels` is in effect (given, without `-k`, with a runtime socket).
+    pub container_labels: bool,
     /// The raw arguments.
     pub args: Args,
 }
@@ -624,6 +636,7 @@ impl Config {
             xid_window_ms: self.args.xid_count_window_size,
             clock_window_ms: self.args.clock_events_count_window_size,
             pod_uid: self.args.kubernetes_enable_pod_uid,
+            container_labels: self.container_labels,
             old_namespace: self.args.use_old_namespace,
         }
     }
@@ -769,12 +782,27 @@ impl Config {
                     .to_owned(),
             );
         }
+        // dcgm-exporter's --container-labels: outside Kubernetes mode only, and only with a
+        // runtime socket to ask.
+        let container_labels = args.container_labels && !args.kubernetes;
+        if args.container_labels && args.kubernetes {
+            notices.push("--container-labels (DCGM_EXPORTER_CONTAINER_LABELS) is ignored in Kubernetes mode (-k): pod, namespace and container labels come from the kubelet".to_owned());
+        }
+        if container_labels
+            && args
+                .container_runtime_socket
+                .as_deref()
+                .is_none_or(|s| s.trim().is_empty())
+        {
+            return Err(ConfigError::ContainerLabelsSocket);
+        }
         let wants_process_usage = args.kubernetes_process_usage || args.kubernetes_virtual_gpus;
-        let process_usage = args.kubernetes && wants_process_usage;
-        let cri = args.kubernetes
+        let process_usage = (args.kubernetes && wants_process_usage) || container_labels;
+        let cri = (args.kubernetes
             && (process_usage
                 || args.kubernetes_enable_pod_uid
-                || args.kubernetes_enable_pod_labels);
+                || args.kubernetes_enable_pod_labels))
+            || container_labels;
         if !args.kubernetes {
             for (on, flag) in [
                 (
@@ -802,6 +830,7 @@ impl Config {
             label_allowlist,
             process_usage,
             cri,
+            container_labels,
             catalog,
             catalog_origin,
             catalog_path,
@@ -966,6 +995,53 @@ mod tests {
             .chain(extra.iter().copied())
             .map(std::ffi::OsString::from);
         goflags::parse(argv, &|_| None).unwrap()
+    }
+
+    #[test]
+    fn container_labels_need_a_socket_outside_kubernetes_and_are_ignored_with_k() {
+        // dcgm-exporter's startup error.
+        let e = Config::resolve(go(&["--container-labels"])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--container-labels requires --container-runtime-socket or DCGM_CONTAINER_RUNTIME_SOCKET"
+        );
+        // (By environment variable, the error names DCGM_EXPORTER_CONTAINER_LABELS: tests/flags.rs.)
+        assert_eq!(e.arg(), Some("container_labels"));
+        // With a socket: the runtime client and per-process reading run, and the copies are on.
+        let c = Config::resolve(go(&[
+            "--container-labels=true",
+            "--container-runtime-socket=/run/containerd/containerd.sock",
+        ]))
+        .unwrap();
+        assert!(c.container_labels && c.cri && c.process_usage);
+        assert!(c.build_options().container_labels);
+        assert_eq!(
+            c.args.container_runtime_endpoint,
+            "/run/containerd/containerd.sock"
+        );
+        assert!(
+            c.notices.iter().all(|n| !n.contains("container-labels")),
+            "{:?}",
+            c.notices
+        );
+        // With -k: ignored, one notice, no socket needed, nothing turned on.
+        let c = Config::resolve(go(&["-k", "--container-labels"])).unwrap();
+        assert!(!c.container_labels && !c.cri && !c.process_usage);
+        assert!(!c.build_options().container_labels);
+        let said: Vec<&String> = c
+            .notices
+            .iter()
+            .filter(|n| n.contains("--container-labels"))
+            .collect();
+        assert_eq!(said.len(), 1, "{:?}", c.notices);
+        assert!(
+            said[0].contains("ignored in Kubernetes mode"),
+            "{}",
+            said[0]
+        );
+        // Off: nothing.
+        let c = Config::resolve(go(&["--container-labels=false"])).unwrap();
+        assert!(!c.container_labels && !c.cri);
     }
 
     #[test]
