@@ -38,7 +38,7 @@ fi
 sim="${FLEET_SIM:-}"
 if [[ -z "$sim" ]]; then
   cargo build --release --quiet --bin fleet-sim
-  sim=target/release/fleet-sim
+  sim="${CARGO_TARGET_DIR:-target}/release/fleet-sim"
 fi
 # Each simulated node holds a listening socket and Prometheus' connection to it.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
