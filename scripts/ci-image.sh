@@ -21,6 +21,9 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 start=$SECONDS
 step() { echo; echo "=== ci-image: $* ($((SECONDS - start))s)"; }
+name=image
+# shellcheck source=scripts/lib/containerd-ci.sh
+source scripts/lib/containerd-ci.sh
 
 if [[ "$(id -u)" -ne 0 ]]; then
   echo "ci-image.sh needs root (containerd, runc, mounts, cgroups)" >&2
@@ -28,46 +31,14 @@ if [[ "$(id -u)" -ne 0 ]]; then
 fi
 
 step "installing tools"
-need_apt=()
-for tool in containerd:containerd runc:runc ctr:containerd buildah:buildah gcc:gcc strip:binutils \
-  nsenter:util-linux dpkg-deb:dpkg; do
-  command -v "${tool%%:*}" >/dev/null || need_apt+=("${tool#*:}")
-done
-[[ -e /usr/include/stdio.h ]] || need_apt+=(libc6-dev)
-if ((${#need_apt[@]})); then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
-fi
-python3 -c 'import grpc, grpc_tools' 2>/dev/null \
-  || python3 -m pip install -q --disable-pip-version-check grpcio grpcio-tools
-containerd --version
-runc --version | head -1
+lab_install_tools strip:binutils nsenter:util-linux dpkg-deb:dpkg
 buildah --version
 
-work="$(mktemp -d /tmp/gpu-exporter-ci-image.XXXXXX)"
-cgroups_before="$(find /sys/fs/cgroup -maxdepth 4 -path '*kubepods*' -type d 2>/dev/null | sort)"
-cleanup() {
-  rc=$?
-  # Whatever the test process could not undo (it was killed, or failed mid-way).
-  # The test process is found by its arguments (paths under $work), killed if still there.
-  python3 tests/containerd/lab.py teardown --kill-mentioning "$work/image.tar" "$work"/gpu-exporter-lab-* || true
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# The test process is found by its arguments (paths under the work directory).
+lab_workdir "@WORK@/image.tar"
 
 step "release build"
-if [[ -n "${GPU_EXPORTER_BIN:-}" ]]; then
-  bin="$GPU_EXPORTER_BIN"
-else
-  # Always through cargo, so a stale build is never tested (a no-op when up to date).
-  cargo build --release --quiet --bin gpu-exporter --bin fake-kubelet
-  bin="${CARGO_TARGET_DIR:-$root/target}/release/gpu-exporter"
-fi
-fake_kubelet="$(dirname "$bin")/fake-kubelet"
-[[ -x "$bin" && -x "$fake_kubelet" ]] || { echo "missing $bin or $fake_kubelet" >&2; exit 1; }
+lab_release_build
 
 step "building the image (scripts/build-image.sh)"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
@@ -143,27 +114,6 @@ GPU_EXPORTER_LAB_BASE="$work" timeout --kill-after=15 300 python3 tests/containe
   --nvml-standin "$standin_dir/libnvidia-ml.so.1"
 
 step "nothing left behind"
-# Processes whose command line names a lab directory (containerd, shims, helpers) and mounts
-# under the work directory, found the way the lab's own teardown finds them.
-left="$(python3 - "$work" <<'PY'
-import sys
-sys.path.insert(0, "tests/containerd")
-from pathlib import Path
-from lab import _mounts_under, _pids_mentioning
-work = Path(sys.argv[1])
-for pid in _pids_mentioning(f"{work}/gpu-exporter-lab-"):
-    print(f"process {pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
-for target in _mounts_under(work):
-    print(f"mount {target}")
-PY
-)"
-[[ -z "$left" ]] || left+=$'\n'
-cgroups_after="$(find /sys/fs/cgroup -maxdepth 4 -path '*kubepods*' -type d 2>/dev/null | sort)"
-[[ "$cgroups_after" == "$cgroups_before" ]] || left+="cgroup dirs: $(comm -13 <(echo "$cgroups_before") <(echo "$cgroups_after"))"$'\n'
-if [[ -n "$left" ]]; then
-  printf 'left behind:\n%s' "$left" >&2
-  exit 1
-fi
-echo "  ok  no process, mount or kubepods cgroup directory left"
+lab_nothing_left
 
 step "all image checks passed"
