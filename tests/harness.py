@@ -212,6 +212,18 @@ def work_dir(name, keep, log, grace_s=5):
             shutil.rmtree(work, ignore_errors=True)
 
 
+# Dashboard queries that read only A100 MIG instances' engine activity. The simulated fleets'
+# A100s have no profiling source (NVML GPM is Hopper and newer; no DCGM is read), as on a real
+# A100 node, so these must be empty (docs/nvml.md, "Profiling metrics"): (dashboard, panel refId).
+NEEDS_MIG_PROFILING = (("gpu-cluster", '"Idle GPUs held by pods" B'),)
+
+
+def needs_mig_profiling(where):
+    """Whether a query, named `dashboard: "panel" refId ...` or `dashboard.json: ...`, is one of
+    NEEDS_MIG_PROFILING."""
+    return any(where.startswith((f"{d}: {p}", f"{d}.json: {p}")) for d, p in NEEDS_MIG_PROFILING)
+
+
 def dashboard_targets(dashboards_dir):
     """(path, uid, what, expr, instant) of every panel target (what: `"title" refId`) and query
     variable (what: `variable NAME`, instant) of every dashboard JSON in dashboards_dir, by file."""

@@ -274,8 +274,15 @@ def main():
         def names_embed(s):
             return [x for x in s if x[1].get("pod") == "embed" or x[1].get("pod_name") == "embed"]
 
-        gone = wait_for(lambda: (lambda s: s if not names_embed(s) else None)(alive() and scrape(port)),
-                        ONE_REFRESH_S, f"serve/embed gone from every series within one refresh ({ONE_REFRESH_S:.0f}s)")
+        def listed_alone(s):
+            # The series (kubelet and process side) and the CRI listing refresh independently:
+            # wait for both, each within one refresh.
+            return (not names_embed(s) and value(s, "gpu_exporter_cri_pods") == 1
+                    and value(s, "gpu_exporter_cri_containers") == 1)
+
+        gone = wait_for(lambda: (lambda s: s if listed_alone(s) else None)(alive() and scrape(port)),
+                        ONE_REFRESH_S, f"serve/embed gone from every series and the CRI listing within one refresh "
+                                       f"({ONE_REFRESH_S:.0f}s)")
         took = time.monotonic() - t0
         check(attributed(gone, [k for k in expected if k[1] == "trainer"]),
               f"serve/embed deleted: gone from every series after {took:.1f}s; ml/trainer still attributed")

@@ -105,7 +105,6 @@ PRE_HOPPER = {"node-10"}
 # simulated MIG fleet is an A100 one (PRE_HOPPER), which has none without a DCGM source. They are
 # reported as skipped, not passed; they must be empty (data there would mean the simulator serves
 # profiling fields on an A100 again).
-NEEDS_MIG_PROFILING = {'gpu-cluster.json: "Idle GPUs held by pods" B'}
 # How each pods node lays out cgroups in its fake /proc (another real-world form on each).
 CGROUPS = {
     "node-09": {},  # the default: cgroup v2, systemd driver, containerd
@@ -551,7 +550,7 @@ def check_dashboards(prom, pods_mode):
                 failures.append(f"{where}: unfilled variable in {q}")
                 continue
             result = prom.query(q)
-            if any(where.startswith(t) for t in NEEDS_MIG_PROFILING):
+            if harness.needs_mig_profiling(where):
                 if result:
                     failures.append(f"{where}: data from A100 MIG instances' engine activity, which they "
                                     f"cannot have without a DCGM source: {q} gave {result}")
