@@ -5,8 +5,10 @@
 //! devices, latest values of GPUs and MIG GPU instances, blanks, a refused field, the hostengine
 //! going away and coming back.
 
+#[path = "../common/cstandin.rs"]
+mod cstandin;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use gpu_exporter::gpu::dcgm::{
@@ -18,39 +20,12 @@ use gpu_exporter::gpu::{FieldError, Value};
 fn library() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dcgm-abi");
-        std::fs::create_dir_all(&dir).expect("create the stand-in's build directory");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dcgm_abi/dcgm_standin.c");
-        let tmp = dir.join(format!("libdcgm.so.4.{}.tmp", std::process::id()));
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let out = Command::new(&cc)
-            .args([
-                "-shared",
-                "-fPIC",
-                "-O1",
-                "-std=c11",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-fvisibility=hidden",
-                "-Wl,-soname,libdcgm.so.4",
-                "-o",
-            ])
-            .arg(&tmp)
-            .arg(&src)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run the C compiler `{cc}`: {e} (install gcc, or set CC)")
-            });
-        assert!(
-            out.status.success(),
-            "building {} failed:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = dir.join("libdcgm.so.4");
-        std::fs::rename(&tmp, &lib).expect("install the stand-in");
-        lib
+        cstandin::build(
+            "dcgm-abi",
+            "tests/dcgm_abi/dcgm_standin.c",
+            "libdcgm.so.4",
+            &[],
+        )
     })
 }
 

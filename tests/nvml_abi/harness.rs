@@ -18,43 +18,13 @@ pub const PATIENCE: Duration = Duration::from_secs(40);
 pub fn library_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nvml-abi");
-        std::fs::create_dir_all(&dir).expect("create the stand-in's build directory");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nvml_abi/nvml_standin.c");
-        let tmp = dir.join(format!("libnvidia-ml.so.1.{}.tmp", std::process::id()));
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let out = Command::new(&cc)
-            .args([
-                "-shared",
-                "-fPIC",
-                "-O1",
-                "-std=c11",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-fvisibility=hidden",
-                "-Wl,-soname,libnvidia-ml.so.1",
-                "-o",
-            ])
-            .arg(&tmp)
-            .arg(&src)
-            .arg("-lpthread")
-            .output()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run the C compiler `{cc}` to build {}: {e} (install gcc, or set CC)",
-                    src.display()
-                )
-            });
-        assert!(
-            out.status.success(),
-            "building {} with `{cc}` failed:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr)
+        let lib = crate::cstandin::build(
+            "nvml-abi",
+            "tests/nvml_abi/nvml_standin.c",
+            "libnvidia-ml.so.1",
+            &["-lpthread"],
         );
-        // Several test processes may build at once: each renames its own complete copy.
-        std::fs::rename(&tmp, dir.join("libnvidia-ml.so.1")).expect("install the stand-in");
-        dir
+        lib.parent().expect("the library's directory").to_path_buf()
     })
 }
 

@@ -8,6 +8,8 @@
 // Not every test uses every helper.
 #![allow(dead_code)]
 
+#[path = "../common/cstandin.rs"]
+mod cstandin;
 mod harness;
 mod node;
 mod processes;
