@@ -10,9 +10,25 @@
  * The "hostengine" is a key = value file named by DCGM_STANDIN_CONFIG, re-read on every call:
  *   hostengine = up | down          down: dcgmConnect_v2 and every call on a handle fail with
  *                                   DCGM_ST_CONNECTION_NOT_VALID (a hostengine that went away)
+ *   epoch = N                       the hostengine's incarnation (default 0): when it changes, the
+ *                                   hostengine restarted: handles of the old one are no longer
+ *                                   valid and its groups, field groups and watches are gone
  *   gpus = N                        GPU ids 0..N-1 (dcgmGetAllDevices)
+ *   uuid.<gpuId> = GPU-...          the GPU's UUID (dcgmGetDeviceAttributes, the MIG hierarchy)
+ *   mig.<n> = <gpuId> <entityId> <gpuInstanceId>   the n-th GPU instance entity (n = 0, 1, ...
+ *                                   without gaps): DCGM entity id, parent GPU, NVML GI id
+ *   metricgroup.<n> = <major> <minor> <fieldId>...  the n-th profiling metric group
+ *                                   (dcgmProfGetSupportedMetricGroups); fields of groups with the
+ *                                   same major and different minors cannot be watched together
+ *                                   (dcgmWatchFields: DCGM_ST_PROFILING_MULTI_PASS), profiling
+ *                                   fields (1001-1099) in no group are not supported
+ *                                   (DCGM_ST_PROFILING_NOT_SUPPORTED)
+ *   profiling.<gpuId> = 0           the GPU has no profiling (DCGM_ST_PROFILING_NOT_SUPPORTED)
+ *   refusewatch.<fieldId> = <code>  dcgmWatchFields of a field group holding the field returns
+ *                                   the code
  *   value.<entityGroup>.<entityId>.<fieldId> = x    a double; absent: DCGM_FP64_BLANK with
- *                                   status DCGM_ST_NO_DATA
+ *                                   status DCGM_ST_NO_DATA. Only watched (entity, field) pairs
+ *                                   read: the others are DCGM_ST_NOT_WATCHED
  *   refuse.<fieldId> = 1            the field reads DCGM_FP64_NOT_SUPPORTED, status
  *                                   DCGM_ST_NOT_SUPPORTED
  * Calls are counted in the file named by DCGM_STANDIN_STATUS (key = count), when set.
@@ -37,7 +53,17 @@ enum {
     DCGM_ST_NOT_SUPPORTED = -6,
     DCGM_ST_CONNECTION_NOT_VALID = -21,
     DCGM_ST_UNINITIALIZED = -10,
+    DCGM_ST_NOT_WATCHED = -16,
+    DCGM_ST_DUPLICATE_KEY = -26,
+    DCGM_ST_MAX_LIMIT = -24,
+    DCGM_ST_PROFILING_NOT_SUPPORTED = -36,
+    DCGM_ST_PROFILING_MULTI_PASS = -38,
 };
+
+enum { DCGM_FE_GPU = 1, DCGM_FE_GPU_I = 4 };
+enum { DCGM_GROUP_DEFAULT = 0, DCGM_GROUP_EMPTY = 1 };
+typedef uintptr_t dcgmGpuGrp_t;
+typedef uintptr_t dcgmFieldGrp_t;
 
 #define DCGM_MAX_NUM_DEVICES 32
 #define DCGM_MAX_STR_LENGTH 256
@@ -78,7 +104,114 @@ typedef struct {
 } dcgmFieldValue_v2;
 #define dcgmFieldValue_version2 MAKE_DCGM_VERSION(dcgmFieldValue_v2, 2)
 
+#define DCGM_PROF_MAX_NUM_GROUPS_V2 10
+#define DCGM_PROF_MAX_FIELD_IDS_PER_GROUP_V2 64
+typedef struct {
+    unsigned short majorId;
+    unsigned short minorId;
+    unsigned int numFieldIds;
+    unsigned short fieldIds[DCGM_PROF_MAX_FIELD_IDS_PER_GROUP_V2];
+} dcgmProfMetricGroupInfo_v2;
+
+typedef struct {
+    unsigned int version;
+    unsigned int unused;
+    unsigned int gpuId;
+    unsigned int numMetricGroups;
+    dcgmProfMetricGroupInfo_v2 metricGroups[DCGM_PROF_MAX_NUM_GROUPS_V2];
+} dcgmProfGetMetricGroups_v3;
+#define dcgmProfGetMetricGroups_version3 MAKE_DCGM_VERSION(dcgmProfGetMetricGroups_v3, 3)
+
+typedef struct {
+    char gpuUuid[128];
+    unsigned int nvmlGpuIndex;
+    unsigned int nvmlInstanceId;
+    unsigned int nvmlComputeInstanceId;
+    unsigned int nvmlMigProfileId;
+    unsigned int nvmlProfileSlices;
+} dcgmMigEntityInfo_t;
+
+typedef struct {
+    dcgmGroupEntityPair_t entity;
+    dcgmGroupEntityPair_t parent;
+    dcgmMigEntityInfo_t info;
+} dcgmMigHierarchyInfo_v2;
+
+#define DCGM_MAX_TOTAL_INSTANCES_PER_GPU 14
+#define DCGM_MAX_HIERARCHY_INFO (DCGM_MAX_NUM_DEVICES * DCGM_MAX_TOTAL_INSTANCES_PER_GPU)
+typedef struct {
+    unsigned int version;
+    unsigned int count;
+    dcgmMigHierarchyInfo_v2 entityList[DCGM_MAX_HIERARCHY_INFO];
+} dcgmMigHierarchy_v2;
+#define dcgmMigHierarchy_version2 MAKE_DCGM_VERSION(dcgmMigHierarchy_v2, 2)
+
+#define DCGM_MAX_CLOCKS 256
+typedef struct {
+    int version;
+    unsigned int memClock;
+    unsigned int smClock;
+} dcgmClockSet_v1;
+typedef struct {
+    unsigned int version;
+    unsigned int count;
+    dcgmClockSet_v1 clockSet[DCGM_MAX_CLOCKS];
+} dcgmDeviceSupportedClockSets_v1;
+typedef struct {
+    unsigned int version;
+    unsigned int slowdownTemp;
+    unsigned int shutdownTemp;
+} dcgmDeviceThermals_v1;
+typedef struct {
+    unsigned int version;
+    unsigned int curPowerLimit;
+    unsigned int defaultPowerLimit;
+    unsigned int enforcedPowerLimit;
+    unsigned int minPowerLimit;
+    unsigned int maxPowerLimit;
+} dcgmDevicePowerLimits_v1;
+typedef struct {
+    unsigned int version;
+    char brandName[DCGM_MAX_STR_LENGTH];
+    char deviceName[DCGM_MAX_STR_LENGTH];
+    char pciBusId[DCGM_MAX_STR_LENGTH];
+    char serial[DCGM_MAX_STR_LENGTH];
+    char uuid[DCGM_MAX_STR_LENGTH];
+    char vbios[DCGM_MAX_STR_LENGTH];
+    char inforomImageVersion[DCGM_MAX_STR_LENGTH];
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char driverVersion[DCGM_MAX_STR_LENGTH];
+    unsigned int virtualizationMode;
+} dcgmDeviceIdentifiers_v1;
+typedef struct {
+    unsigned int version;
+    unsigned int bar1Total;
+    unsigned int fbTotal;
+    unsigned int fbUsed;
+    unsigned int fbFree;
+} dcgmDeviceMemoryUsage_v1;
+typedef struct {
+    unsigned int version;
+    unsigned int persistenceModeEnabled;
+    unsigned int migModeEnabled;
+    unsigned int confidentialComputeMode;
+} dcgmDeviceSettings_v2;
+typedef struct {
+    unsigned int version;
+    dcgmDeviceSupportedClockSets_v1 clockSets;
+    dcgmDeviceThermals_v1 thermalSettings;
+    dcgmDevicePowerLimits_v1 powerLimits;
+    dcgmDeviceIdentifiers_v1 identifiers;
+    dcgmDeviceMemoryUsage_v1 memoryUsage;
+    dcgmDeviceSettings_v2 settings;
+} dcgmDeviceAttributes_v3;
+#define dcgmDeviceAttributes_version3 MAKE_DCGM_VERSION(dcgmDeviceAttributes_v3, 3)
+
 _Static_assert(sizeof(dcgmFieldValue_v2) == 4128, "dcgmFieldValue_v2 layout");
+_Static_assert(sizeof(dcgmProfGetMetricGroups_v3) == 1376, "dcgmProfGetMetricGroups_v3 layout");
+_Static_assert(sizeof(dcgmMigHierarchy_v2) == 8 + 164 * 448, "dcgmMigHierarchy_v2 layout");
+_Static_assert(sizeof(dcgmDeviceAttributes_v3) == 5220, "dcgmDeviceAttributes_v3 layout");
 _Static_assert(sizeof(dcgmConnectV2Params_v2) == 16, "dcgmConnectV2Params_v2 layout");
 
 static int initialised;
@@ -144,6 +277,136 @@ static int hostengine_up(void) {
     return !v || strcmp(v, "down") != 0;
 }
 
+static long config_long(const char *key, long fallback) {
+    char buf[64];
+    const char *v = config(key, buf, sizeof buf);
+    return v ? strtol(v, NULL, 10) : fallback;
+}
+
+/* The hostengine's state: what its clients created, for the current epoch. */
+#define MAX_OBJECTS 64
+#define MAX_MEMBERS 128
+struct group {
+    dcgmGpuGrp_t id;
+    int n;
+    dcgmGroupEntityPair_t members[MAX_MEMBERS];
+};
+struct field_group {
+    dcgmFieldGrp_t id;
+    char name[64];
+    int n;
+    unsigned short fields[MAX_MEMBERS];
+};
+struct watch {
+    dcgmGpuGrp_t group;
+    dcgmFieldGrp_t field_group;
+};
+static struct {
+    long epoch;
+    uintptr_t next_id;
+    struct group groups[MAX_OBJECTS];
+    struct field_group field_groups[MAX_OBJECTS];
+    struct watch watches[MAX_OBJECTS];
+    dcgmHandle_t handles[MAX_OBJECTS];
+    long handle_epoch[MAX_OBJECTS];
+} he = {.epoch = -1, .next_id = 1};
+
+/* Starts a new hostengine incarnation when the configured epoch changed. */
+static void sync_epoch(void) {
+    long epoch = config_long("epoch", 0);
+    if (epoch == he.epoch) return;
+    memset(he.groups, 0, sizeof he.groups);
+    memset(he.field_groups, 0, sizeof he.field_groups);
+    memset(he.watches, 0, sizeof he.watches);
+    he.epoch = epoch;
+}
+
+/* Whether a call on `handle` reaches a live hostengine: DCGM_ST_OK or why not. */
+static dcgmReturn_t live(dcgmHandle_t handle) {
+    if (!handle) return DCGM_ST_BADPARAM;
+    if (!hostengine_up()) return DCGM_ST_CONNECTION_NOT_VALID;
+    sync_epoch();
+    for (int i = 0; i < MAX_OBJECTS; i++)
+        if (he.handles[i] == handle) return he.handle_epoch[i] == he.epoch ? DCGM_ST_OK : DCGM_ST_CONNECTION_NOT_VALID;
+    return DCGM_ST_CONNECTION_NOT_VALID;
+}
+
+static struct group *find_group(dcgmGpuGrp_t id) {
+    for (int i = 0; i < MAX_OBJECTS; i++)
+        if (id && he.groups[i].id == id) return &he.groups[i];
+    return NULL;
+}
+
+static struct field_group *find_field_group(dcgmFieldGrp_t id) {
+    for (int i = 0; i < MAX_OBJECTS; i++)
+        if (id && he.field_groups[i].id == id) return &he.field_groups[i];
+    return NULL;
+}
+
+/* The GPU instance entity `n` of the configuration: 1 when it exists. */
+static int mig_entry(int n, unsigned int *gpu, unsigned int *entity, unsigned int *gi) {
+    char key[32];
+    char buf[64];
+    snprintf(key, sizeof key, "mig.%d", n);
+    const char *v = config(key, buf, sizeof buf);
+    return v && sscanf(v, "%u %u %u", gpu, entity, gi) == 3;
+}
+
+static int entity_exists(dcgmGroupEntityPair_t e) {
+    if (e.entityGroupId == DCGM_FE_GPU) return e.entityId < (unsigned int)config_long("gpus", 0);
+    if (e.entityGroupId != DCGM_FE_GPU_I) return 0;
+    unsigned int gpu, entity, gi;
+    for (int n = 0; mig_entry(n, &gpu, &entity, &gi); n++)
+        if (entity == e.entityId) return 1;
+    return 0;
+}
+
+static void gpu_uuid(unsigned int gpu, char *out, size_t len) {
+    char key[32];
+    char buf[128];
+    snprintf(key, sizeof key, "uuid.%u", gpu);
+    const char *v = config(key, buf, sizeof buf);
+    if (v)
+        snprintf(out, len, "%s", v);
+    else
+        snprintf(out, len, "GPU-standin-%u", gpu);
+}
+
+/* Metric group `n` of the configuration: 1 when it exists. */
+static int metric_group(int n, dcgmProfMetricGroupInfo_v2 *g) {
+    char key[32];
+    char buf[512];
+    snprintf(key, sizeof key, "metricgroup.%d", n);
+    const char *v = config(key, buf, sizeof buf);
+    if (!v) return 0;
+    memset(g, 0, sizeof *g);
+    char *end;
+    g->majorId = (unsigned short)strtoul(v, &end, 10);
+    g->minorId = (unsigned short)strtoul(end, &end, 10);
+    for (;;) {
+        char *next;
+        unsigned long f = strtoul(end, &next, 10);
+        if (next == end || g->numFieldIds >= DCGM_PROF_MAX_FIELD_IDS_PER_GROUP_V2) break;
+        g->fieldIds[g->numFieldIds++] = (unsigned short)f;
+        end = next;
+    }
+    return 1;
+}
+
+/* The metric group holding profiling field `f`, or -1. */
+static int group_of(unsigned short f, dcgmProfMetricGroupInfo_v2 *out) {
+    dcgmProfMetricGroupInfo_v2 g;
+    for (int n = 0; n < DCGM_PROF_MAX_NUM_GROUPS_V2 && metric_group(n, &g); n++)
+        for (unsigned int i = 0; i < g.numFieldIds; i++)
+            if (g.fieldIds[i] == f) {
+                *out = g;
+                return n;
+            }
+    return -1;
+}
+
+static int is_profiling(unsigned short f) { return f >= 1001 && f <= 1099; }
+
 API dcgmReturn_t dcgmInit(void) {
     count("dcgmInit");
     initialised = 1;
@@ -163,20 +426,31 @@ API dcgmReturn_t dcgmConnect_v2(const char *ipAddress, dcgmConnectV2Params_v2 *p
     if (!ipAddress || !params || !handle) return DCGM_ST_BADPARAM;
     if (params->version != dcgmConnectV2Params_version2) return DCGM_ST_VER_MISMATCH;
     if (!hostengine_up()) return DCGM_ST_CONNECTION_NOT_VALID;
-    *handle = next_handle++;
-    return DCGM_ST_OK;
+    sync_epoch();
+    for (int i = 0; i < MAX_OBJECTS; i++) {
+        if (he.handles[i] && he.handle_epoch[i] == he.epoch) continue;
+        *handle = next_handle++;
+        he.handles[i] = *handle;
+        he.handle_epoch[i] = he.epoch;
+        return DCGM_ST_OK;
+    }
+    return DCGM_ST_MAX_LIMIT;
 }
 
 API dcgmReturn_t dcgmDisconnect(dcgmHandle_t handle) {
     count("dcgmDisconnect");
-    return handle ? DCGM_ST_OK : DCGM_ST_BADPARAM;
+    if (!handle) return DCGM_ST_BADPARAM;
+    for (int i = 0; i < MAX_OBJECTS; i++)
+        if (he.handles[i] == handle) he.handles[i] = 0;
+    return DCGM_ST_OK;
 }
 
 API dcgmReturn_t dcgmGetAllDevices(dcgmHandle_t handle, unsigned int gpuIdList[DCGM_MAX_NUM_DEVICES],
                                    int *count_out) {
     count("dcgmGetAllDevices");
-    if (!handle || !gpuIdList || !count_out) return DCGM_ST_BADPARAM;
-    if (!hostengine_up()) return DCGM_ST_CONNECTION_NOT_VALID;
+    if (!gpuIdList || !count_out) return DCGM_ST_BADPARAM;
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
     char buf[32];
     const char *v = config("gpus", buf, sizeof buf);
     int n = v ? atoi(v) : 0;
@@ -186,14 +460,32 @@ API dcgmReturn_t dcgmGetAllDevices(dcgmHandle_t handle, unsigned int gpuIdList[D
     return DCGM_ST_OK;
 }
 
+/* Whether a watch covers `field` of `entity`. */
+static int watched(dcgmGroupEntityPair_t entity, unsigned short field) {
+    for (int w = 0; w < MAX_OBJECTS; w++) {
+        struct group *g = find_group(he.watches[w].group);
+        struct field_group *fg = find_field_group(he.watches[w].field_group);
+        if (!g || !fg) continue;
+        int has_entity = 0, has_field = 0;
+        for (int i = 0; i < g->n; i++)
+            if (g->members[i].entityGroupId == entity.entityGroupId && g->members[i].entityId == entity.entityId)
+                has_entity = 1;
+        for (int i = 0; i < fg->n; i++)
+            if (fg->fields[i] == field) has_field = 1;
+        if (has_entity && has_field) return 1;
+    }
+    return 0;
+}
+
 API dcgmReturn_t dcgmEntitiesGetLatestValues(dcgmHandle_t handle, dcgmGroupEntityPair_t entities[],
                                              unsigned int entityCount, unsigned short fields[],
                                              unsigned int fieldCount, unsigned int flags,
                                              dcgmFieldValue_v2 values[]) {
     (void)flags;
     count("dcgmEntitiesGetLatestValues");
-    if (!handle || !entities || !fields || !values) return DCGM_ST_BADPARAM;
-    if (!hostengine_up()) return DCGM_ST_CONNECTION_NOT_VALID;
+    if (!entities || !fields || !values) return DCGM_ST_BADPARAM;
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
     for (unsigned int e = 0; e < entityCount; e++) {
         for (unsigned int f = 0; f < fieldCount; f++) {
             dcgmFieldValue_v2 *out = &values[e * fieldCount + f];
@@ -206,6 +498,11 @@ API dcgmReturn_t dcgmEntitiesGetLatestValues(dcgmHandle_t handle, dcgmGroupEntit
             out->ts = 1700000000000000LL;
             char key[96];
             char buf[64];
+            if (!watched(entities[e], fields[f])) {
+                out->status = DCGM_ST_NOT_WATCHED;
+                out->value.dbl = DCGM_FP64_BLANK;
+                continue;
+            }
             snprintf(key, sizeof key, "refuse.%u", fields[f]);
             if (config(key, buf, sizeof buf)) {
                 out->status = DCGM_ST_NOT_SUPPORTED;
@@ -224,5 +521,209 @@ API dcgmReturn_t dcgmEntitiesGetLatestValues(dcgmHandle_t handle, dcgmGroupEntit
             }
         }
     }
+    return DCGM_ST_OK;
+}
+
+API dcgmReturn_t dcgmGroupCreate(dcgmHandle_t handle, int type, const char *groupName,
+                                 dcgmGpuGrp_t *groupId) {
+    count("dcgmGroupCreate");
+    if (!groupName || !groupId || (type != DCGM_GROUP_EMPTY && type != DCGM_GROUP_DEFAULT))
+        return DCGM_ST_BADPARAM;
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    for (int i = 0; i < MAX_OBJECTS; i++) {
+        if (he.groups[i].id) continue;
+        memset(&he.groups[i], 0, sizeof he.groups[i]);
+        he.groups[i].id = he.next_id++;
+        if (type == DCGM_GROUP_DEFAULT) {
+            long n = config_long("gpus", 0);
+            for (long g = 0; g < n && g < MAX_MEMBERS; g++)
+                he.groups[i].members[he.groups[i].n++] = (dcgmGroupEntityPair_t){DCGM_FE_GPU, (unsigned int)g};
+        }
+        *groupId = he.groups[i].id;
+        return DCGM_ST_OK;
+    }
+    return DCGM_ST_MAX_LIMIT;
+}
+
+API dcgmReturn_t dcgmGroupAddEntity(dcgmHandle_t handle, dcgmGpuGrp_t groupId,
+                                    dcgm_field_entity_group_t entityGroupId, dcgm_field_eid_t entityId) {
+    count("dcgmGroupAddEntity");
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    struct group *g = find_group(groupId);
+    dcgmGroupEntityPair_t e = {entityGroupId, entityId};
+    if (!g || !entity_exists(e)) return DCGM_ST_BADPARAM;
+    if (g->n >= MAX_MEMBERS) return DCGM_ST_MAX_LIMIT;
+    g->members[g->n++] = e;
+    return DCGM_ST_OK;
+}
+
+API dcgmReturn_t dcgmGroupDestroy(dcgmHandle_t handle, dcgmGpuGrp_t groupId) {
+    count("dcgmGroupDestroy");
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    struct group *g = find_group(groupId);
+    if (!g) return DCGM_ST_BADPARAM;
+    for (int w = 0; w < MAX_OBJECTS; w++)
+        if (he.watches[w].group == groupId) memset(&he.watches[w], 0, sizeof he.watches[w]);
+    memset(g, 0, sizeof *g);
+    return DCGM_ST_OK;
+}
+
+API dcgmReturn_t dcgmFieldGroupCreate(dcgmHandle_t handle, int numFieldIds, const unsigned short *fieldIds,
+                                      const char *fieldGroupName, dcgmFieldGrp_t *fieldGroupId) {
+    count("dcgmFieldGroupCreate");
+    if (numFieldIds <= 0 || numFieldIds > MAX_MEMBERS || !fieldIds || !fieldGroupName || !fieldGroupId)
+        return DCGM_ST_BADPARAM;
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    for (int i = 0; i < MAX_OBJECTS; i++)
+        if (he.field_groups[i].id && strcmp(he.field_groups[i].name, fieldGroupName) == 0)
+            return DCGM_ST_DUPLICATE_KEY;
+    for (int i = 0; i < MAX_OBJECTS; i++) {
+        struct field_group *fg = &he.field_groups[i];
+        if (fg->id) continue;
+        memset(fg, 0, sizeof *fg);
+        fg->id = he.next_id++;
+        snprintf(fg->name, sizeof fg->name, "%s", fieldGroupName);
+        fg->n = numFieldIds;
+        memcpy(fg->fields, fieldIds, sizeof(unsigned short) * (size_t)numFieldIds);
+        *fieldGroupId = fg->id;
+        return DCGM_ST_OK;
+    }
+    return DCGM_ST_MAX_LIMIT;
+}
+
+API dcgmReturn_t dcgmFieldGroupDestroy(dcgmHandle_t handle, dcgmFieldGrp_t fieldGroupId) {
+    count("dcgmFieldGroupDestroy");
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    struct field_group *fg = find_field_group(fieldGroupId);
+    if (!fg) return DCGM_ST_BADPARAM;
+    for (int w = 0; w < MAX_OBJECTS; w++)
+        if (he.watches[w].field_group == fieldGroupId) memset(&he.watches[w], 0, sizeof he.watches[w]);
+    memset(fg, 0, sizeof *fg);
+    return DCGM_ST_OK;
+}
+
+/* Whether the profiling fields of `fg`, with those already watched, need one pass: DCGM_ST_OK, or
+ * why not. */
+static dcgmReturn_t profiling_check(const struct group *g, const struct field_group *fg) {
+    for (int i = 0; i < g->n; i++) {
+        if (g->members[i].entityGroupId != DCGM_FE_GPU) continue;
+        char key[32];
+        snprintf(key, sizeof key, "profiling.%u", g->members[i].entityId);
+        if (config_long(key, 1) == 0) {
+            for (int f = 0; f < fg->n; f++)
+                if (is_profiling(fg->fields[f])) return DCGM_ST_PROFILING_NOT_SUPPORTED;
+        }
+    }
+    /* The metric groups in use: those of this field group and of every other watch. */
+    dcgmProfMetricGroupInfo_v2 used[2 * MAX_MEMBERS];
+    int n_used = 0;
+    for (int w = -1; w < MAX_OBJECTS; w++) {
+        const struct field_group *x = w < 0 ? fg : find_field_group(he.watches[w].field_group);
+        if (!x || (w >= 0 && x == fg)) continue;
+        for (int f = 0; f < x->n; f++) {
+            if (!is_profiling(x->fields[f])) continue;
+            dcgmProfMetricGroupInfo_v2 mg;
+            if (group_of(x->fields[f], &mg) < 0) return DCGM_ST_PROFILING_NOT_SUPPORTED;
+            for (int u = 0; u < n_used; u++)
+                if (used[u].majorId == mg.majorId && used[u].minorId != mg.minorId)
+                    return DCGM_ST_PROFILING_MULTI_PASS;
+            if (n_used < 2 * MAX_MEMBERS) used[n_used++] = mg;
+        }
+    }
+    return DCGM_ST_OK;
+}
+
+API dcgmReturn_t dcgmWatchFields(dcgmHandle_t handle, dcgmGpuGrp_t groupId, dcgmFieldGrp_t fieldGroupId,
+                                 long long updateFreq, double maxKeepAge, int maxKeepSamples) {
+    count("dcgmWatchFields");
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    struct group *g = find_group(groupId);
+    struct field_group *fg = find_field_group(fieldGroupId);
+    if (!g || !fg || updateFreq <= 0 || maxKeepAge < 0 || maxKeepSamples < 0) return DCGM_ST_BADPARAM;
+    for (int f = 0; f < fg->n; f++) {
+        char key[32];
+        snprintf(key, sizeof key, "refusewatch.%u", fg->fields[f]);
+        long code = config_long(key, 0);
+        if (code) return (dcgmReturn_t)code;
+    }
+    st = profiling_check(g, fg);
+    if (st != DCGM_ST_OK) return st;
+    for (int w = 0; w < MAX_OBJECTS; w++)
+        if (he.watches[w].group == groupId && he.watches[w].field_group == fieldGroupId) return DCGM_ST_OK;
+    for (int w = 0; w < MAX_OBJECTS; w++) {
+        if (he.watches[w].group) continue;
+        he.watches[w].group = groupId;
+        he.watches[w].field_group = fieldGroupId;
+        return DCGM_ST_OK;
+    }
+    return DCGM_ST_MAX_LIMIT;
+}
+
+API dcgmReturn_t dcgmUnwatchFields(dcgmHandle_t handle, dcgmGpuGrp_t groupId, dcgmFieldGrp_t fieldGroupId) {
+    count("dcgmUnwatchFields");
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    for (int w = 0; w < MAX_OBJECTS; w++)
+        if (he.watches[w].group == groupId && he.watches[w].field_group == fieldGroupId) {
+            memset(&he.watches[w], 0, sizeof he.watches[w]);
+            return DCGM_ST_OK;
+        }
+    return DCGM_ST_NOT_WATCHED;
+}
+
+API dcgmReturn_t dcgmProfGetSupportedMetricGroups(dcgmHandle_t handle, dcgmProfGetMetricGroups_v3 *metricGroups) {
+    count("dcgmProfGetSupportedMetricGroups");
+    if (!metricGroups) return DCGM_ST_BADPARAM;
+    if (metricGroups->version != dcgmProfGetMetricGroups_version3) return DCGM_ST_VER_MISMATCH;
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    if (metricGroups->gpuId >= (unsigned int)config_long("gpus", 0)) return DCGM_ST_BADPARAM;
+    char key[32];
+    snprintf(key, sizeof key, "profiling.%u", metricGroups->gpuId);
+    if (config_long(key, 1) == 0) return DCGM_ST_PROFILING_NOT_SUPPORTED;
+    metricGroups->numMetricGroups = 0;
+    for (int n = 0; n < DCGM_PROF_MAX_NUM_GROUPS_V2 &&
+                    metric_group(n, &metricGroups->metricGroups[metricGroups->numMetricGroups]);
+         n++)
+        metricGroups->numMetricGroups++;
+    return DCGM_ST_OK;
+}
+
+API dcgmReturn_t dcgmGetGpuInstanceHierarchy(dcgmHandle_t handle, dcgmMigHierarchy_v2 *hierarchy) {
+    count("dcgmGetGpuInstanceHierarchy");
+    if (!hierarchy) return DCGM_ST_BADPARAM;
+    if (hierarchy->version != dcgmMigHierarchy_version2) return DCGM_ST_VER_MISMATCH;
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    hierarchy->count = 0;
+    unsigned int gpu, entity, gi;
+    for (int n = 0; n < DCGM_MAX_HIERARCHY_INFO && mig_entry(n, &gpu, &entity, &gi); n++) {
+        dcgmMigHierarchyInfo_v2 *e = &hierarchy->entityList[hierarchy->count++];
+        memset(e, 0, sizeof *e);
+        e->entity = (dcgmGroupEntityPair_t){DCGM_FE_GPU_I, entity};
+        e->parent = (dcgmGroupEntityPair_t){DCGM_FE_GPU, gpu};
+        gpu_uuid(gpu, e->info.gpuUuid, sizeof e->info.gpuUuid);
+        e->info.nvmlGpuIndex = gpu;
+        e->info.nvmlInstanceId = gi;
+        e->info.nvmlComputeInstanceId = 0xffffffffu;
+    }
+    return DCGM_ST_OK;
+}
+
+API dcgmReturn_t dcgmGetDeviceAttributes(dcgmHandle_t handle, unsigned int gpuId, dcgmDeviceAttributes_v3 *attrs) {
+    count("dcgmGetDeviceAttributes");
+    if (!attrs) return DCGM_ST_BADPARAM;
+    if (attrs->version != dcgmDeviceAttributes_version3) return DCGM_ST_VER_MISMATCH;
+    dcgmReturn_t st = live(handle);
+    if (st != DCGM_ST_OK) return st;
+    if (gpuId >= (unsigned int)config_long("gpus", 0)) return DCGM_ST_BADPARAM;
+    gpu_uuid(gpuId, attrs->identifiers.uuid, sizeof attrs->identifiers.uuid);
+    snprintf(attrs->identifiers.deviceName, sizeof attrs->identifiers.deviceName, "NVIDIA A100-SXM4-80GB");
     return DCGM_ST_OK;
 }

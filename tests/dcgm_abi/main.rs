@@ -3,7 +3,8 @@
 //! blank sentinels) is loaded through the exporter's real `dlopen` path (`gpu::dcgm::ffi`), and
 //! what the exporter reads is compared with what the stand-in's "hostengine" holds: connect,
 //! devices, latest values of GPUs and MIG GPU instances, blanks, a refused field, the hostengine
-//! going away and coming back.
+//! going away and coming back, the entity and field groups and watches, the profiling metric
+//! groups, the MIG hierarchy and device attributes (`ffi.rs`).
 
 #[path = "../common/cstandin.rs"]
 mod cstandin;
@@ -50,10 +51,17 @@ impl Hostengine {
 
 const A100: &str = "hostengine = up
 gpus = 2
+uuid.0 = GPU-aaaa
+uuid.1 = GPU-bbbb
+mig.0 = 1 3 2
+mig.1 = 1 4 9
+metricgroup.0 = 1 0 1001 1004 1005 1003
+metricgroup.1 = 1 1 1002
+metricgroup.2 = 2 0 1009 1010
 value.1.0.1001 = 0.625
 value.1.0.1004 = 0.125
 value.1.1.1001 = 0.5
-value.4.0.1001 = 0.25
+value.4.3.1001 = 0.25
 refuse.1005 = 1
 ";
 
@@ -61,6 +69,7 @@ const GR_ENGINE_ACTIVE: u16 = 1001;
 const PIPE_TENSOR_ACTIVE: u16 = 1004;
 const DRAM_ACTIVE: u16 = 1005;
 const SM_OCCUPANCY: u16 = 1003;
+const SM_ACTIVE: u16 = 1002;
 
 fn find(values: &[LatestValue], group: EntityGroup, id: u32, field: u16) -> LatestValue {
     *values
@@ -82,8 +91,56 @@ fn the_real_dlopen_path_reads_what_the_hostengine_holds_and_survives_it_going_aw
     let conn = lib.connect("127.0.0.1:5555", false, 1000).expect("connect");
     assert_eq!(conn.gpu_ids().expect("dcgmGetAllDevices"), [0, 1]);
 
-    // Latest values: whole GPUs and a MIG GPU instance, exact; the stand-in rejects entries
-    // without dcgmFieldValue_version2, and the entity group numbers are DCGM's (GPU_I = 4).
+    // Identity: UUIDs through dcgmDeviceAttributes_v3, MIG through dcgmMigHierarchy_v2 (the
+    // stand-in rejects any other version of either).
+    assert_eq!(
+        conn.gpu_uuid(1).expect("dcgmGetDeviceAttributes"),
+        "GPU-bbbb"
+    );
+    let mig = conn.mig_hierarchy().expect("dcgmGetGpuInstanceHierarchy");
+    assert_eq!(mig.len(), 2);
+    assert_eq!(
+        (
+            mig[1].entity,
+            mig[1].parent,
+            mig[1].gpu_uuid.as_str(),
+            mig[1].instance_id
+        ),
+        (
+            Entity {
+                group: EntityGroup::GpuInstance,
+                id: 4
+            },
+            Entity {
+                group: EntityGroup::Gpu,
+                id: 1
+            },
+            "GPU-bbbb",
+            9
+        )
+    );
+    // Profiling metric groups (dcgmProfGetMetricGroups_v3).
+    let groups = conn
+        .metric_groups(0)
+        .expect("dcgmProfGetSupportedMetricGroups");
+    assert_eq!(groups.len(), 3);
+    assert_eq!(
+        (
+            groups[0].major,
+            groups[0].minor,
+            groups[0].fields.as_slice()
+        ),
+        (1, 0, &[1001, 1004, 1005, 1003][..])
+    );
+    assert_eq!(
+        (
+            groups[1].major,
+            groups[1].minor,
+            groups[1].fields.as_slice()
+        ),
+        (1, 1, &[1002][..])
+    );
+
     let entities = [
         Entity {
             group: EntityGroup::Gpu,
@@ -95,7 +152,7 @@ fn the_real_dlopen_path_reads_what_the_hostengine_holds_and_survives_it_going_aw
         },
         Entity {
             group: EntityGroup::GpuInstance,
-            id: 0,
+            id: 3,
         },
     ];
     let fields = [
@@ -104,6 +161,32 @@ fn the_real_dlopen_path_reads_what_the_hostengine_holds_and_survives_it_going_aw
         DRAM_ACTIVE,
         SM_OCCUPANCY,
     ];
+    // Before a watch, nothing reads: DCGM_ST_NOT_WATCHED.
+    let values = conn.latest(&entities, &fields).expect("unwatched read");
+    assert!(
+        values.iter().all(|v| v.status == status::NOT_WATCHED),
+        "{values:#?}"
+    );
+
+    // Groups and a watch. Two metric groups of one major cannot be watched together.
+    let group = conn.create_group("g", &entities).expect("dcgmGroupCreate");
+    let multi = conn
+        .create_field_group("multi", &[GR_ENGINE_ACTIVE, SM_ACTIVE])
+        .expect("dcgmFieldGroupCreate");
+    let e = conn
+        .watch(group, multi, 200_000, 2)
+        .expect_err("multi-pass");
+    assert_eq!(
+        e.to_string(),
+        "dcgmWatchFields returned DCGM_ST_PROFILING_MULTI_PASS (-38)"
+    );
+    conn.destroy_field_group(multi)
+        .expect("dcgmFieldGroupDestroy");
+    let fg = conn.create_field_group("f", &fields).expect("field group");
+    conn.watch(group, fg, 200_000, 2).expect("dcgmWatchFields");
+
+    // Latest values: whole GPUs and a MIG GPU instance, exact; the stand-in rejects entries
+    // without dcgmFieldValue_version2, and the entity group numbers are DCGM's (GPU_I = 4).
     let values = conn
         .latest(&entities, &fields)
         .expect("dcgmEntitiesGetLatestValues");
@@ -122,7 +205,7 @@ fn the_real_dlopen_path_reads_what_the_hostengine_holds_and_survives_it_going_aw
         Ok(Value::Float(0.5))
     );
     assert_eq!(
-        r(EntityGroup::GpuInstance, 0, GR_ENGINE_ACTIVE),
+        r(EntityGroup::GpuInstance, 3, GR_ENGINE_ACTIVE),
         Ok(Value::Float(0.25))
     );
     // Not held: DCGM_FP64_BLANK with DCGM_ST_NO_DATA, a failed read (no series).
@@ -135,6 +218,10 @@ fn the_real_dlopen_path_reads_what_the_hostengine_holds_and_survives_it_going_aw
         r(EntityGroup::Gpu, 0, DRAM_ACTIVE),
         Err(FieldError::NotSupported)
     );
+    conn.unwatch(group, fg).expect("dcgmUnwatchFields");
+    let values = conn.latest(&entities[..1], &fields[..1]).expect("read");
+    assert_eq!(values[0].status, status::NOT_WATCHED);
+    conn.watch(group, fg, 200_000, 2).expect("watch again");
 
     // The hostengine goes away: calls on the connection and new connections say so.
     he.set("hostengine = down\n");
@@ -150,19 +237,30 @@ fn the_real_dlopen_path_reads_what_the_hostengine_holds_and_survives_it_going_aw
         .connect("127.0.0.1:5555", false, 1000)
         .expect_err("no hostengine");
     assert!(e.connection_lost(), "{e}");
-    drop(conn);
 
-    // It comes back: a new connection reads again.
-    he.set(A100);
+    // It comes back restarted (a new epoch): the old handle stays invalid and the watches are
+    // gone; a new connection watches and reads again.
+    he.set(&format!("{A100}epoch = 1\n"));
+    let e = conn.gpu_ids().expect_err("a handle of the old hostengine");
+    assert!(e.connection_lost(), "{e}");
+    drop(conn);
     let conn = lib
         .connect("127.0.0.1:5555", false, 1000)
         .expect("reconnect");
     let values = conn
         .latest(&entities[..1], &[GR_ENGINE_ACTIVE])
+        .expect("read");
+    assert_eq!(values[0].status, status::NOT_WATCHED);
+    let group = conn.create_group("g", &entities[..1]).expect("group");
+    let fg = conn
+        .create_field_group("f", &[GR_ENGINE_ACTIVE])
+        .expect("field group");
+    conn.watch(group, fg, 200_000, 2).expect("watch");
+    let values = conn
+        .latest(&entities[..1], &[GR_ENGINE_ACTIVE])
         .expect("read again");
     assert_eq!(reading(&values[0]), Ok(Value::Float(0.625)));
 }
-
 #[test]
 fn a_missing_library_names_what_to_install() {
     let e = DcgmLibrary::open("/nonexistent/libdcgm.so.4").expect_err("no library");

@@ -9,7 +9,7 @@
 use std::ffi::CString;
 use std::sync::Arc;
 
-use super::{DcgmError, Entity, EntityGroup, LatestValue, RawValue};
+use super::{DcgmError, Entity, EntityGroup, LatestValue, MetricGroup, MigEntity, RawValue};
 
 type Handle = usize; // dcgmHandle_t is uintptr_t
 type Return = i32; // dcgmReturn_t is an enum
@@ -61,12 +61,120 @@ const fn make_version(size: usize, version: u32) -> u32 {
     size | (version << 24)
 }
 
+/// `dcgmProfMetricGroupInfo_v2`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProfMetricGroupInfoV2 {
+    major_id: u16,
+    minor_id: u16,
+    num_field_ids: u32,
+    field_ids: [u16; PROF_MAX_FIELD_IDS_PER_GROUP],
+}
+
+/// `dcgmProfGetMetricGroups_v3`.
+#[repr(C)]
+struct ProfGetMetricGroupsV3 {
+    version: u32,
+    unused: u32,
+    gpu_id: u32,
+    num_metric_groups: u32,
+    metric_groups: [ProfMetricGroupInfoV2; PROF_MAX_NUM_GROUPS],
+}
+
+/// `dcgmMigEntityInfo_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MigEntityInfo {
+    gpu_uuid: [u8; 128],
+    nvml_gpu_index: u32,
+    nvml_instance_id: u32,
+    nvml_compute_instance_id: u32,
+    nvml_mig_profile_id: u32,
+    nvml_profile_slices: u32,
+}
+
+/// `dcgmMigHierarchyInfo_v2`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MigHierarchyInfoV2 {
+    entity: EntityPair,
+    parent: EntityPair,
+    info: MigEntityInfo,
+}
+
+/// `dcgmMigHierarchy_v2`.
+#[repr(C)]
+struct MigHierarchyV2 {
+    version: u32,
+    count: u32,
+    entity_list: [MigHierarchyInfoV2; MAX_HIERARCHY_INFO],
+}
+
+/// `dcgmDeviceSupportedClockSets_v1` (`dcgmClockSet_v1` is `version, memClock, smClock`).
+#[repr(C)]
+struct SupportedClockSetsV1 {
+    version: u32,
+    count: u32,
+    clock_set: [[u32; 3]; 256],
+}
+
+/// `dcgmDeviceIdentifiers_v1`.
+#[repr(C)]
+struct DeviceIdentifiersV1 {
+    version: u32,
+    brand_name: [u8; MAX_STR_LENGTH],
+    device_name: [u8; MAX_STR_LENGTH],
+    pci_bus_id: [u8; MAX_STR_LENGTH],
+    serial: [u8; MAX_STR_LENGTH],
+    uuid: [u8; MAX_STR_LENGTH],
+    vbios: [u8; MAX_STR_LENGTH],
+    inforom_image_version: [u8; MAX_STR_LENGTH],
+    pci_device_id: u32,
+    pci_sub_system_id: u32,
+    driver_version: [u8; MAX_STR_LENGTH],
+    virtualization_mode: u32,
+}
+
+/// `dcgmDeviceAttributes_v3`: clock sets, thermals (`dcgmDeviceThermals_v1`, 3 words), power
+/// limits (`dcgmDevicePowerLimits_v1`, 6 words), identifiers, memory usage
+/// (`dcgmDeviceMemoryUsage_v1`, 5 words), settings (`dcgmDeviceSettings_v2`, 4 words).
+#[repr(C)]
+struct DeviceAttributesV3 {
+    version: u32,
+    clock_sets: SupportedClockSetsV1,
+    thermal_settings: [u32; 3],
+    power_limits: [u32; 6],
+    identifiers: DeviceIdentifiersV1,
+    memory_usage: [u32; 5],
+    settings: [u32; 4],
+}
+
 const _: () = assert!(std::mem::size_of::<ConnectV2Params>() == 16);
+const _: () = assert!(std::mem::size_of::<ProfMetricGroupInfoV2>() == 136);
+const _: () = assert!(std::mem::size_of::<ProfGetMetricGroupsV3>() == 1376);
+const _: () = assert!(std::mem::size_of::<MigEntityInfo>() == 148);
+const _: () = assert!(std::mem::size_of::<MigHierarchyInfoV2>() == 164);
+const _: () = assert!(std::mem::size_of::<MigHierarchyV2>() == 8 + 164 * 448);
+const _: () = assert!(std::mem::size_of::<DeviceIdentifiersV1>() == 2064);
+const _: () = assert!(std::mem::size_of::<DeviceAttributesV3>() == 5220);
 const _: () = assert!(std::mem::size_of::<FieldValueV2>() == 4128);
 const _: () = assert!(std::mem::size_of::<EntityPair>() == 8);
 const CONNECT_V2_PARAMS_VERSION2: u32 = make_version(std::mem::size_of::<ConnectV2Params>(), 2);
 const FIELD_VALUE_VERSION2: u32 = make_version(std::mem::size_of::<FieldValueV2>(), 2);
+const PROF_GET_METRIC_GROUPS_VERSION3: u32 =
+    make_version(std::mem::size_of::<ProfGetMetricGroupsV3>(), 3);
+const MIG_HIERARCHY_VERSION2: u32 = make_version(std::mem::size_of::<MigHierarchyV2>(), 2);
+const DEVICE_ATTRIBUTES_VERSION3: u32 = make_version(std::mem::size_of::<DeviceAttributesV3>(), 3);
 const MAX_NUM_DEVICES: usize = 32;
+const MAX_STR_LENGTH: usize = 256;
+/// `DCGM_PROF_MAX_NUM_GROUPS_V2`.
+const PROF_MAX_NUM_GROUPS: usize = 10;
+/// `DCGM_PROF_MAX_FIELD_IDS_PER_GROUP_V2`.
+const PROF_MAX_FIELD_IDS_PER_GROUP: usize = 64;
+/// `DCGM_MAX_HIERARCHY_INFO`: `DCGM_MAX_NUM_DEVICES * DCGM_MAX_TOTAL_INSTANCES_PER_GPU` (14).
+const MAX_HIERARCHY_INFO: usize = MAX_NUM_DEVICES * 14;
+/// `DCGM_GROUP_EMPTY` (`dcgmGroupType_t`).
+const GROUP_EMPTY: i32 = 1;
 const FT_DOUBLE: u16 = b'd' as u16;
 const FT_INT64: u16 = b'i' as u16;
 
@@ -85,6 +193,29 @@ type LatestValuesFn = unsafe extern "C" fn(
     *mut FieldValueV2,
 ) -> Return;
 
+type GroupCreateFn =
+    unsafe extern "C" fn(Handle, i32, *const std::ffi::c_char, *mut GroupId) -> Return;
+type GroupAddEntityFn = unsafe extern "C" fn(Handle, GroupId, i32, u32) -> Return;
+type GroupDestroyFn = unsafe extern "C" fn(Handle, GroupId) -> Return;
+type FieldGroupCreateFn = unsafe extern "C" fn(
+    Handle,
+    i32,
+    *const u16,
+    *const std::ffi::c_char,
+    *mut FieldGroupId,
+) -> Return;
+type FieldGroupDestroyFn = unsafe extern "C" fn(Handle, FieldGroupId) -> Return;
+type WatchFieldsFn = unsafe extern "C" fn(Handle, GroupId, FieldGroupId, i64, f64, i32) -> Return;
+type UnwatchFieldsFn = unsafe extern "C" fn(Handle, GroupId, FieldGroupId) -> Return;
+type ProfMetricGroupsFn = unsafe extern "C" fn(Handle, *mut ProfGetMetricGroupsV3) -> Return;
+type MigHierarchyFn = unsafe extern "C" fn(Handle, *mut MigHierarchyV2) -> Return;
+type DeviceAttributesFn = unsafe extern "C" fn(Handle, u32, *mut DeviceAttributesV3) -> Return;
+
+/// `dcgmGpuGrp_t`: an entity group on the hostengine.
+pub type GroupId = usize;
+/// `dcgmFieldGrp_t`: a field group on the hostengine.
+pub type FieldGroupId = usize;
+
 /// The loaded library and the functions the exporter calls. `dcgmInit` has been called;
 /// dropping it calls `dcgmShutdown`.
 pub struct DcgmLibrary {
@@ -94,6 +225,16 @@ pub struct DcgmLibrary {
     disconnect: DisconnectFn,
     get_all_devices: GetAllDevicesFn,
     latest_values: LatestValuesFn,
+    group_create: GroupCreateFn,
+    group_add_entity: GroupAddEntityFn,
+    group_destroy: GroupDestroyFn,
+    field_group_create: FieldGroupCreateFn,
+    field_group_destroy: FieldGroupDestroyFn,
+    watch_fields: WatchFieldsFn,
+    unwatch_fields: UnwatchFieldsFn,
+    prof_metric_groups: ProfMetricGroupsFn,
+    mig_hierarchy: MigHierarchyFn,
+    device_attributes: DeviceAttributesFn,
     // Last: the function pointers above point into it.
     _lib: libloading::Library,
 }
@@ -149,6 +290,16 @@ impl DcgmLibrary {
             disconnect: sym(&lib, path, "dcgmDisconnect")?,
             get_all_devices: sym(&lib, path, "dcgmGetAllDevices")?,
             latest_values: sym(&lib, path, "dcgmEntitiesGetLatestValues")?,
+            group_create: sym(&lib, path, "dcgmGroupCreate")?,
+            group_add_entity: sym(&lib, path, "dcgmGroupAddEntity")?,
+            group_destroy: sym(&lib, path, "dcgmGroupDestroy")?,
+            field_group_create: sym(&lib, path, "dcgmFieldGroupCreate")?,
+            field_group_destroy: sym(&lib, path, "dcgmFieldGroupDestroy")?,
+            watch_fields: sym(&lib, path, "dcgmWatchFields")?,
+            unwatch_fields: sym(&lib, path, "dcgmUnwatchFields")?,
+            prof_metric_groups: sym(&lib, path, "dcgmProfGetSupportedMetricGroups")?,
+            mig_hierarchy: sym(&lib, path, "dcgmGetGpuInstanceHierarchy")?,
+            device_attributes: sym(&lib, path, "dcgmGetDeviceAttributes")?,
             _lib: lib,
         };
         // SAFETY: no arguments.
@@ -299,6 +450,219 @@ impl Connection {
                 },
             })
             .collect())
+    }
+}
+
+/// A NUL-terminated C string of `s`, or `DCGM_ST_BADPARAM` for `call` when it holds a NUL.
+fn c_string(call: &'static str, s: &str) -> Result<CString, DcgmError> {
+    CString::new(s).map_err(|_| DcgmError::Call {
+        call,
+        code: super::status::BADPARAM,
+    })
+}
+
+/// The text of a NUL-padded C char array.
+fn c_text(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+impl Connection {
+    /// Creates an entity group named `name` holding `entities` (`dcgmGroupCreate` with
+    /// `DCGM_GROUP_EMPTY`, then `dcgmGroupAddEntity` for each); destroys it again when adding
+    /// fails.
+    ///
+    /// # Errors
+    /// The first failing call.
+    pub fn create_group(&self, name: &str, entities: &[Entity]) -> Result<GroupId, DcgmError> {
+        let cname = c_string("dcgmGroupCreate", name)?;
+        let mut id: GroupId = 0;
+        // SAFETY: a NUL-terminated name and a group id slot, live for the call.
+        check("dcgmGroupCreate", unsafe {
+            (self.lib.group_create)(self.handle, GROUP_EMPTY, cname.as_ptr(), &mut id)
+        })?;
+        for e in entities {
+            // SAFETY: plain values.
+            let code = unsafe { (self.lib.group_add_entity)(self.handle, id, e.group.raw(), e.id) };
+            if let Err(err) = check("dcgmGroupAddEntity", code) {
+                let _ = self.destroy_group(id);
+                return Err(err);
+            }
+        }
+        Ok(id)
+    }
+
+    /// Destroys an entity group (`dcgmGroupDestroy`).
+    ///
+    /// # Errors
+    /// The call's failure.
+    pub fn destroy_group(&self, id: GroupId) -> Result<(), DcgmError> {
+        // SAFETY: plain values.
+        check("dcgmGroupDestroy", unsafe {
+            (self.lib.group_destroy)(self.handle, id)
+        })
+    }
+
+    /// Creates a field group named `name` (`dcgmFieldGroupCreate`).
+    ///
+    /// # Errors
+    /// The call's failure.
+    pub fn create_field_group(
+        &self,
+        name: &str,
+        fields: &[u16],
+    ) -> Result<FieldGroupId, DcgmError> {
+        let cname = c_string("dcgmFieldGroupCreate", name)?;
+        let n = i32::try_from(fields.len()).map_err(|_| DcgmError::Call {
+            call: "dcgmFieldGroupCreate",
+            code: super::status::BADPARAM,
+        })?;
+        let mut id: FieldGroupId = 0;
+        // SAFETY: `n` field ids, a NUL-terminated name and an id slot, live for the call.
+        check("dcgmFieldGroupCreate", unsafe {
+            (self.lib.field_group_create)(self.handle, n, fields.as_ptr(), cname.as_ptr(), &mut id)
+        })?;
+        Ok(id)
+    }
+
+    /// Destroys a field group (`dcgmFieldGroupDestroy`).
+    ///
+    /// # Errors
+    /// The call's failure.
+    pub fn destroy_field_group(&self, id: FieldGroupId) -> Result<(), DcgmError> {
+        // SAFETY: plain values.
+        check("dcgmFieldGroupDestroy", unsafe {
+            (self.lib.field_group_destroy)(self.handle, id)
+        })
+    }
+
+    /// Asks the hostengine to sample `fields` of `group` every `update_us` microseconds,
+    /// keeping `keep_samples` samples (`dcgmWatchFields`; a keep age of 0: no age limit).
+    ///
+    /// # Errors
+    /// The call's failure: `DCGM_ST_PROFILING_NOT_SUPPORTED`, `DCGM_ST_PROFILING_MULTI_PASS`
+    /// (metric groups that cannot be watched together), `DCGM_ST_REQUIRES_ROOT`...
+    pub fn watch(
+        &self,
+        group: GroupId,
+        fields: FieldGroupId,
+        update_us: i64,
+        keep_samples: i32,
+    ) -> Result<(), DcgmError> {
+        // SAFETY: plain values.
+        check("dcgmWatchFields", unsafe {
+            (self.lib.watch_fields)(self.handle, group, fields, update_us, 0.0, keep_samples)
+        })
+    }
+
+    /// Stops watching (`dcgmUnwatchFields`).
+    ///
+    /// # Errors
+    /// The call's failure.
+    pub fn unwatch(&self, group: GroupId, fields: FieldGroupId) -> Result<(), DcgmError> {
+        // SAFETY: plain values.
+        check("dcgmUnwatchFields", unsafe {
+            (self.lib.unwatch_fields)(self.handle, group, fields)
+        })
+    }
+
+    /// The profiling metric groups the GPU `gpu_id` supports
+    /// (`dcgmProfGetSupportedMetricGroups`, `dcgmProfGetMetricGroups_v3`).
+    ///
+    /// # Errors
+    /// The call's failure (`DCGM_ST_PROFILING_NOT_SUPPORTED` on a GPU without profiling,
+    /// `DCGM_ST_MODULE_NOT_LOADED` without the profiling module).
+    pub fn metric_groups(&self, gpu_id: u32) -> Result<Vec<MetricGroup>, DcgmError> {
+        let mut req = Box::new(ProfGetMetricGroupsV3 {
+            version: PROF_GET_METRIC_GROUPS_VERSION3,
+            unused: 0,
+            gpu_id,
+            num_metric_groups: 0,
+            metric_groups: [ProfMetricGroupInfoV2 {
+                major_id: 0,
+                minor_id: 0,
+                num_field_ids: 0,
+                field_ids: [0; PROF_MAX_FIELD_IDS_PER_GROUP],
+            }; PROF_MAX_NUM_GROUPS],
+        });
+        // SAFETY: a versioned request, live for the call.
+        check("dcgmProfGetSupportedMetricGroups", unsafe {
+            (self.lib.prof_metric_groups)(self.handle, &mut *req)
+        })?;
+        let n = (req.num_metric_groups as usize).min(PROF_MAX_NUM_GROUPS);
+        Ok(req.metric_groups[..n]
+            .iter()
+            .map(|g| MetricGroup {
+                major: g.major_id,
+                minor: g.minor_id,
+                fields: g.field_ids[..(g.num_field_ids as usize).min(PROF_MAX_FIELD_IDS_PER_GROUP)]
+                    .to_vec(),
+            })
+            .collect())
+    }
+
+    /// The MIG entities the hostengine knows (`dcgmGetGpuInstanceHierarchy`,
+    /// `dcgmMigHierarchy_v2`): GPU instances and compute instances with their parents.
+    ///
+    /// # Errors
+    /// The call's failure.
+    pub fn mig_hierarchy(&self) -> Result<Vec<MigEntity>, DcgmError> {
+        let blank = MigHierarchyInfoV2 {
+            entity: EntityPair { group: 0, id: 0 },
+            parent: EntityPair { group: 0, id: 0 },
+            info: MigEntityInfo {
+                gpu_uuid: [0; 128],
+                nvml_gpu_index: 0,
+                nvml_instance_id: 0,
+                nvml_compute_instance_id: 0,
+                nvml_mig_profile_id: 0,
+                nvml_profile_slices: 0,
+            },
+        };
+        let mut h = Box::new(MigHierarchyV2 {
+            version: MIG_HIERARCHY_VERSION2,
+            count: 0,
+            entity_list: [blank; MAX_HIERARCHY_INFO],
+        });
+        // SAFETY: a versioned hierarchy, live for the call.
+        check("dcgmGetGpuInstanceHierarchy", unsafe {
+            (self.lib.mig_hierarchy)(self.handle, &mut *h)
+        })?;
+        let n = (h.count as usize).min(MAX_HIERARCHY_INFO);
+        Ok(h.entity_list[..n]
+            .iter()
+            .filter_map(|e| {
+                Some(MigEntity {
+                    entity: Entity {
+                        group: EntityGroup::from_raw(e.entity.group)?,
+                        id: e.entity.id,
+                    },
+                    parent: Entity {
+                        group: EntityGroup::from_raw(e.parent.group)?,
+                        id: e.parent.id,
+                    },
+                    gpu_uuid: c_text(&e.info.gpu_uuid),
+                    instance_id: e.info.nvml_instance_id,
+                    compute_instance_id: e.info.nvml_compute_instance_id,
+                })
+            })
+            .collect())
+    }
+
+    /// The UUID of GPU `gpu_id` (`dcgmGetDeviceAttributes`, `dcgmDeviceAttributes_v3`).
+    ///
+    /// # Errors
+    /// The call's failure.
+    pub fn gpu_uuid(&self, gpu_id: u32) -> Result<String, DcgmError> {
+        // SAFETY: all-zero bytes are a valid value of this plain C struct (integers and byte
+        // arrays only).
+        let mut attrs: Box<DeviceAttributesV3> = Box::new(unsafe { std::mem::zeroed() });
+        attrs.version = DEVICE_ATTRIBUTES_VERSION3;
+        // SAFETY: a versioned attributes struct, live for the call.
+        check("dcgmGetDeviceAttributes", unsafe {
+            (self.lib.device_attributes)(self.handle, gpu_id, &mut *attrs)
+        })?;
+        Ok(c_text(&attrs.identifiers.uuid))
     }
 }
 

@@ -4,14 +4,13 @@
 //! of fields for entities, converted to [`Reading`]s with DCGM's status codes and blank
 //! sentinels. [`ffi`] is the only code that touches the C ABI; everything here is pure.
 //!
-//! Not wired into sampling yet: the watch groups (dcgmGroupCreate, dcgmFieldGroupCreate,
-//! dcgmWatchFields at the collect interval, honouring dcgmProfGetSupportedMetricGroups), the
-//! mapping of DCGM entities to ours by UUID and (GPU, GPU instance), reconnection, and the
-//! `gpu_exporter_dcgm_*` self-metrics are the next steps.
+//! The DCGM source wraps the NVML source with it (`-r`): the watch groups, the mapping
+//! of DCGM entities to ours ([`plan`]), reconnection and the `gpu_exporter_dcgm_*` self-metrics.
 
 pub mod ffi;
+pub mod plan;
 
-pub use ffi::{Connection, DcgmLibrary};
+pub use ffi::{Connection, DcgmLibrary, FieldGroupId, GroupId};
 
 use crate::gpu::{FieldError, Reading, Value};
 
@@ -81,6 +80,33 @@ pub struct LatestValue {
     pub value: RawValue,
 }
 
+/// A profiling metric group (`dcgmProfMetricGroupInfo_v2`): fields the profiling module reads
+/// together. Groups with the same `major` cannot be watched at the same time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricGroup {
+    /// `majorId`.
+    pub major: u16,
+    /// `minorId`.
+    pub minor: u16,
+    /// Its DCGM field ids.
+    pub fields: Vec<u16>,
+}
+
+/// A MIG entity of `dcgmGetGpuInstanceHierarchy` (`dcgmMigHierarchyInfo_v2`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigEntity {
+    /// The entity (a GPU instance or a compute instance).
+    pub entity: Entity,
+    /// Its parent (a GPU, or the GPU instance of a compute instance).
+    pub parent: Entity,
+    /// The UUID of the physical GPU it is on.
+    pub gpu_uuid: String,
+    /// NVML's GPU instance id (`GPU_I_ID`).
+    pub instance_id: u32,
+    /// NVML's compute instance id.
+    pub compute_instance_id: u32,
+}
+
 /// Errors of the DCGM library and hostengine.
 #[derive(Debug, thiserror::Error)]
 pub enum DcgmError {
@@ -147,6 +173,8 @@ pub mod status {
     pub const CONNECTION_NOT_VALID: i32 = -21;
     /// `DCGM_ST_REQUIRES_ROOT`.
     pub const REQUIRES_ROOT: i32 = -29;
+    /// `DCGM_ST_MODULE_NOT_LOADED`.
+    pub const MODULE_NOT_LOADED: i32 = -33;
     /// `DCGM_ST_PROFILING_NOT_SUPPORTED`.
     pub const PROFILING_NOT_SUPPORTED: i32 = -36;
     /// `DCGM_ST_PROFILING_MULTI_PASS`.
@@ -169,6 +197,7 @@ pub fn status_name(code: i32) -> &'static str {
         status::NO_PERMISSION => "DCGM_ST_NO_PERMISSION",
         status::CONNECTION_NOT_VALID => "DCGM_ST_CONNECTION_NOT_VALID",
         status::REQUIRES_ROOT => "DCGM_ST_REQUIRES_ROOT",
+        status::MODULE_NOT_LOADED => "DCGM_ST_MODULE_NOT_LOADED",
         status::PROFILING_NOT_SUPPORTED => "DCGM_ST_PROFILING_NOT_SUPPORTED",
         status::PROFILING_MULTI_PASS => "DCGM_ST_PROFILING_MULTI_PASS",
         _ => "an unknown DCGM status",
