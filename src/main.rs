@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 use gpu_exporter::config::{Args, Backend, Config, LogFormat};
+use gpu_exporter::gpu::dcgm::source::{DcgmOptions, DcgmSource};
 use gpu_exporter::gpu::nvml::real::RealNvml;
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::scenario::Scenario;
@@ -140,6 +141,19 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
     };
     match nvml {
         Some(source) if source.init_error().is_none() || config.args.backend == Backend::Nvml => {
+            if let Some(address) = config.args.remote_hostengine_info.clone() {
+                // NVML plus a DCGM hostengine for the profiling fields NVML cannot read.
+                let source =
+                    DcgmSource::new(source, DcgmOptions::new(&address, config.interval))
+                        .context("-r / --remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO")?;
+                return serve(
+                    config_with_supported(&mut config, &source)?,
+                    Arc::new(source),
+                    hup,
+                    log_write_errors,
+                )
+                .await;
+            }
             serve(
                 config_with_supported(&mut config, &source)?,
                 Arc::new(source),

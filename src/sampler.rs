@@ -587,6 +587,7 @@ impl<S: GpuSource> Sampler<S> {
             &self.metrics.families(&stats, self.source.name()),
             &mut body,
         );
+        render(&self.source.self_metric_families(), &mut body);
         Arc::new(Published::new(
             Bytes::from(body),
             last.begun,

@@ -333,8 +333,9 @@ pub struct Args {
           value_parser = ["hostname", "Hostname"])]
     pub hostname_label: String,
 
-    /// dcgm-exporter's remote hostengine address. No effect yet: gpu-exporter reads NVML directly
-    /// (a DCGM source for the profiling fields of GPUs before Hopper is planned, issue 27).
+    /// DCGM hostengine (`host:port` or a unix socket path), e.g. the GPU Operator's
+    /// `nvidia-dcgm:5555`: serves the DCGM_FI_PROF_* fields NVML cannot read (GPUs before
+    /// Hopper) through `libdcgm.so.4`. NVML stays the source of everything else.
     #[arg(short = 'r', long, env = "DCGM_REMOTE_HOSTENGINE_INFO", hide = true)]
     pub remote_hostengine_info: Option<String>,
 
@@ -761,8 +762,8 @@ impl Config {
             Some(n) => n.to_owned(),
             None => system_hostname(),
         };
-        if args.remote_hostengine_info.is_some() {
-            notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect yet: gpu-exporter reads NVML directly; on GPUs before Hopper that leaves out the DCGM_FI_PROF_* fields, which only a DCGM hostengine serves (a DCGM source is planned)".to_owned());
+        if args.remote_hostengine_info.is_some() && args.backend == Backend::Sim {
+            notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect with --backend sim: the simulated fleet reads no DCGM hostengine".to_owned());
         }
         if args.enable_dcgm_log || args.dcgm_log_level.is_some() {
             notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: there is no DCGM library to log".to_owned());
@@ -1232,7 +1233,7 @@ mod tests {
     fn unimplemented_flags_refuse_to_start_and_inert_ones_are_noticed() {
         let e = Config::resolve(args(&["-m", "default:metrics"])).unwrap_err();
         assert!(e.to_string().starts_with("--configmap-data:"));
-        let c = Config::resolve(args(&["-r", "localhost:5555"])).unwrap();
+        let c = Config::resolve(args(&["--backend", "sim", "-r", "localhost:5555"])).unwrap();
         assert_eq!(c.notices.len(), 1);
     }
 

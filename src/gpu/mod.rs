@@ -57,8 +57,8 @@ impl FieldError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FieldGap {
     /// A `DCGM_FI_PROF_*` field on a GPU without NVML GPM (before Hopper: A100, L40S, A10, T4,
-    /// V100) and no DCGM source: NVML has no other way to read profiling metrics; dcgm-exporter
-    /// reads them from DCGM's profiling module.
+    /// V100) and no DCGM source (`-r`): NVML has no other way to read profiling metrics;
+    /// dcgm-exporter reads them from DCGM's profiling module, and so does gpu-exporter with `-r`.
     ProfilingNeedsDcgm,
 }
 
@@ -73,7 +73,7 @@ impl FieldGap {
     /// Why, and the fix, for the log line.
     pub fn explanation(self) -> &'static str {
         match self {
-            FieldGap::ProfilingNeedsDcgm => "NVML reads DCGM_FI_PROF_* (profiling) metrics only through GPM, which needs a Hopper or newer GPU; on older GPUs (A100, L40S, A10, T4, V100) they come from DCGM's profiling module, read through a DCGM hostengine (`-r host:5555` / DCGM_REMOTE_HOSTENGINE_INFO, e.g. the GPU Operator's standalone DCGM service `nvidia-dcgm:5555`); this build does not read a DCGM hostengine yet, so these series are absent on those GPUs",
+            FieldGap::ProfilingNeedsDcgm => "NVML reads DCGM_FI_PROF_* (profiling) metrics only through GPM, which needs a Hopper or newer GPU; on older GPUs (A100, L40S, A10, T4, V100) they come from DCGM's profiling module, read through a DCGM hostengine: pass `-r host:5555` / DCGM_REMOTE_HOSTENGINE_INFO (e.g. the GPU Operator's standalone DCGM service `nvidia-dcgm:5555`) to serve them; without it these series are absent on those GPUs",
         }
     }
 }
@@ -318,6 +318,12 @@ pub trait GpuSource: Send + Sync + 'static {
     fn processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
         let _ = device;
         Err(FieldError::NotSupported)
+    }
+
+    /// Self-metric families the source keeps itself (the DCGM source's `gpu_exporter_dcgm_*`),
+    /// rendered after the exporter's own; none by default.
+    fn self_metric_families(&self) -> Vec<crate::render::Family> {
+        Vec::new()
     }
 }
 

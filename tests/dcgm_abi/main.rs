@@ -4,10 +4,18 @@
 //! what the exporter reads is compared with what the stand-in's "hostengine" holds: connect,
 //! devices, latest values of GPUs and MIG GPU instances, blanks, a refused field, the hostengine
 //! going away and coming back, the entity and field groups and watches, the profiling metric
-//! groups, the MIG hierarchy and device attributes (`ffi.rs`).
+//! groups, the MIG hierarchy and device attributes (`ffi.rs`); and, in `e2e.rs`, the exporter
+//! binary with `-r` against this stand-in and the NVML stand-in of tests/nvml_abi together.
 
 #[path = "../common/cstandin.rs"]
 mod cstandin;
+mod e2e;
+#[path = "../nvml_abi/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+#[path = "../nvml_abi/node.rs"]
+#[allow(dead_code)]
+mod node;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

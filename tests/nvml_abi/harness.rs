@@ -126,6 +126,16 @@ impl Exporter {
     /// Starts the exporter with `args` (after `--backend nvml -a 127.0.0.1:0 -c 200`) and waits
     /// until it listens.
     pub fn start(standin: &StandIn, args: &[&str]) -> Self {
+        Self::start_with_env(standin, args, &[])
+    }
+
+    /// [`Exporter::start`] with more environment variables (set after the harness's own, so
+    /// they may replace `LD_LIBRARY_PATH`).
+    pub fn start_with_env(
+        standin: &StandIn,
+        args: &[&str],
+        env: &[(&str, std::ffi::OsString)],
+    ) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-exporter"))
             .args([
                 "--backend",
@@ -145,6 +155,7 @@ impl Exporter {
             .env_remove("DCGM_EXPORTER_COLLECTORS")
             .env_remove("DCGM_EXPORTER_INTERVAL")
             .env_remove("GPU_EXPORTER_LOG")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -4,11 +4,12 @@
 //! of fields for entities, converted to [`Reading`]s with DCGM's status codes and blank
 //! sentinels. [`ffi`] is the only code that touches the C ABI; everything here is pure.
 //!
-//! The DCGM source wraps the NVML source with it (`-r`): the watch groups, the mapping
+//! [`source::DcgmSource`] wraps the NVML source with it (`-r`): the watch groups, the mapping
 //! of DCGM entities to ours ([`plan`]), reconnection and the `gpu_exporter_dcgm_*` self-metrics.
 
 pub mod ffi;
 pub mod plan;
+pub mod source;
 
 pub use ffi::{Connection, DcgmLibrary, FieldGroupId, GroupId};
 
@@ -128,6 +129,9 @@ pub enum DcgmError {
         /// The loader's message.
         detail: String,
     },
+    /// The reader thread could not be started.
+    #[error("cannot start the DCGM reader thread")]
+    Thread(#[source] std::io::Error),
     /// A DCGM call failed.
     #[error("{call} returned {} ({code})", status_name(*code))]
     Call {

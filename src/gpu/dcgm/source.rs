@@ -1,0 +1,711 @@
+//! The DCGM-backed [`GpuSource`]: NVML (the wrapped source) reads everything it can; a DCGM
+//! hostengine (`-r host:port`) serves the profiling (`DCGM_FI_PROF_*`) fields NVML cannot read,
+//! i.e. on GPUs without NVML GPM (before Hopper: A100, L40S, A10, T4, V100).
+//!
+//! **Which source wins on Hopper and newer**: NVML. Where NVML reads a field through GPM, the
+//! wrapped source's reading is kept and DCGM is not asked for it; DCGM is asked only for the
+//! fields the wrapped source reports as a [`FieldGap::ProfilingNeedsDcgm`] on that GPU. One
+//! source per (GPU, field) keeps the values of a GPU from mixing two sampling windows.
+//!
+//! A background thread owns the DCGM connection: it maps DCGM's entities to our devices (by
+//! UUID, and by (GPU UUID, GPU instance id) for MIG), plans a single-pass watch from the
+//! profiling metric groups the GPU offers, watches at the collect interval and copies the latest
+//! values into a shared map. The sampling tick only reads that map, so a slow or absent
+//! hostengine never delays it. A hostengine that is down, restarts or refuses a field removes
+//! only the series concerned; the `gpu_exporter_dcgm_*` self-metrics say why, and the thread
+//! reconnects (with backoff) and watches again by itself.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family as PromFamily;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::plan::{self, Refusal, Target};
+use super::{reading, Connection, DcgmError, DcgmLibrary, Entity, EntityGroup};
+use crate::catalog::{Field, MetricType};
+use crate::gpu::{
+    Device, DeviceSample, FieldError, FieldGap, GpuProcess, GpuSource, Reading, SourceError,
+    XidEvent,
+};
+use crate::render::{push_label, Family, Series};
+
+/// How the DCGM source reaches the hostengine.
+#[derive(Debug, Clone)]
+pub struct DcgmOptions {
+    /// The client library to load (`libdcgm.so.4`: the loader's search path).
+    pub library: String,
+    /// `host:port`, or a unix socket path (starting with `/`).
+    pub address: String,
+    /// The collect interval: DCGM samples the watched fields this often.
+    pub interval: Duration,
+    /// How long `dcgmConnect_v2` may wait.
+    pub connect_timeout: Duration,
+    /// The first wait before reconnecting; doubled after each failure up to `max_backoff`.
+    pub min_backoff: Duration,
+    /// The longest wait before reconnecting.
+    pub max_backoff: Duration,
+}
+
+impl DcgmOptions {
+    /// Options for `address` at `interval`, with the defaults (library `libdcgm.so.4`, 2 s
+    /// connect timeout, reconnect backoff 0.5 s doubling to 10 s).
+    pub fn new(address: &str, interval: Duration) -> Self {
+        Self {
+            library: "libdcgm.so.4".to_owned(),
+            address: address.to_owned(),
+            interval,
+            connect_timeout: Duration::from_secs(2),
+            min_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The `reason` label values of `gpu_exporter_dcgm_errors_total`.
+const ERROR_REASONS: [&str; 5] = ["connect", "connection_lost", "entities", "watch", "read"];
+
+/// The `gpu_exporter_dcgm_*` self-metrics, as `prometheus-client` families.
+#[derive(Debug, Default)]
+pub struct DcgmMetrics {
+    /// 1 while connected to the hostengine.
+    pub connected: Gauge<i64, AtomicI64>,
+    /// Successful latest-value reads.
+    pub reads: Counter<u64, AtomicU64>,
+    /// Reconnections after a lost or failed connection.
+    pub reconnects: Counter<u64, AtomicU64>,
+    /// Failures by reason (see [`ERROR_REASONS`]).
+    pub errors: PromFamily<Vec<(String, String)>, Counter<u64, AtomicU64>>,
+    /// 1 for each field DCGM does not serve now, by field and reason.
+    pub fields_refused: PromFamily<Vec<(String, String)>, Gauge<i64, AtomicI64>>,
+    /// The fields refused now (the gauge family cannot be listed).
+    refused_now: Mutex<BTreeMap<Field, Refusal>>,
+}
+
+impl DcgmMetrics {
+    /// Registers the families (names without `_total`: `prometheus-client` adds it to counters).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "gpu_exporter_dcgm_connected",
+            "1 while the DCGM hostengine (-r) is connected",
+            self.connected.clone(),
+        );
+        registry.register(
+            "gpu_exporter_dcgm_reads",
+            "Latest-value reads from the DCGM hostengine",
+            self.reads.clone(),
+        );
+        registry.register(
+            "gpu_exporter_dcgm_reconnects",
+            "Reconnections to the DCGM hostengine after it was lost or unreachable",
+            self.reconnects.clone(),
+        );
+        registry.register(
+            "gpu_exporter_dcgm_errors",
+            "DCGM failures by reason (connect, connection_lost, entities, watch, read)",
+            self.errors.clone(),
+        );
+        registry.register(
+            "gpu_exporter_dcgm_fields_refused",
+            "Fields the DCGM hostengine does not serve now, by reason (their series are absent)",
+            self.fields_refused.clone(),
+        );
+    }
+
+    fn count_error(&self, reason: &'static str) {
+        self.errors
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc();
+    }
+
+    fn set_refused(&self, now: BTreeMap<Field, Refusal>) {
+        let mut cur = self
+            .refused_now
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let labels = |f: &Field, r: &Refusal| {
+            vec![
+                ("field".to_owned(), f.dcgm_name().to_owned()),
+                ("reason".to_owned(), r.as_str().to_owned()),
+            ]
+        };
+        for (f, r) in cur.iter() {
+            if now.get(f) != Some(r) {
+                self.fields_refused.remove(&labels(f, r));
+            }
+        }
+        for (f, r) in &now {
+            self.fields_refused.get_or_create(&labels(f, r)).set(1);
+        }
+        *cur = now;
+    }
+
+    /// The families in the exporter's own rendering (until every self-metric is rendered from a
+    /// `prometheus-client` registry).
+    pub fn families(&self) -> Vec<Family> {
+        let one = |v: i64| {
+            vec![Series {
+                labels: Arc::from(""),
+                value: crate::gpu::Value::Int(v),
+            }]
+        };
+        #[allow(clippy::cast_possible_wrap)]
+        let count = |c: &Counter<u64, AtomicU64>| c.get() as i64;
+        let errors = ERROR_REASONS
+            .iter()
+            .map(|r| {
+                let mut labels = String::new();
+                push_label(&mut labels, "reason", r);
+                let n = self
+                    .errors
+                    .get_or_create(&vec![("reason".to_owned(), (*r).to_owned())])
+                    .get();
+                #[allow(clippy::cast_possible_wrap)]
+                Series {
+                    labels: Arc::from(labels),
+                    value: crate::gpu::Value::Int(n as i64),
+                }
+            })
+            .collect();
+        let refused = self
+            .refused_now
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(f, r)| {
+                let mut labels = String::new();
+                push_label(&mut labels, "field", f.dcgm_name());
+                push_label(&mut labels, "reason", r.as_str());
+                Series {
+                    labels: Arc::from(labels),
+                    value: crate::gpu::Value::Int(1),
+                }
+            })
+            .collect();
+        let fam = |name: &str, help: &str, kind, series| Family {
+            name: name.to_owned(),
+            help: help.to_owned(),
+            kind,
+            series,
+        };
+        vec![
+            fam(
+                "gpu_exporter_dcgm_connected",
+                "1 while the DCGM hostengine (-r) is connected",
+                MetricType::Gauge,
+                one(self.connected.get()),
+            ),
+            fam(
+                "gpu_exporter_dcgm_reads_total",
+                "Latest-value reads from the DCGM hostengine",
+                MetricType::Counter,
+                one(count(&self.reads)),
+            ),
+            fam(
+                "gpu_exporter_dcgm_reconnects_total",
+                "Reconnections to the DCGM hostengine after it was lost or unreachable",
+                MetricType::Counter,
+                one(count(&self.reconnects)),
+            ),
+            fam(
+                "gpu_exporter_dcgm_errors_total",
+                "DCGM failures by reason (connect, connection_lost, entities, watch, read)",
+                MetricType::Counter,
+                errors,
+            ),
+            fam(
+                "gpu_exporter_dcgm_fields_refused",
+                "Fields the DCGM hostengine does not serve now, by reason (their series are absent)",
+                MetricType::Gauge,
+                refused,
+            ),
+        ]
+    }
+}
+
+/// What the tick and the reader thread share.
+#[derive(Debug, Default)]
+struct State {
+    /// The devices of the last discovery.
+    devices: Vec<Device>,
+    /// The profiling fields the ticks asked DCGM for.
+    wanted: BTreeSet<Field>,
+    /// Bumped when `devices` or `wanted` change: the reader watches again.
+    generation: u64,
+    /// The latest values, by target and field; replaced by each read, emptied when the
+    /// hostengine is lost.
+    latest: HashMap<(Target, Field), Reading>,
+    stop: bool,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    metrics: DcgmMetrics,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits up to `d`, or until woken (a change, or stop); returns whether to stop.
+    fn wait(&self, d: Duration, generation: Option<u64>) -> bool {
+        let state = self.lock();
+        let (state, _) = self
+            .wake
+            .wait_timeout_while(state, d, |s| {
+                !s.stop && generation.is_none_or(|g| g == s.generation)
+            })
+            .unwrap_or_else(PoisonError::into_inner);
+        state.stop
+    }
+}
+
+/// NVML (or any source) plus DCGM for the profiling fields it cannot read.
+#[derive(Debug)]
+pub struct DcgmSource<S> {
+    inner: S,
+    shared: Arc<Shared>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl<S: GpuSource> DcgmSource<S> {
+    /// Loads DCGM's client library (a startup error when it cannot be loaded: `-r` asks for
+    /// it) and starts the reader thread, which connects in the background.
+    ///
+    /// # Errors
+    /// [`DcgmError::Load`] / [`DcgmError::Symbol`], or `dcgmInit`'s failure.
+    pub fn new(inner: S, opts: DcgmOptions) -> Result<Self, DcgmError> {
+        let lib = DcgmLibrary::open(&opts.library)?;
+        let shared = Arc::new(Shared::default());
+        let s = Arc::clone(&shared);
+        let reader = std::thread::Builder::new()
+            .name("dcgm-reader".into())
+            .spawn(move || Reader::new(lib, opts, s).run())
+            .map_err(DcgmError::Thread)?;
+        Ok(Self {
+            inner,
+            shared,
+            reader: Some(reader),
+        })
+    }
+
+    /// The self-metrics.
+    pub fn metrics(&self) -> &DcgmMetrics {
+        &self.shared.metrics
+    }
+
+    /// The wrapped source.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// The fields of `fields` DCGM serves on `device`: profiling fields the wrapped source
+    /// cannot read there.
+    fn dcgm_fields(&self, device: &Device, fields: &[Field]) -> Vec<Field> {
+        fields
+            .iter()
+            .copied()
+            .filter(|f| {
+                f.is_profiling()
+                    && self.inner.field_gap(device, *f) == Some(FieldGap::ProfilingNeedsDcgm)
+            })
+            .collect()
+    }
+}
+
+impl<S> Drop for DcgmSource<S> {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_all();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+impl<S: GpuSource> GpuSource for DcgmSource<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn supports(&self, field: Field) -> bool {
+        self.inner.supports(field) || field.is_profiling()
+    }
+
+    fn field_gap(&self, device: &Device, field: Field) -> Option<FieldGap> {
+        match self.inner.field_gap(device, field) {
+            Some(FieldGap::ProfilingNeedsDcgm) if field.is_profiling() => None,
+            other => other,
+        }
+    }
+
+    fn devices(&self) -> Result<Vec<Device>, SourceError> {
+        let devices = self.inner.devices()?;
+        let mut state = self.shared.lock();
+        if state.devices != devices {
+            state.devices.clone_from(&devices);
+            state.generation += 1;
+            drop(state);
+            self.shared.wake.notify_all();
+        }
+        Ok(devices)
+    }
+
+    fn sample(&self, device: &Device, fields: &[Field]) -> Result<DeviceSample, SourceError> {
+        let mut sample = self.inner.sample(device, fields)?;
+        let dcgm = self.dcgm_fields(device, fields);
+        if dcgm.is_empty() {
+            return Ok(sample);
+        }
+        let mut state = self.shared.lock();
+        if !dcgm.iter().all(|f| state.wanted.contains(f)) {
+            state.wanted.extend(dcgm.iter().copied());
+            state.generation += 1;
+            self.shared.wake.notify_all();
+        }
+        // Absent from the map (not connected, refused, not read yet): no series, and no field
+        // error counted: gpu_exporter_dcgm_* says why.
+        let get = |target: Target, f: Field| {
+            state
+                .latest
+                .get(&(target, f))
+                .cloned()
+                .unwrap_or(Err(FieldError::NotSupported))
+        };
+        let uuid = &device.identity.uuid;
+        for (f, r) in &mut sample.readings {
+            if dcgm.contains(f) {
+                *r = get(
+                    Target {
+                        uuid: uuid.clone(),
+                        gi: None,
+                    },
+                    *f,
+                );
+            }
+        }
+        for inst in &mut sample.instances {
+            for (f, r) in &mut inst.readings {
+                if dcgm.contains(f) {
+                    *r = get(
+                        Target {
+                            uuid: uuid.clone(),
+                            gi: Some(inst.gi_id),
+                        },
+                        *f,
+                    );
+                }
+            }
+        }
+        Ok(sample)
+    }
+
+    fn wants_rediscovery(&self) -> bool {
+        self.inner.wants_rediscovery()
+    }
+
+    fn drain_xids(&self) -> Vec<(String, XidEvent)> {
+        self.inner.drain_xids()
+    }
+
+    fn processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
+        self.inner.processes(device)
+    }
+
+    fn self_metric_families(&self) -> Vec<Family> {
+        let mut f = self.inner.self_metric_families();
+        f.extend(self.shared.metrics.families());
+        f
+    }
+}
+
+/// What is watched on one connection.
+struct Watching {
+    generation: u64,
+    group: Option<super::GroupId>,
+    field_groups: Vec<super::FieldGroupId>,
+    entities: BTreeMap<Entity, Target>,
+    fields: Vec<u16>,
+}
+
+/// Why a session on a connection ended.
+enum End {
+    Stop,
+    Lost,
+}
+
+/// The reader thread.
+struct Reader {
+    lib: Arc<DcgmLibrary>,
+    opts: DcgmOptions,
+    shared: Arc<Shared>,
+    serial: u64,
+}
+
+impl Reader {
+    fn new(lib: Arc<DcgmLibrary>, opts: DcgmOptions, shared: Arc<Shared>) -> Self {
+        Self {
+            lib,
+            opts,
+            shared,
+            serial: 0,
+        }
+    }
+
+    fn metrics(&self) -> &DcgmMetrics {
+        &self.shared.metrics
+    }
+
+    fn run(mut self) {
+        let mut backoff = self.opts.min_backoff;
+        let mut connected_before = false;
+        loop {
+            if self.shared.lock().stop {
+                return;
+            }
+            let unix = self.opts.address.starts_with('/');
+            let timeout = u32::try_from(self.opts.connect_timeout.as_millis()).unwrap_or(u32::MAX);
+            match self.lib.connect(&self.opts.address, unix, timeout) {
+                Ok(conn) => {
+                    if connected_before {
+                        self.metrics().reconnects.inc();
+                    }
+                    connected_before = true;
+                    tracing::info!(address = %self.opts.address, "connected to the DCGM hostengine");
+                    self.metrics().connected.set(1);
+                    backoff = self.opts.min_backoff;
+                    let end = self.session(&conn);
+                    self.metrics().connected.set(0);
+                    self.shared.lock().latest.clear();
+                    if matches!(end, End::Stop) {
+                        return;
+                    }
+                    tracing::warn!(address = %self.opts.address, "lost the DCGM hostengine; its DCGM_FI_PROF_* series are absent until it is back (gpu_exporter_dcgm_connected)");
+                }
+                Err(e) => {
+                    self.metrics().count_error("connect");
+                    tracing::warn!(address = %self.opts.address, error = %e, retry_in = ?backoff, "cannot connect to the DCGM hostengine (-r); retrying");
+                }
+            }
+            if self.shared.wait(backoff, None) {
+                return;
+            }
+            backoff = (backoff * 2).min(self.opts.max_backoff);
+        }
+    }
+
+    /// Watches and reads on `conn` until it is lost or the source stops.
+    fn session(&mut self, conn: &Connection) -> End {
+        let mut watching: Option<Watching> = None;
+        let end = loop {
+            let (generation, devices, wanted) = {
+                let s = self.shared.lock();
+                if s.stop {
+                    break End::Stop;
+                }
+                (s.generation, s.devices.clone(), s.wanted.clone())
+            };
+            if watching.as_ref().map(|w| w.generation) != Some(generation) {
+                if let Some(w) = watching.take() {
+                    Self::unwatch(conn, &w);
+                }
+                match self.watch(conn, generation, &devices, &wanted) {
+                    Ok(w) => watching = Some(w),
+                    Err(e) if e.connection_lost() => {
+                        self.metrics().count_error("connection_lost");
+                        break End::Lost;
+                    }
+                    Err(e) => {
+                        self.metrics().count_error("entities");
+                        tracing::warn!(error = %e, "DCGM: cannot list the hostengine's entities; retrying at the next interval");
+                    }
+                }
+            }
+            if let Some(w) = &watching {
+                if let Err(e) = self.read(conn, w) {
+                    if e.connection_lost() {
+                        self.metrics().count_error("connection_lost");
+                        break End::Lost;
+                    }
+                    self.metrics().count_error("read");
+                    tracing::warn!(error = %e, "DCGM: reading the latest values failed");
+                    self.shared.lock().latest.clear();
+                }
+            }
+            if self.shared.wait(self.opts.interval, Some(generation)) {
+                break End::Stop;
+            }
+        };
+        if let (End::Stop, Some(w)) = (&end, &watching) {
+            Self::unwatch(conn, w);
+        }
+        end
+    }
+
+    fn unwatch(conn: &Connection, w: &Watching) {
+        if let Some(g) = w.group {
+            for fg in &w.field_groups {
+                let _ = conn.unwatch(g, *fg);
+                let _ = conn.destroy_field_group(*fg);
+            }
+            let _ = conn.destroy_group(g);
+        }
+    }
+
+    fn name(&mut self, what: &str) -> String {
+        self.serial += 1;
+        format!("gpu-exporter-{}-{what}-{}", std::process::id(), self.serial)
+    }
+
+    /// Maps the entities, plans and starts the watch. Refusals are recorded, not returned.
+    fn watch(
+        &mut self,
+        conn: &Connection,
+        generation: u64,
+        devices: &[Device],
+        wanted: &BTreeSet<Field>,
+    ) -> Result<Watching, DcgmError> {
+        let mut w = Watching {
+            generation,
+            group: None,
+            field_groups: Vec::new(),
+            entities: BTreeMap::new(),
+            fields: Vec::new(),
+        };
+        if wanted.is_empty() || devices.is_empty() {
+            return Ok(w);
+        }
+        let mut gpus = Vec::new();
+        for id in conn.gpu_ids()? {
+            gpus.push((id, conn.gpu_uuid(id)?));
+        }
+        let mig = if devices.iter().any(|d| !d.instances.is_empty()) {
+            conn.mig_hierarchy()?
+        } else {
+            Vec::new()
+        };
+        w.entities = plan::map_entities(devices, &gpus, &mig);
+        for d in devices {
+            let known = w.entities.values().any(|t| t.uuid == d.identity.uuid);
+            if !known {
+                tracing::warn!(gpu = d.identity.index, uuid = %d.identity.uuid, "the DCGM hostengine does not list this GPU; its DCGM_FI_PROF_* series are absent");
+            }
+        }
+        let wanted_ids: BTreeSet<u16> = wanted.iter().map(|f| f.id()).collect();
+        let mut refused: BTreeMap<u16, Refusal> = BTreeMap::new();
+        // The metric groups of the first mapped GPU whose profiling module answers (the GPUs
+        // of a node are one model).
+        let mut groups = None;
+        for e in w.entities.keys().filter(|e| e.group == EntityGroup::Gpu) {
+            match conn.metric_groups(e.id) {
+                Ok(g) => {
+                    groups = Some(g);
+                    break;
+                }
+                Err(e) if e.connection_lost() => return Err(e),
+                Err(DcgmError::Call { code, .. }) => {
+                    for f in &wanted_ids {
+                        refused.insert(*f, Refusal::from_status(code));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let planned = match &groups {
+            Some(g) => {
+                refused.clear();
+                plan::plan_watch(&wanted_ids, g)
+            }
+            None => plan::WatchPlan::default(),
+        };
+        refused.extend(planned.refused);
+        if !planned.watch.is_empty() && !w.entities.is_empty() {
+            let entities: Vec<Entity> = w.entities.keys().copied().collect();
+            let name = self.name("entities");
+            let group = conn.create_group(&name, &entities)?;
+            w.group = Some(group);
+            let update_us = i64::try_from(self.opts.interval.as_micros()).unwrap_or(i64::MAX);
+            // All together first; when the hostengine refuses the set, field by field, so a
+            // refused field costs only its own series.
+            let name = self.name("fields");
+            let fg = conn.create_field_group(&name, &planned.watch)?;
+            match conn.watch(group, fg, update_us, 2) {
+                Ok(()) => {
+                    w.field_groups.push(fg);
+                    w.fields.clone_from(&planned.watch);
+                }
+                Err(e) if e.connection_lost() => return Err(e),
+                Err(e) => {
+                    self.metrics().count_error("watch");
+                    tracing::warn!(error = %e, "DCGM refused to watch the profiling fields together; watching them one by one");
+                    let _ = conn.destroy_field_group(fg);
+                    for &f in &planned.watch {
+                        let name = self.name("field");
+                        let fg = conn.create_field_group(&name, &[f])?;
+                        match conn.watch(group, fg, update_us, 2) {
+                            Ok(()) => {
+                                w.field_groups.push(fg);
+                                w.fields.push(f);
+                            }
+                            Err(e) if e.connection_lost() => return Err(e),
+                            Err(e) => {
+                                let _ = conn.destroy_field_group(fg);
+                                let code = match e {
+                                    DcgmError::Call { code, .. } => code,
+                                    _ => super::status::GENERIC_ERROR,
+                                };
+                                refused.insert(f, Refusal::from_status(code));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let refused: BTreeMap<Field, Refusal> = refused
+            .into_iter()
+            .filter_map(|(id, r)| Some((Field::from_id(id)?, r)))
+            .collect();
+        if !refused.is_empty() {
+            let list: Vec<String> = refused
+                .iter()
+                .map(|(f, r)| format!("{} ({})", f.dcgm_name(), r.as_str()))
+                .collect();
+            tracing::warn!(
+                fields = %list.join(","),
+                "DCGM does not serve these fields; their series are absent (gpu_exporter_dcgm_fields_refused)"
+            );
+        }
+        self.metrics().set_refused(refused);
+        Ok(w)
+    }
+
+    /// One `dcgmEntitiesGetLatestValues` of everything watched, into the shared map.
+    fn read(&self, conn: &Connection, w: &Watching) -> Result<(), DcgmError> {
+        if w.fields.is_empty() || w.entities.is_empty() {
+            self.shared.lock().latest.clear();
+            return Ok(());
+        }
+        let entities: Vec<Entity> = w.entities.keys().copied().collect();
+        let values = conn.latest(&entities, &w.fields)?;
+        let mut latest = HashMap::with_capacity(values.len());
+        for v in &values {
+            let (Some(target), Some(field)) =
+                (w.entities.get(&v.entity), Field::from_id(v.field_id))
+            else {
+                continue;
+            };
+            latest.insert((target.clone(), field), reading(v));
+        }
+        self.shared.lock().latest = latest;
+        self.metrics().reads.inc();
+        Ok(())
+    }
+}

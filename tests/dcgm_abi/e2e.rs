@@ -1,0 +1,386 @@
+//! `-r` end to end, the way a user runs it: the release-shaped `gpu-exporter` binary with
+//! `--backend nvml -r host:5555` loads the NVML stand-in (tests/nvml_abi, playing two A100s:
+//! GPU 0 whole, GPU 1 in MIG mode with GPU instances 2 and 9, no GPM) and this directory's DCGM
+//! stand-in through the real `dlopen` paths. The DCGM stand-in numbers the GPUs the other way
+//! round from NVML and gives its GPU instance entities ids unrelated to the GI ids, so a value
+//! lands on the right series only when the mapping goes by UUID and (GPU, GPU instance).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::harness::{self, Exporter, Scrape, StandIn};
+use crate::node::{self, GPU0, GPU1};
+
+/// The five profiling rows of the default and dcp CSVs, with their DCGM field ids.
+const PROF: [(&str, u16); 5] = [
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1001),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1004),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", 1005),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", 1009),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", 1010),
+];
+
+/// DCGM's entity of NVML GPU 0 (whole) and GPU 1 (MIG), and of GPU 1's GI 2 and GI 9.
+const DCGM_GPU_OF_GPU0: u32 = 1;
+const DCGM_GPU_OF_GPU1: u32 = 0;
+const DCGM_ENTITY_OF_GI2: u32 = 8;
+const DCGM_ENTITY_OF_GI9: u32 = 7;
+
+/// Two A100s as the NVML stand-in plays them: the standard node without GPM.
+fn a100_node() -> harness::Node {
+    let mut n = node::standard();
+    for gpu in 0..2 {
+        n.insert(format!("gpu.{gpu}.gpm"), "0".into());
+        n.insert(format!("gpu.{gpu}.name"), "NVIDIA A100-SXM4-80GB".into());
+    }
+    n
+}
+
+/// The value the hostengine holds for `field` on a target: distinct per entity and field.
+fn value(target: &str, field: u16) -> f64 {
+    let base = match target {
+        "gpu0" => 0.5,
+        "gpu1" => 0.25,
+        "gi2" => 0.125,
+        _ => 0.0625,
+    };
+    match field {
+        1009 | 1010 => (f64::from(field) - 1000.0) * 1_000_000.0 + base * 1024.0,
+        _ => base + f64::from(field - 1000) / 1024.0,
+    }
+}
+
+/// The DCGM stand-in's "hostengine": a key = value file, replaced atomically.
+struct Hostengine {
+    dir: tempfile::TempDir,
+    conf: BTreeMap<String, String>,
+}
+
+impl Hostengine {
+    fn a100s() -> Self {
+        let mut conf = BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            conf.insert(k.to_owned(), v);
+        };
+        put("hostengine", "up".into());
+        put("gpus", "2".into());
+        put(&format!("uuid.{DCGM_GPU_OF_GPU0}"), GPU0.into());
+        put(&format!("uuid.{DCGM_GPU_OF_GPU1}"), GPU1.into());
+        put(
+            "mig.0",
+            format!("{DCGM_GPU_OF_GPU1} {DCGM_ENTITY_OF_GI9} 9"),
+        );
+        put(
+            "mig.1",
+            format!("{DCGM_GPU_OF_GPU1} {DCGM_ENTITY_OF_GI2} 2"),
+        );
+        // A100-like metric groups: one pass for the activity ratios, another major for PCIe.
+        put("metricgroup.0", "1 0 1001 1002 1003 1004 1005".into());
+        put("metricgroup.1", "1 1 1006 1007 1008".into());
+        put("metricgroup.2", "2 0 1009 1010 1011 1012".into());
+        for (_, f) in PROF {
+            put(
+                &format!("value.1.{DCGM_GPU_OF_GPU0}.{f}"),
+                value("gpu0", f).to_string(),
+            );
+            put(
+                &format!("value.1.{DCGM_GPU_OF_GPU1}.{f}"),
+                value("gpu1", f).to_string(),
+            );
+            put(
+                &format!("value.4.{DCGM_ENTITY_OF_GI2}.{f}"),
+                value("gi2", f).to_string(),
+            );
+            put(
+                &format!("value.4.{DCGM_ENTITY_OF_GI9}.{f}"),
+                value("gi9", f).to_string(),
+            );
+        }
+        let h = Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            conf,
+        };
+        h.write();
+        h
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("hostengine.conf")
+    }
+
+    fn write(&self) {
+        let text: String = self
+            .conf
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}\n"))
+            .collect();
+        let tmp = self.dir.path().join("hostengine.conf.tmp");
+        std::fs::write(&tmp, text).expect("write the DCGM stand-in configuration");
+        std::fs::rename(&tmp, self.path()).expect("install it");
+    }
+
+    fn set(&mut self, k: &str, v: &str) {
+        self.conf.insert(k.to_owned(), v.to_owned());
+        self.write();
+    }
+
+    fn counter(&self, call: &str) -> u64 {
+        std::fs::read_to_string(self.dir.path().join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once(" = "))
+            .find(|(k, _)| *k == call)
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The environment that makes the exporter load both stand-ins.
+    fn env(&self) -> Vec<(&'static str, OsString)> {
+        let dcgm = super::library().parent().expect("the library's directory");
+        let mut path = OsString::from(harness::library_dir());
+        path.push(":");
+        path.push(dcgm);
+        vec![
+            ("LD_LIBRARY_PATH", path),
+            ("DCGM_STANDIN_CONFIG", self.path().into()),
+            ("DCGM_STANDIN_STATUS", self.dir.path().join("calls").into()),
+        ]
+    }
+}
+
+fn csv(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("metrics-config")
+        .join(name)
+}
+
+fn start(nvml: &StandIn, he: &Hostengine, csv: &Path) -> Exporter {
+    Exporter::start_with_env(
+        nvml,
+        &[
+            "-f",
+            csv.to_str().expect("utf-8 path"),
+            "-r",
+            "127.0.0.1:5555",
+        ],
+        &he.env(),
+    )
+}
+
+/// The profiling series, as (metric, gpu, GPU_I_ID) -> value.
+fn prof(s: &Scrape) -> BTreeMap<(String, String, String), f64> {
+    s.series
+        .iter()
+        .filter(|x| x.name.starts_with("DCGM_FI_PROF_"))
+        .map(|x| {
+            (
+                (
+                    x.name.clone(),
+                    x.label("gpu").to_owned(),
+                    x.label("GPU_I_ID").to_owned(),
+                ),
+                x.value,
+            )
+        })
+        .collect()
+}
+
+/// What the exporter must serve for `metrics` when the hostengine holds [`value`]: whole-GPU
+/// values for GPU 0, per GPU instance activity ratios on the MIG GPU, and no PCIe bytes there
+/// (a GPU-level field, not repeated on instances, as with NVML GPM).
+fn expected(metrics: &[(&str, u16)]) -> BTreeMap<(String, String, String), f64> {
+    let mut out = BTreeMap::new();
+    for (name, f) in metrics {
+        let mut put = |gpu: &str, gi: &str, target: &str| {
+            out.insert(
+                ((*name).to_owned(), gpu.to_owned(), gi.to_owned()),
+                value(target, *f),
+            );
+        };
+        put("0", "", "gpu0");
+        if !matches!(f, 1009 | 1010) {
+            put("1", "2", "gi2");
+            put("1", "9", "gi9");
+        }
+    }
+    out
+}
+
+/// The `gpu` labels of `metric`'s series, sorted and deduplicated.
+fn gpus_with(s: &Scrape, metric: &str) -> Vec<String> {
+    let mut v: Vec<String> = s.named(metric).map(|x| x.label("gpu").to_owned()).collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn has_all_prof(s: &Scrape, want: &BTreeMap<(String, String, String), f64>) -> bool {
+    &prof(s) == want
+}
+
+#[test]
+fn dash_r_serves_the_profiling_fields_of_the_default_and_dcp_csvs_on_a100s_whole_and_mig() {
+    for file in ["default-counters.csv", "dcp-metrics-included.csv"] {
+        let nvml = StandIn::new(a100_node());
+        let he = Hostengine::a100s();
+        let exp = start(&nvml, &he, &csv(file));
+        let want = expected(&PROF);
+        let s = exp.wait_for(&format!("{file}: every profiling series, exact"), |s| {
+            has_all_prof(s, &want)
+        });
+        assert_eq!(s.value("gpu_exporter_dcgm_connected", &[]), Some(1.0));
+        assert!(s.value("gpu_exporter_dcgm_reads_total", &[]) >= Some(1.0));
+        // DCGM serves them: no "needs DCGM" gap, no field errors, nothing refused.
+        assert_eq!(
+            s.named("gpu_exporter_fields_unavailable").count(),
+            0,
+            "{file}"
+        );
+        assert_eq!(
+            s.named("gpu_exporter_dcgm_fields_refused").count(),
+            0,
+            "{file}"
+        );
+        for (name, _) in PROF {
+            assert_eq!(
+                s.value(
+                    "gpu_exporter_field_errors_total",
+                    &[("field", name), ("reason", "failed")]
+                )
+                .unwrap_or(0.0),
+                0.0,
+                "{file} {name}"
+            );
+        }
+        // The MIG series carry the MIG labels of NVML's instances (by GI id, not DCGM entity).
+        let gi9 = s
+            .named("DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+            .find(|x| x.label("GPU_I_ID") == "9")
+            .expect("GI 9");
+        assert_eq!(gi9.label("UUID"), GPU1, "{gi9:?}");
+        // NVML still serves the rest.
+        assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"], "{file}");
+        // One watch for everything: the entity group and the field group are created once.
+        assert_eq!(he.counter("dcgmWatchFields"), 1, "{file}");
+        assert_eq!(he.counter("dcgmGroupCreate"), 1, "{file}");
+    }
+}
+
+#[test]
+fn a_hostengine_that_is_down_restarts_or_goes_away_removes_only_the_dcgm_series_and_comes_back() {
+    let nvml = StandIn::new(a100_node());
+    let mut he = Hostengine::a100s();
+    he.set("hostengine", "down");
+    let exp = start(&nvml, &he, &csv("default-counters.csv"));
+    let want = expected(&PROF);
+
+    // Down at startup: the exporter serves NVML's series, no profiling series, and says why.
+    let s = exp.wait_for("failed connections while NVML series are served", |s| {
+        s.samples() >= 2
+            && s.value("gpu_exporter_dcgm_errors_total", &[("reason", "connect")]) >= Some(2.0)
+    });
+    assert_eq!(s.value("gpu_exporter_dcgm_connected", &[]), Some(0.0));
+    assert!(prof(&s).is_empty(), "{:?}", prof(&s));
+    assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"]);
+
+    // Up: it connects by itself and serves them.
+    he.set("hostengine", "up");
+    exp.wait_for("the profiling series after the hostengine came up", |s| {
+        has_all_prof(s, &want)
+    });
+
+    // Restarted (a new epoch, watches gone, a new value): the old connection is lost; the
+    // exporter reconnects, watches again and serves the new value.
+    he.set("epoch", "1");
+    he.set(&format!("value.1.{DCGM_GPU_OF_GPU0}.1001"), "0.875");
+    let s = exp.wait_for("the value after the restart", |s| {
+        s.value(
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            &[("gpu", "0"), ("GPU_I_ID", "")],
+        ) == Some(0.875)
+    });
+    assert!(s.value("gpu_exporter_dcgm_reconnects_total", &[]) >= Some(1.0));
+    assert!(
+        s.value(
+            "gpu_exporter_dcgm_errors_total",
+            &[("reason", "connection_lost")]
+        ) >= Some(1.0)
+    );
+    assert!(he.counter("dcgmWatchFields") >= 2);
+
+    // Gone: the profiling series go, the rest stays.
+    he.set("hostengine", "down");
+    let s = exp.wait_for("no profiling series once the hostengine is gone", |s| {
+        prof(s).is_empty() && s.value("gpu_exporter_dcgm_connected", &[]) == Some(0.0)
+    });
+    assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"]);
+    assert!(s.named("DCGM_FI_DEV_FB_USED").count() > 0);
+}
+
+#[test]
+fn fields_the_hostengine_refuses_remove_only_their_series_and_say_why() {
+    let nvml = StandIn::new(a100_node());
+    let mut he = Hostengine::a100s();
+    // DRAM activity: dcgmWatchFields says DCGM_ST_PROFILING_NOT_SUPPORTED for any field group
+    // holding it. Tensor activity: in a metric group of the same major as graphics activity's,
+    // so it cannot be watched with it (multi-pass).
+    he.set("refusewatch.1005", "-36");
+    he.set("metricgroup.0", "1 0 1001 1002 1003 1005");
+    he.set("metricgroup.1", "1 1 1004 1006 1007 1008");
+    let exp = start(&nvml, &he, &csv("default-counters.csv"));
+    let served: Vec<(&str, u16)> = PROF
+        .iter()
+        .copied()
+        .filter(|(_, f)| !matches!(f, 1004 | 1005))
+        .collect();
+    let want = expected(&served);
+    let s = exp.wait_for("the profiling series the hostengine serves, only", |s| {
+        has_all_prof(s, &want) && s.named("gpu_exporter_dcgm_fields_refused").count() == 2
+    });
+    assert_eq!(
+        s.value(
+            "gpu_exporter_dcgm_fields_refused",
+            &[
+                ("field", "DCGM_FI_PROF_DRAM_ACTIVE"),
+                ("reason", "not_supported")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        s.value(
+            "gpu_exporter_dcgm_fields_refused",
+            &[
+                ("field", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+                ("reason", "multi_pass")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert!(s.value("gpu_exporter_dcgm_errors_total", &[("reason", "watch")]) >= Some(1.0));
+    assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"]);
+}
+
+#[test]
+fn dash_r_without_dcgms_library_is_a_startup_error_naming_it() {
+    let nvml = StandIn::new(a100_node());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-exporter"))
+        .args([
+            "--backend",
+            "nvml",
+            "-a",
+            "127.0.0.1:0",
+            "-r",
+            "127.0.0.1:5555",
+        ])
+        .env("LD_LIBRARY_PATH", harness::library_dir())
+        .env("NVML_STANDIN_CONFIG", nvml.config_path())
+        .env_remove("DCGM_EXPORTER_COLLECTORS")
+        .output()
+        .expect("run gpu-exporter");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("-r / --remote-hostengine-info"), "{err}");
+    assert!(err.contains("libdcgm.so.4"), "{err}");
+}
