@@ -233,7 +233,8 @@ fn sim_source(config: &Config) -> Result<SimulatedSource> {
         .or(scenario.seed)
         .unwrap_or_else(|| seed_from(&config.hostname));
     let source = SimulatedSource::new(&profile, seed, config.interval, scenario, &origin)
-        .context("--sim-profile / --sim-scenario")?;
+        .context("--sim-profile / --sim-scenario")?
+        .with_dcgm(config.args.sim_dcgm);
     match &config.args.sim_processes {
         None => Ok(source),
         Some(path) => {

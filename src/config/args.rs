@@ -299,6 +299,11 @@ pub struct Args {
     #[arg(long, env = "GPU_EXPORTER_SIM_PROCESSES")]
     pub sim_processes: Option<PathBuf>,
 
+    /// The simulated node has a DCGM hostengine (as `-r` on a real one): the DCGM_FI_PROF_*
+    /// fields are served on every simulated model, GPUs before Hopper included.
+    #[arg(long, env = "GPU_EXPORTER_SIM_DCGM")]
+    pub sim_dcgm: bool,
+
     /// Seed for the simulated fleet (default 1, or the scenario's seed).
     #[arg(long, env = "GPU_EXPORTER_SIM_SEED")]
     pub sim_seed: Option<u64>,

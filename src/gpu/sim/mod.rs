@@ -124,6 +124,7 @@ pub struct SimulatedSource {
     scenario: Scenario,
     state: Vec<Mutex<GpuState>>,
     processes: Vec<SimProcess>,
+    dcgm: bool,
 }
 
 impl SimulatedSource {
@@ -172,6 +173,7 @@ impl SimulatedSource {
             scenario,
             state,
             processes: Vec::new(),
+            dcgm: false,
         })
     }
 
@@ -212,11 +214,17 @@ impl SimulatedSource {
         Ok(self)
     }
 
+    /// Plays a node with a DCGM hostengine (`--sim-dcgm`, as `-r` on a real node): the
+    /// `DCGM_FI_PROF_*` fields are served on every model, GPUs before Hopper included.
+    pub fn with_dcgm(mut self, dcgm: bool) -> Self {
+        self.dcgm = dcgm;
+        self
+    }
+
     /// Whether the simulated GPUs have a source for the `DCGM_FI_PROF_*` fields, as real ones
-    /// of the model would: NVML GPM on Hopper and newer. (A simulated DCGM source, when there is
-    /// one, serves them on every model: it would be checked here.)
+    /// of the model would: NVML GPM on Hopper and newer, or a (simulated) DCGM hostengine.
     fn serves_profiling(&self) -> bool {
-        self.profile.model.gpm
+        self.profile.model.gpm || self.dcgm
     }
 
     fn identity(&self, index: u32) -> GpuIdentity {

@@ -208,6 +208,40 @@ fn profiling_fields_only_where_a_real_source_serves_them() {
 }
 
 #[test]
+fn a_simulated_dcgm_hostengine_serves_profiling_fields_on_a100s() {
+    let prof: Vec<Field> = Field::ALL
+        .iter()
+        .copied()
+        .filter(|f| f.is_profiling())
+        .collect();
+    for profile in ["1xA100-40GB", "4xA100-80GB-MIG"] {
+        let a100 = fleet(profile, "").with_dcgm(true);
+        for d in a100.devices().unwrap() {
+            let x = a100.sample(&d, Field::ALL).unwrap();
+            for &f in &prof {
+                assert_eq!(a100.field_gap(&d, f), None, "{profile} {f:?}");
+            }
+            if d.mig_enabled {
+                for inst in &x.instances {
+                    let r = inst
+                        .readings
+                        .iter()
+                        .find(|(f, _)| *f == Field::ProfGrEngineActive)
+                        .map(|(_, r)| r.clone());
+                    assert!(matches!(r, Some(Ok(Value::Float(_)))), "{profile}: {r:?}");
+                }
+            } else {
+                assert!(
+                    matches!(x.get(Field::ProfGrEngineActive), Some(Value::Float(_))),
+                    "{profile}"
+                );
+                assert!(x.get(Field::ProfPcieTxBytes).is_some(), "{profile}");
+            }
+        }
+    }
+}
+
+#[test]
 fn rejects_unknown_profile_and_missing_gpu() {
     let e = SimulatedSource::new(
         "9xB300",
