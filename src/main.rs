@@ -12,6 +12,7 @@ use tracing_subscriber::EnvFilter;
 
 use gpu_exporter::config::{Args, Backend, Config, LogFormat};
 use gpu_exporter::gpu::dcgm::source::{DcgmOptions, DcgmSource};
+use gpu_exporter::gpu::dcgm::DcgmLibrary;
 use gpu_exporter::gpu::nvml::real::RealNvml;
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::scenario::Scenario;
@@ -142,17 +143,26 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
     match nvml {
         Some(source) if source.init_error().is_none() || config.args.backend == Backend::Nvml => {
             if let Some(address) = config.args.remote_hostengine_info.clone() {
-                // NVML plus a DCGM hostengine for the profiling fields NVML cannot read.
-                let source =
-                    DcgmSource::new(source, DcgmOptions::new(&address, config.interval))
-                        .context("-r / --remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO")?;
-                return serve(
-                    config_with_supported(&mut config, &source)?,
-                    Arc::new(source),
-                    hup,
-                    log_write_errors,
-                )
-                .await;
+                // NVML plus a DCGM hostengine for the profiling fields NVML cannot read. Without
+                // DCGM's library (an image without it under the GPU Operator's standalone DCGM)
+                // NVML alone serves, as before -r had an effect.
+                let opts = DcgmOptions::new(&address, config.interval);
+                match DcgmLibrary::open(&opts.library) {
+                    Ok(lib) => {
+                        let source = DcgmSource::start(source, lib, opts)
+                            .context("-r / --remote-hostengine-info")?;
+                        return serve(
+                            config_with_supported(&mut config, &source)?,
+                            Arc::new(source),
+                            hup,
+                            log_write_errors,
+                        )
+                        .await;
+                    }
+                    Err(e) => tracing::warn!(
+                        "-r / --remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO {address}: {e}; serving NVML only: the DCGM_FI_PROF_* series of GPUs before Hopper stay absent"
+                    ),
+                }
             }
             serve(
                 config_with_supported(&mut config, &source)?,

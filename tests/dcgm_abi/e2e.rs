@@ -363,24 +363,33 @@ fn fields_the_hostengine_refuses_remove_only_their_series_and_say_why() {
 }
 
 #[test]
-fn dash_r_without_dcgms_library_is_a_startup_error_naming_it() {
+fn without_dcgms_library_dash_r_serves_nvml_only_and_says_why() {
+    // An image without libdcgm.so.4 under the GPU Operator's standalone DCGM (which sets
+    // DCGM_REMOTE_HOSTENGINE_INFO): the exporter still starts, serves what NVML reads, names the
+    // missing library, and reports the profiling fields as needing DCGM.
     let nvml = StandIn::new(a100_node());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-exporter"))
-        .args([
-            "--backend",
-            "nvml",
-            "-a",
-            "127.0.0.1:0",
+    let exp = Exporter::start(
+        &nvml,
+        &[
+            "-f",
+            csv("default-counters.csv").to_str().expect("utf-8 path"),
             "-r",
             "127.0.0.1:5555",
-        ])
-        .env("LD_LIBRARY_PATH", harness::library_dir())
-        .env("NVML_STANDIN_CONFIG", nvml.config_path())
-        .env_remove("DCGM_EXPORTER_COLLECTORS")
-        .output()
-        .expect("run gpu-exporter");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("-r / --remote-hostengine-info"), "{err}");
-    assert!(err.contains("libdcgm.so.4"), "{err}");
+        ],
+    );
+    let s = exp.wait_for("NVML series and the profiling gap", |s| {
+        s.samples() >= 1
+            && s.value(
+                "gpu_exporter_fields_unavailable",
+                &[
+                    ("field", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+                    ("reason", "needs_dcgm_profiling"),
+                ],
+            ) == Some(2.0)
+    });
+    assert!(prof(&s).is_empty(), "{:?}", prof(&s));
+    assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"]);
+    let logs = exp.logs();
+    assert!(logs.contains("libdcgm.so.4"), "{logs}");
+    assert!(logs.contains("serving NVML only"), "{logs}");
 }

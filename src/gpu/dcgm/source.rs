@@ -277,13 +277,21 @@ pub struct DcgmSource<S> {
 }
 
 impl<S: GpuSource> DcgmSource<S> {
-    /// Loads DCGM's client library (a startup error when it cannot be loaded: `-r` asks for
-    /// it) and starts the reader thread, which connects in the background.
+    /// Loads DCGM's client library (`opts.library`) and [`DcgmSource::start`]s.
     ///
     /// # Errors
-    /// [`DcgmError::Load`] / [`DcgmError::Symbol`], or `dcgmInit`'s failure.
+    /// [`DcgmError::Load`] / [`DcgmError::Symbol`], `dcgmInit`'s failure, or
+    /// [`DcgmError::Thread`].
     pub fn new(inner: S, opts: DcgmOptions) -> Result<Self, DcgmError> {
         let lib = DcgmLibrary::open(&opts.library)?;
+        Self::start(inner, lib, opts)
+    }
+
+    /// Starts the reader thread on a loaded library; it connects in the background.
+    ///
+    /// # Errors
+    /// [`DcgmError::Thread`].
+    pub fn start(inner: S, lib: Arc<DcgmLibrary>, opts: DcgmOptions) -> Result<Self, DcgmError> {
         let shared = Arc::new(Shared::default());
         let s = Arc::clone(&shared);
         let reader = std::thread::Builder::new()
