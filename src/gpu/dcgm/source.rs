@@ -228,6 +228,13 @@ impl DcgmMetrics {
     }
 }
 
+/// The latest values of one physical GPU and its GPU instances.
+#[derive(Debug, Default)]
+struct GpuValues {
+    gpu: HashMap<Field, Reading>,
+    instances: HashMap<u32, HashMap<Field, Reading>>,
+}
+
 /// What the tick and the reader thread share.
 #[derive(Debug, Default)]
 struct State {
@@ -237,9 +244,9 @@ struct State {
     wanted: BTreeSet<Field>,
     /// Bumped when `devices` or `wanted` change: the reader watches again.
     generation: u64,
-    /// The latest values, by target and field; replaced by each read, emptied when the
-    /// hostengine is lost.
-    latest: HashMap<(Target, Field), Reading>,
+    /// The latest values, by GPU UUID; replaced by each read, emptied when the hostengine is
+    /// lost.
+    latest: HashMap<String, GpuValues>,
     stop: bool,
 }
 
@@ -381,35 +388,22 @@ impl<S: GpuSource> GpuSource for DcgmSource<S> {
         }
         // Absent from the map (not connected, refused, not read yet): no series, and no field
         // error counted: gpu_exporter_dcgm_* says why.
-        let get = |target: Target, f: Field| {
-            state
-                .latest
-                .get(&(target, f))
+        let values = state.latest.get(device.identity.uuid.as_str());
+        let get = |m: Option<&HashMap<Field, Reading>>, f: &Field| {
+            m.and_then(|m| m.get(f))
                 .cloned()
                 .unwrap_or(Err(FieldError::NotSupported))
         };
-        let uuid = &device.identity.uuid;
         for (f, r) in &mut sample.readings {
             if dcgm.contains(f) {
-                *r = get(
-                    Target {
-                        uuid: uuid.clone(),
-                        gi: None,
-                    },
-                    *f,
-                );
+                *r = get(values.map(|v| &v.gpu), f);
             }
         }
         for inst in &mut sample.instances {
+            let m = values.and_then(|v| v.instances.get(&inst.gi_id));
             for (f, r) in &mut inst.readings {
                 if dcgm.contains(f) {
-                    *r = get(
-                        Target {
-                            uuid: uuid.clone(),
-                            gi: Some(inst.gi_id),
-                        },
-                        *f,
-                    );
+                    *r = get(m, f);
                 }
             }
         }
@@ -703,14 +697,19 @@ impl Reader {
         }
         let entities: Vec<Entity> = w.entities.keys().copied().collect();
         let values = conn.latest(&entities, &w.fields)?;
-        let mut latest = HashMap::with_capacity(values.len());
+        let mut latest: HashMap<String, GpuValues> = HashMap::new();
         for v in &values {
             let (Some(target), Some(field)) =
                 (w.entities.get(&v.entity), Field::from_id(v.field_id))
             else {
                 continue;
             };
-            latest.insert((target.clone(), field), reading(v));
+            let gpu = latest.entry(target.uuid.clone()).or_default();
+            let map = match target.gi {
+                None => &mut gpu.gpu,
+                Some(gi) => gpu.instances.entry(gi).or_default(),
+            };
+            map.insert(field, reading(v));
         }
         self.shared.lock().latest = latest;
         self.metrics().reads.inc();
