@@ -11,7 +11,8 @@
 //!   refresher) and who uses it (container runtime client, cgroup parsing, per-container usage).
 //! - [`hpc`]: which HPC jobs run on which GPU (`--hpc-job-mapping-dir`).
 //! - [`health`]: XID / clock-event windows and health derivation (pure).
-//! - [`snapshot`]: samples + attribution → metric families with dcgm-exporter's labels (pure).
+//! - [`snapshot`]: samples + attribution → metric families with dcgm-exporter's labels (pure):
+//!   device selection, labels, per-holder copies, entities, series, pod families.
 //! - [`render`]: families → Prometheus text 0.0.4 (pure).
 //! - [`sampler`]: the loop that ties the above together once per interval and publishes bytes.
 //! - [`self_metrics`]: the exporter's own `gpu_exporter_*` series.
