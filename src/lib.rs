@@ -14,7 +14,12 @@
 //! - [`snapshot`]: samples + attribution → metric families with dcgm-exporter's labels (pure).
 //! - [`render`]: families → Prometheus text 0.0.4 (pure).
 //! - [`sampler`]: the loop that ties the above together once per interval and publishes bytes.
-//! - [`self_metrics`]: the exporter's own `gpu_exporter_*` series.
+//! - [`self_metrics`]: what the modules' own `gpu_exporter_*` families share (the
+//!   prometheus-client registry, its 0.0.4 encoding, collector helpers); imports nothing from
+//!   the crate. Each module defines and updates its own families (`http::metrics`,
+//!   `sampler::metrics`, `pods::refresher`, `pods::cri_refresher`, `pods::usage`, `hpc`,
+//!   `reload`, `web::metrics`); `main.rs` registers them into one registry, which the sampler
+//!   encodes into every body.
 //! - [`process_metrics`]: the standard `process_*` series (`--enable-exporter-metrics`).
 //! - [`http`]: `/metrics`, `/health`, `/ready`; per-phase connection deadlines and eviction at the
 //!   connection limits, so that floods never lock the scraper out.

@@ -16,25 +16,28 @@ use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::scenario::Scenario;
 use gpu_exporter::gpu::sim::{SimProcess, SimulatedSource};
 use gpu_exporter::gpu::GpuSource;
-use gpu_exporter::hpc::{HpcJobs, HpcWatcher};
-use gpu_exporter::http::{self, AppState};
+use gpu_exporter::hpc::{HpcJobs, HpcMetrics, HpcWatcher};
+use gpu_exporter::http::{self, AppState, HttpMetrics};
 use gpu_exporter::logsink::LogSink;
 use gpu_exporter::pods::cri::CriClient;
-use gpu_exporter::pods::cri_refresher::{CriOptions, CriRefresher};
+use gpu_exporter::pods::cri_refresher::{CriMetrics, CriOptions, CriRefresher};
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
 use gpu_exporter::pods::dra;
 use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::kubelet::KubeletPodResources;
 use gpu_exporter::pods::mapping::MappingOptions;
 use gpu_exporter::pods::procfs::ProcRoot;
-use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
+use gpu_exporter::pods::refresher::{PodResourcesMetrics, Refresher, RefresherOptions};
+use gpu_exporter::pods::usage::ProcessMetrics;
 use gpu_exporter::pods::Attribution;
-use gpu_exporter::reload::CatalogReloader;
-use gpu_exporter::sampler::{Sampler, SamplerOptions};
-use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::reload::{CatalogReloader, ReloadMetrics};
+use gpu_exporter::sampler::{
+    AttributionMetrics, SampleMetrics, Sampler, SamplerMetrics, SamplerOptions,
+};
+use gpu_exporter::self_metrics::{CounterOnceNonZero, Registry};
 use gpu_exporter::shutdown_signal;
 use gpu_exporter::supervise::Essential;
-use gpu_exporter::web::WebSecurity;
+use gpu_exporter::web::{WebMetrics, WebSecurity};
 
 /// How often the metrics CSV is checked for changes (SIGHUP reloads at once).
 const CSV_POLL: Duration = Duration::from_secs(5);
@@ -319,12 +322,16 @@ async fn serve<S: GpuSource>(
         }
     }
     let shutdown = CancellationToken::new();
-    let metrics = Arc::new(SelfMetrics::default().with_log_write_errors(log_write_errors));
+    let metrics = SelfMetrics::register(log_write_errors);
     let mut essential = Essential::new();
     let web = match &config.args.web_config_file {
         Some(p) => Some(Arc::new(
-            WebSecurity::load(p, gpu_exporter::web::DEFAULT_RECHECK, Arc::clone(&metrics))
-                .context("--web-config-file")?,
+            WebSecurity::load(
+                p,
+                gpu_exporter::web::DEFAULT_RECHECK,
+                Arc::clone(&metrics.web),
+            )
+            .context("--web-config-file")?,
         )),
         None => None,
     };
@@ -347,7 +354,7 @@ async fn serve<S: GpuSource>(
                     catalog_tx,
                     reload_rx,
                     CSV_POLL,
-                    Arc::clone(&metrics),
+                    Arc::clone(&metrics.reload),
                     shutdown.clone(),
                 ),
             );
@@ -370,7 +377,7 @@ async fn serve<S: GpuSource>(
         rediscover_every: Duration::from_secs(60).max(config.interval),
         build: config.build_options(),
     };
-    let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
+    let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, metrics.sampler.clone());
     // The devices found, for the pod refresher (kubelet device ids) and the HPC watcher (which
     // mapping files to read).
     let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
@@ -403,7 +410,7 @@ async fn serve<S: GpuSource>(
             kubelet,
             inventory_rx,
             pods_tx,
-            Arc::clone(&metrics),
+            Arc::clone(&metrics.pod_resources),
             refresher_opts,
         );
         sampler = sampler.with_first_answer("kubelet", refresher.answered(), timeout);
@@ -420,7 +427,7 @@ async fn serve<S: GpuSource>(
         let cri = CriRefresher::new(
             runtime,
             dir_tx,
-            Arc::clone(&metrics),
+            Arc::clone(&metrics.cri),
             CriOptions {
                 refresh: Duration::from_millis(config.args.cri_refresh),
                 ttl: Duration::from_millis(config.args.cri_ttl),
@@ -472,7 +479,7 @@ async fn serve<S: GpuSource>(
             poll_ms = every.as_millis() as u64,
             "HPC job labels from --hpc-job-mapping-dir"
         );
-        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics), inventory_rx.clone());
+        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics.hpc), inventory_rx.clone());
         // Reading a local directory has no call timeout: one poll period bounds the wait.
         sampler = sampler.with_first_answer("hpc", watcher.answered(), every);
         essential.spawn(
@@ -503,7 +510,7 @@ async fn serve<S: GpuSource>(
         AppState {
             published: pub_rx,
             interval: config.interval,
-            metrics: Arc::clone(&metrics),
+            metrics: Arc::clone(&metrics.http),
         },
         http::HttpOptions {
             max_concurrent_scrapes: config.args.max_concurrent_scrapes as usize,
@@ -520,7 +527,7 @@ async fn serve<S: GpuSource>(
         std::future::pending::<()>().await;
     });
     let stopped = shutdown.clone();
-    let serving = http::serve_with(listener, router, limits, web, metrics, async move {
+    let serving = http::serve_with(listener, router, limits, web, metrics.http, async move {
         stopped.cancelled().await;
     });
     // An essential task that stops while the exporter runs (a panic, an unexpected return)
@@ -544,6 +551,62 @@ async fn serve<S: GpuSource>(
     }
     shutdown.cancel();
     Ok(())
+}
+
+/// Every module's own `gpu_exporter_*` families: each module defines and updates its own; they
+/// are registered here, once, into the one registry the sampler encodes into each body, in the
+/// order they appear in it.
+struct SelfMetrics {
+    sampler: SamplerMetrics,
+    reload: Arc<ReloadMetrics>,
+    http: Arc<HttpMetrics>,
+    pod_resources: Arc<PodResourcesMetrics>,
+    cri: Arc<CriMetrics>,
+    hpc: Arc<HpcMetrics>,
+    web: Arc<WebMetrics>,
+}
+
+impl SelfMetrics {
+    fn register(log_write_errors: Arc<AtomicU64>) -> Self {
+        let samples = Arc::new(SampleMetrics::default());
+        let attribution = Arc::new(AttributionMetrics::default());
+        let processes = Arc::new(ProcessMetrics::default());
+        let reload = Arc::new(ReloadMetrics::default());
+        let http = Arc::new(HttpMetrics::default());
+        let pod_resources = Arc::new(PodResourcesMetrics::default());
+        let cri = Arc::new(CriMetrics::default());
+        let hpc = Arc::new(HpcMetrics::default());
+        let web = Arc::new(WebMetrics::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Arc::clone(&samples)));
+        registry.register_collector(Box::new(Arc::clone(&reload)));
+        registry.register_collector(Box::new(Arc::clone(&http)));
+        registry.register_collector(Box::new(CounterOnceNonZero::new(
+            "gpu_exporter_log_write_errors",
+            "Writes of log lines to stderr that failed (the lines are lost; absent until the first).",
+            log_write_errors,
+        )));
+        registry.register_collector(Box::new(Arc::clone(&pod_resources)));
+        registry.register_collector(Box::new(Arc::clone(&cri)));
+        registry.register_collector(Box::new(Arc::clone(&processes)));
+        registry.register_collector(Box::new(Arc::clone(&hpc)));
+        registry.register_collector(Box::new(Arc::clone(&attribution)));
+        registry.register_collector(Box::new(Arc::clone(&web)));
+        Self {
+            sampler: SamplerMetrics {
+                samples,
+                attribution,
+                processes,
+                registry: Arc::new(registry),
+            },
+            reload,
+            http,
+            pod_resources,
+            cri,
+            hpc,
+            web,
+        }
+    }
 }
 
 /// The HTTP limits: defaults, with the connection limit from `--http-max-connections` or from

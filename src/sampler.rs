@@ -35,8 +35,11 @@ use crate::pods::procfs::ProcRoot;
 use crate::pods::usage::{self, Owner};
 use crate::pods::{Answered, Attribution};
 use crate::render::render;
-use crate::self_metrics::{GpuStates, SampleStats, SelfMetrics};
+use crate::self_metrics::{self, Registry};
 use crate::snapshot::{self, BuildOptions, DeviceOutcome, Workload};
+
+mod metrics;
+pub use metrics::{AttributionMetrics, AttributionState, GpuStates, SampleMetrics, SampleStats};
 
 /// A rendered sample, as served by `/metrics`.
 #[derive(Debug, Clone)]
@@ -184,6 +187,40 @@ pub fn field_gaps<S: GpuSource + ?Sized>(
     out
 }
 
+/// What the sampler counts into, and what it encodes after the GPU series of each body.
+#[derive(Debug, Clone)]
+pub struct SamplerMetrics {
+    /// Its own figures (`gpu_exporter_build_info`, `gpu_exporter_gpus`, `gpu_exporter_sample*`...).
+    pub samples: Arc<SampleMetrics>,
+    /// The first sample's wait for attribution, and re-published bodies.
+    pub attribution: Arc<AttributionMetrics>,
+    /// Per-process attribution's outcomes and failures.
+    pub processes: Arc<usage::ProcessMetrics>,
+    /// Every module's `gpu_exporter_*` collectors, these three included where the composition
+    /// root registered them: encoded once per sample into the body, so scrapes cost nothing.
+    pub registry: Arc<Registry>,
+}
+
+impl SamplerMetrics {
+    /// The sampler's own collectors alone, in a registry of their own, in the order `main.rs`
+    /// registers them (for a sampler on its own: tests and benchmarks that serve no HTTP).
+    pub fn standalone() -> Self {
+        let samples = Arc::new(SampleMetrics::default());
+        let attribution = Arc::new(AttributionMetrics::default());
+        let processes = Arc::new(usage::ProcessMetrics::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Arc::clone(&samples)));
+        registry.register_collector(Box::new(Arc::clone(&processes)));
+        registry.register_collector(Box::new(Arc::clone(&attribution)));
+        Self {
+            samples,
+            attribution,
+            processes,
+            registry: Arc::new(registry),
+        }
+    }
+}
+
 /// The sampling loop's state.
 #[derive(Debug)]
 pub struct Sampler<S: GpuSource> {
@@ -191,7 +228,7 @@ pub struct Sampler<S: GpuSource> {
     catalog: watch::Receiver<Arc<Catalog>>,
     attribution: watch::Receiver<Arc<Attribution>>,
     opts: SamplerOptions,
-    metrics: Arc<SelfMetrics>,
+    metrics: SamplerMetrics,
     history: History,
     devices: Vec<Device>,
     discovered_at: Option<Instant>,
@@ -234,7 +271,7 @@ impl<S: GpuSource> Sampler<S> {
         catalog: watch::Receiver<Arc<Catalog>>,
         attribution: watch::Receiver<Arc<Attribution>>,
         opts: SamplerOptions,
-        metrics: Arc<SelfMetrics>,
+        metrics: SamplerMetrics,
     ) -> Self {
         let history = History::new(opts.build.xid_window_ms, opts.build.clock_window_ms);
         Self {
@@ -487,7 +524,7 @@ impl<S: GpuSource> Sampler<S> {
                     Ok(s)
                 }
                 Err(e) => {
-                    self.metrics.count_sample_error(e.reason());
+                    self.metrics.samples.count_sample_error(e.reason());
                     tracing::debug!(error = %e, "device not sampled");
                     Err(e.reason())
                 }
@@ -564,8 +601,8 @@ impl<S: GpuSource> Sampler<S> {
             &self.opts.build,
         );
         if fresh {
-            self.metrics.count_field_errors(&snap.field_errors);
-            self.metrics.count_sample();
+            self.metrics.samples.count_field_errors(&snap.field_errors);
+            self.metrics.samples.count_sample();
         } else {
             self.metrics.attribution.count_update();
         }
@@ -583,10 +620,8 @@ impl<S: GpuSource> Sampler<S> {
             gpus: gpu_states(&last.outcomes, self.opts.build.xid_window_ms),
             series: snap.series,
         };
-        render(
-            &self.metrics.families(&stats, self.source.name()),
-            &mut body,
-        );
+        self.metrics.samples.record(self.source.name(), stats);
+        self_metrics::encode_into(&self.metrics.registry, &mut body);
         Arc::new(Published::new(
             Bytes::from(body),
             last.begun,
@@ -705,7 +740,7 @@ impl<S: GpuSource> Sampler<S> {
                 );
             }
         }
-        self.metrics.set_field_gaps(
+        self.metrics.samples.set_field_gaps(
             gaps.into_iter()
                 .map(|(k, gpus)| (k, gpus.len() as u64))
                 .collect(),
@@ -758,7 +793,7 @@ impl<S: GpuSource> Sampler<S> {
             // A failed discovery is retried at the next tick (the source paces its own
             // retries, e.g. NVML initialisation with backoff).
             Ok(Err(e)) => {
-                self.metrics.count_sample_error(e.reason());
+                self.metrics.samples.count_sample_error(e.reason());
                 let why = crate::error_chain(&e);
                 if self.not_ready.as_deref() != Some(why.as_str()) {
                     tracing::warn!(error = %why, "device discovery failed; keeping the previous device list");
@@ -766,7 +801,7 @@ impl<S: GpuSource> Sampler<S> {
                 self.not_ready = Some(why);
             }
             Err(e) => {
-                self.metrics.count_sample_error("discovery_error");
+                self.metrics.samples.count_sample_error("discovery_error");
                 tracing::warn!(error = %e, "device discovery thread failed");
                 self.not_ready = Some(format!("device discovery thread failed: {e}"));
             }

@@ -37,77 +37,8 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::PollSemaphore;
 
+use super::metrics::{CloseReason, HttpMetrics};
 use super::Limits;
-use crate::self_metrics::SelfMetrics;
-
-/// Why a connection was closed (`gpu_exporter_http_connections_closed_total{reason}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloseReason {
-    /// The client closed it, or the exchange ended it (`Connection: close`).
-    Closed,
-    /// An I/O or HTTP protocol error (malformed request, reset).
-    Error,
-    /// The TLS handshake failed.
-    TlsError,
-    /// The TLS handshake did not complete within `handshake_timeout`.
-    HandshakeTimeout,
-    /// No request byte within `first_byte_timeout` of accepting (or of the handshake).
-    FirstByteTimeout,
-    /// The request head was not complete within `header_read_timeout` of its first byte.
-    HeaderTimeout,
-    /// The response was not written out within `write_timeout` of the request head.
-    WriteTimeout,
-    /// A keep-alive connection sent nothing for `idle_timeout`.
-    IdleTimeout,
-    /// Closed to make room for a new connection at `max_connections`.
-    Evicted,
-    /// Closed at accept: `max_connections` open and none of them could be evicted.
-    Refused,
-    /// The server shut down.
-    Shutdown,
-}
-
-impl CloseReason {
-    /// Every reason, in label order.
-    pub const ALL: [CloseReason; 11] = [
-        CloseReason::Closed,
-        CloseReason::Error,
-        CloseReason::Evicted,
-        CloseReason::FirstByteTimeout,
-        CloseReason::HandshakeTimeout,
-        CloseReason::HeaderTimeout,
-        CloseReason::IdleTimeout,
-        CloseReason::Refused,
-        CloseReason::Shutdown,
-        CloseReason::TlsError,
-        CloseReason::WriteTimeout,
-    ];
-
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloseReason::Closed => "closed",
-            CloseReason::Error => "error",
-            CloseReason::TlsError => "tls_error",
-            CloseReason::HandshakeTimeout => "handshake_timeout",
-            CloseReason::FirstByteTimeout => "first_byte_timeout",
-            CloseReason::HeaderTimeout => "header_timeout",
-            CloseReason::WriteTimeout => "write_timeout",
-            CloseReason::IdleTimeout => "idle_timeout",
-            CloseReason::Evicted => "evicted",
-            CloseReason::Refused => "refused",
-            CloseReason::Shutdown => "shutdown",
-        }
-    }
-
-    /// Index into [`CloseReason::ALL`].
-    pub fn index(self) -> usize {
-        CloseReason::ALL
-            .iter()
-            .position(|&r| r == self)
-            .unwrap_or_default()
-    }
-}
 
 /// Where a connection is in its life (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -525,7 +456,7 @@ pub struct Registry {
     limit: usize,
     active_limit: usize,
     busy_evictable_after: Duration,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<HttpMetrics>,
     inner: Mutex<Inner>,
     open: watch::Sender<usize>,
     /// Woken when an evicted connection is gone.
@@ -539,10 +470,10 @@ pub const MAX_PENDING_EVICTIONS: usize = 64;
 impl Registry {
     /// A registry admitting `limits.max_connections` at once, of which
     /// `limits.max_active_connections` past their first byte, counting into `metrics`.
-    pub fn new(limits: &Limits, metrics: Arc<SelfMetrics>) -> Arc<Self> {
+    pub fn new(limits: &Limits, metrics: Arc<HttpMetrics>) -> Arc<Self> {
         let limit = limits.max_connections.max(1);
         let active_limit = limits.max_active_connections.clamp(1, limit);
-        metrics.http.set_limits(limit, active_limit);
+        metrics.set_limits(limit, active_limit);
         Arc::new(Self {
             timeouts: PhaseTimeouts::from(limits),
             limit,
@@ -566,7 +497,7 @@ impl Registry {
         let (open, active) = (g.conns.len(), g.active);
         drop(g);
         self.open.send_replace(open);
-        self.metrics.http.set_open(open, active);
+        self.metrics.set_open(open, active);
     }
 
     /// Registers a new connection from `peer`, evicting another one when the limit is reached.
@@ -578,7 +509,7 @@ impl Registry {
             && !g.evict_one(false, now, self.busy_evictable_after)
         {
             drop(g);
-            self.metrics.http.count_closed(CloseReason::Refused);
+            self.metrics.count_closed(CloseReason::Refused);
             return None;
         }
         let id = g.next_id;
@@ -675,7 +606,7 @@ impl Registry {
         }
         g.set_load(e.peer, open + 1, open);
         self.publish(g);
-        self.metrics.http.count_closed(reason);
+        self.metrics.count_closed(reason);
     }
 
     /// Waits while [`MAX_PENDING_EVICTIONS`] evicted connections are still closing, so that the
@@ -983,8 +914,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn registry(max: usize) -> (Arc<Registry>, Arc<SelfMetrics>) {
-        let metrics = Arc::new(SelfMetrics::default());
+    fn registry(max: usize) -> (Arc<Registry>, Arc<HttpMetrics>) {
+        let metrics = Arc::new(HttpMetrics::default());
         let limits = Limits {
             max_connections: max,
             ..Limits::default()
@@ -1038,7 +969,7 @@ mod tests {
         assert_eq!(reg.open(), 5);
         drop(flood);
         assert_eq!(reg.open(), 2);
-        assert_eq!(metrics.http.closed(CloseReason::Closed), 3);
+        assert_eq!(metrics.closed(CloseReason::Closed), 3);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1066,7 +997,7 @@ mod tests {
         let f = reg.admit(ip(4), false).unwrap();
         assert!(evicted(&d) && !evicted(&e) && !evicted(&f) && !evicted(&c));
         drop(d);
-        assert_eq!(metrics.http.closed(CloseReason::Evicted), 1);
+        assert_eq!(metrics.closed(CloseReason::Evicted), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1076,7 +1007,7 @@ mod tests {
             busy_evictable_after: Duration::from_secs(10),
             ..Limits::default()
         };
-        let metrics = Arc::new(SelfMetrics::default());
+        let metrics = Arc::new(HttpMetrics::default());
         let reg = Registry::new(&limits, Arc::clone(&metrics));
         let a = reg.admit(ip(2), false).unwrap();
         let b = reg.admit(ip(2), false).unwrap();
@@ -1086,7 +1017,7 @@ mod tests {
             c.conn.request_started();
         }
         assert!(reg.admit(ip(3), false).is_none());
-        assert_eq!(metrics.http.closed(CloseReason::Refused), 1);
+        assert_eq!(metrics.closed(CloseReason::Refused), 1);
         assert_eq!(reg.open(), 2);
         tokio::time::advance(Duration::from_secs(10)).await;
         let c = reg
@@ -1102,7 +1033,7 @@ mod tests {
             max_active_connections: 2,
             ..Limits::default()
         };
-        let metrics = Arc::new(SelfMetrics::default());
+        let metrics = Arc::new(HttpMetrics::default());
         let reg = Registry::new(&limits, Arc::clone(&metrics));
         let scraper = reg.admit(ip(1), false).unwrap();
         serve_one(&scraper);
@@ -1111,7 +1042,7 @@ mod tests {
         let opening = reg.admit(ip(2), false).unwrap();
         assert!(opening.conn.activate());
         assert_eq!(reg.active(), 2);
-        assert_eq!(metrics.http.active(), 2);
+        assert_eq!(metrics.active(), 2);
         // A third active one: the attacker's opening one goes, not its silent ones (they cost
         // nothing) and not the scraper.
         assert!(silent[0].conn.activate());
@@ -1129,7 +1060,7 @@ mod tests {
             max_active_connections: 1,
             ..Limits::default()
         };
-        let reg = Registry::new(&limits, Arc::new(SelfMetrics::default()));
+        let reg = Registry::new(&limits, Arc::new(HttpMetrics::default()));
         let a = reg.admit(ip(2), false).unwrap();
         assert!(a.conn.activate());
         a.conn.read_some();

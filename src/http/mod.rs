@@ -14,6 +14,7 @@
 
 pub mod conn;
 pub mod listen;
+pub mod metrics;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -34,11 +35,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-pub use conn::CloseReason;
 use conn::{Conn, Registry, Tracked, TrackedBody};
+pub use metrics::{CloseReason, HttpMetrics, RejectReason};
 
 use crate::sampler::Published;
-use crate::self_metrics::SelfMetrics;
 use crate::web::auth::Verdict;
 use crate::web::{Active, WebSecurity};
 
@@ -52,8 +52,8 @@ pub struct AppState {
     pub published: watch::Receiver<Option<Arc<Published>>>,
     /// The sampling interval; `/ready` fails when the last sample is older than three of them.
     pub interval: Duration,
-    /// Self-metrics (scrape counter).
-    pub metrics: Arc<SelfMetrics>,
+    /// The HTTP server's own series (scrapes counted here).
+    pub metrics: Arc<HttpMetrics>,
 }
 
 /// What the handlers do beyond serving the published sample.
@@ -171,7 +171,7 @@ async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Respo
             "too many concurrent scrapes (--max-concurrent-scrapes)\n",
         );
     };
-    st.metrics.scrapes.fetch_add(1, Ordering::Relaxed);
+    st.metrics.count_scrape();
     // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3).
     let gzip = accepts_gzip_in(
         headers
@@ -361,45 +361,6 @@ impl Default for Limits {
     }
 }
 
-/// Why a request was turned away before reaching a handler
-/// (`gpu_exporter_http_requests_rejected_total{reason}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RejectReason {
-    /// The client's `rate_limit` bucket was empty (429).
-    RateLimit,
-    /// Missing or wrong basic-auth credentials (401).
-    Unauthorized,
-    /// The client has used up its budget of failed password checks, or has one in progress
-    /// (429, no bcrypt run).
-    AuthThrottled,
-}
-
-impl RejectReason {
-    /// Every reason, in label order.
-    pub const ALL: [RejectReason; 3] = [
-        RejectReason::AuthThrottled,
-        RejectReason::RateLimit,
-        RejectReason::Unauthorized,
-    ];
-
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RejectReason::RateLimit => "rate_limit",
-            RejectReason::Unauthorized => "unauthorized",
-            RejectReason::AuthThrottled => "auth_throttled",
-        }
-    }
-
-    /// Index into [`RejectReason::ALL`].
-    pub fn index(self) -> usize {
-        RejectReason::ALL
-            .iter()
-            .position(|&r| r == self)
-            .unwrap_or_default()
-    }
-}
-
 /// The listen backlog asked for; the kernel caps it at `net.core.somaxconn` (4096 by default
 /// since Linux 5.4). A long queue keeps a scraper's SYN from being dropped (and retried a second
 /// later) while the server works through a burst of new connections.
@@ -429,13 +390,13 @@ pub async fn serve(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let metrics = Arc::new(SelfMetrics::default());
+    let metrics = Arc::new(HttpMetrics::default());
     serve_with(listener, router, Limits::default(), None, metrics, shutdown).await
 }
 
 /// Serves `router` on `listener` applying `limits` and, when given, the web configuration
 /// (TLS, basic auth, rate limit, headers) until `shutdown` resolves; then lets open
-/// connections finish their current request. Connection figures go to `metrics.http`.
+/// connections finish their current request. Connection figures go to `metrics`.
 ///
 /// # Errors
 /// None at present (accept errors are logged and retried); the type is kept for callers.
@@ -444,7 +405,7 @@ pub async fn serve_with(
     router: Router,
     limits: Limits,
     web: Option<Arc<WebSecurity>>,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<HttpMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
@@ -503,7 +464,7 @@ struct Ctx {
     limits: Arc<Limits>,
     web: Option<Arc<WebSecurity>>,
     tls: Option<Arc<rustls::ServerConfig>>,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<HttpMetrics>,
     peer: SocketAddr,
     stop: CancellationToken,
 }
@@ -655,7 +616,7 @@ async fn handle(
     router: Router,
     request_timeout: Duration,
     web: Option<Arc<WebSecurity>>,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<HttpMetrics>,
     client: IpAddr,
     client_cert: bool,
     req: Request<hyper::body::Incoming>,
@@ -667,14 +628,14 @@ async fn handle(
     let work = async {
         if let Some(a) = active.as_ref().filter(|_| !probe) {
             if a.client_cert_required && !client_cert {
-                metrics.http.count_rejected(RejectReason::Unauthorized);
+                metrics.count_rejected(RejectReason::Unauthorized);
                 return plain(
                     StatusCode::FORBIDDEN,
                     "client certificate required (only /health and /ready answer without one)\n",
                 );
             }
             if a.rate_limit.as_ref().is_some_and(|r| !r.allow(client)) {
-                metrics.http.count_rejected(RejectReason::RateLimit);
+                metrics.count_rejected(RejectReason::RateLimit);
                 return plain(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n");
             }
             if let Some(auth) = &a.auth {
@@ -685,7 +646,7 @@ async fn handle(
                 match auth.check(given, client).await {
                     Verdict::Allowed => {}
                     Verdict::Denied => {
-                        metrics.http.count_rejected(RejectReason::Unauthorized);
+                        metrics.count_rejected(RejectReason::Unauthorized);
                         let mut r = plain(StatusCode::UNAUTHORIZED, "unauthorized\n");
                         r.headers_mut().insert(
                             header::WWW_AUTHENTICATE,
@@ -694,7 +655,7 @@ async fn handle(
                         return r;
                     }
                     Verdict::Throttled => {
-                        metrics.http.count_rejected(RejectReason::AuthThrottled);
+                        metrics.count_rejected(RejectReason::AuthThrottled);
                         return plain(
                             StatusCode::TOO_MANY_REQUESTS,
                             "too many failed logins from this client\n",
