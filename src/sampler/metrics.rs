@@ -8,14 +8,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 
 use crate::catalog::Field;
 use crate::gpu::{FieldError, FieldGap};
-use crate::self_metrics::{self, Collector, DescriptorEncoder, Num, Reason};
+use crate::pods::usage::ProcessMetrics;
+use crate::self_metrics::{self, Collector, DescriptorEncoder, Num, Reason, Registry};
 
 /// GPUs by state, for `gpu_exporter_gpus`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -287,5 +288,39 @@ impl Collector for AttributionMetrics {
             "Bodies re-published between samples because attribution changed (pods, containers, HPC jobs): re-rendered from the last GPU readings, without reading the GPUs again.",
             s.updates,
         )
+    }
+}
+
+/// What the sampler counts into, and what it encodes after the GPU series of each body.
+#[derive(Debug, Clone)]
+pub struct SamplerMetrics {
+    /// Its own figures (`gpu_exporter_build_info`, `gpu_exporter_gpus`, `gpu_exporter_sample*`...).
+    pub samples: Arc<SampleMetrics>,
+    /// The first sample's wait for attribution, and re-published bodies.
+    pub attribution: Arc<AttributionMetrics>,
+    /// Per-process attribution's outcomes and failures.
+    pub processes: Arc<ProcessMetrics>,
+    /// Every module's `gpu_exporter_*` collectors, these three included where the composition
+    /// root registered them: encoded once per sample into the body, so scrapes cost nothing.
+    pub registry: Arc<Registry>,
+}
+
+impl SamplerMetrics {
+    /// The sampler's own collectors alone, in a registry of their own, in the order `main.rs`
+    /// registers them (for a sampler on its own: tests and benchmarks that serve no HTTP).
+    pub fn standalone() -> Self {
+        let samples = Arc::new(SampleMetrics::default());
+        let attribution = Arc::new(AttributionMetrics::default());
+        let processes = Arc::new(ProcessMetrics::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Arc::clone(&samples)));
+        registry.register_collector(Box::new(Arc::clone(&processes)));
+        registry.register_collector(Box::new(Arc::clone(&attribution)));
+        Self {
+            samples,
+            attribution,
+            processes,
+            registry: Arc::new(registry),
+        }
     }
 }
