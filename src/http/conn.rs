@@ -37,8 +37,12 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::PollSemaphore;
 
+use super::limits::Limits;
+pub use super::limits::{
+    check_max_connections, connections_for_fd_limit, fd_limit, raise_fd_limit, raise_fd_limit_for,
+    DEFAULT_MAX_ACTIVE_CONNECTIONS, MAX_CONNECTIONS_CEILING, RESERVED_FDS,
+};
 use super::metrics::{CloseReason, HttpMetrics};
-use super::Limits;
 
 /// Where a connection is in its life (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +139,7 @@ impl Conn {
     }
 
     /// Bytes arrived.
-    fn read_some(&self) {
+    pub(super) fn read_some(&self) {
         let mut s = self.lock();
         match s.phase {
             Phase::FirstByte | Phase::Idle => {
@@ -163,7 +167,7 @@ impl Conn {
 
     /// hyper flushed its output or waits for input: if the response is complete, the
     /// connection is between requests.
-    fn quiet(&self) {
+    pub(super) fn quiet(&self) {
         let mut s = self.lock();
         if s.phase != Phase::Serving || !s.body_done {
             return;
@@ -639,71 +643,6 @@ impl Registry {
     }
 }
 
-/// Wraps a connection's byte stream to report reads and flushes to its [`Conn`].
-#[derive(Debug)]
-pub struct Tracked<I> {
-    inner: I,
-    conn: Arc<Conn>,
-}
-
-impl<I> Tracked<I> {
-    /// Wraps `inner`.
-    pub fn new(inner: I, conn: Arc<Conn>) -> Self {
-        Self { inner, conn }
-    }
-}
-
-impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        match r {
-            Poll::Ready(Ok(())) if buf.filled().len() > before => self.conn.read_some(),
-            Poll::Pending => self.conn.quiet(),
-            _ => {}
-        }
-        r
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = Pin::new(&mut self.inner).poll_flush(cx);
-        if matches!(r, Poll::Ready(Ok(()))) {
-            self.conn.quiet();
-        }
-        r
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
 /// A TLS connection's socket during the handshake: a read waits for the client's bytes without
 /// a handshake slot, then takes one of the client's [`MAX_HANDSHAKES_PER_CLIENT`] slots before
 /// returning them, and keeps it while the TLS library processes them (signing, key exchange)
@@ -780,132 +719,6 @@ impl AsyncWrite for HandshakeIo {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// A response body that tells its [`Conn`] when hyper has taken all of it.
-#[derive(Debug)]
-pub struct TrackedBody {
-    inner: axum::body::Body,
-    conn: Arc<Conn>,
-}
-
-impl TrackedBody {
-    /// Wraps `inner`.
-    pub fn new(inner: axum::body::Body, conn: Arc<Conn>) -> Self {
-        Self { inner, conn }
-    }
-}
-
-impl http_body::Body for TrackedBody {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(r, Poll::Ready(None)) {
-            self.conn.body_done();
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for TrackedBody {
-    fn drop(&mut self) {
-        self.conn.body_done();
-    }
-}
-
-/// File descriptors kept back from connections for everything else (listener, NVML device
-/// files, the kubelet socket, the CSV and certificate files, the runtime).
-pub const RESERVED_FDS: u64 = 128;
-
-/// The most connections admitted by default, whatever the descriptor limit: a bound on memory
-/// (see docs/security.md for the measured cost per connection).
-pub const MAX_CONNECTIONS_CEILING: usize = 4096;
-
-/// The default `max_active_connections`: with the measured cost of an active connection (up to
-/// ~45 KiB with TLS, docs/security.md) about 23 MiB at most, inside the DaemonSet's 64 MiB
-/// limit; far above what scrapers need (one connection each).
-pub const DEFAULT_MAX_ACTIVE_CONNECTIONS: usize = 512;
-
-/// The default `max_connections` for a soft `RLIMIT_NOFILE` of `soft` (`None`: unlimited):
-/// the limit less [`RESERVED_FDS`], at most [`MAX_CONNECTIONS_CEILING`], at least 64.
-pub fn connections_for_fd_limit(soft: Option<u64>) -> usize {
-    let usable = soft.map_or(u64::MAX, |s| s.saturating_sub(RESERVED_FDS));
-    usize::try_from(usable)
-        .unwrap_or(usize::MAX)
-        .clamp(64, MAX_CONNECTIONS_CEILING)
-}
-
-/// The soft `RLIMIT_NOFILE` (`None`: unlimited).
-pub fn fd_limit() -> Option<u64> {
-    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
-}
-
-/// Checks an explicit connection limit against the soft `RLIMIT_NOFILE` (`None`: unlimited):
-/// each connection is a descriptor, and [`RESERVED_FDS`] are kept for everything else. Past
-/// the limit the server would spin on `EMFILE` instead of evicting; the error says what to
-/// change.
-///
-/// # Errors
-/// A message naming the flag, the descriptors needed and the limit.
-pub fn check_max_connections(requested: usize, soft: Option<u64>) -> Result<(), String> {
-    let Some(soft) = soft else {
-        return Ok(());
-    };
-    let need = (requested as u64).saturating_add(RESERVED_FDS);
-    if need <= soft {
-        return Ok(());
-    }
-    Err(format!(
-        "{requested} connections need {need} file descriptors ({RESERVED_FDS} kept for the rest of the exporter) but the limit (RLIMIT_NOFILE) is {soft}: raise the limit (ulimit -n, or the container runtime's nofile limit) or set --http-max-connections to at most {} (0 picks that)",
-        soft.saturating_sub(RESERVED_FDS)
-    ))
-}
-
-/// Raises the soft `RLIMIT_NOFILE` towards the hard one, as far as the default connection
-/// ceiling needs (Go programs such as dcgm-exporter raise it all the way at startup). Returns
-/// the soft limit before and after.
-///
-/// # Errors
-/// The `setrlimit` error.
-pub fn raise_fd_limit() -> io::Result<(Option<u64>, Option<u64>)> {
-    raise_fd_limit_for(MAX_CONNECTIONS_CEILING)
-}
-
-/// [`raise_fd_limit`] for `connections` connections.
-///
-/// # Errors
-/// The `setrlimit` error.
-pub fn raise_fd_limit_for(connections: usize) -> io::Result<(Option<u64>, Option<u64>)> {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let now = getrlimit(Resource::Nofile);
-    let want = (connections as u64).saturating_add(RESERVED_FDS);
-    let target = now.maximum.map_or(want, |hard| hard.min(want));
-    match now.current {
-        Some(soft) if soft < target => {
-            setrlimit(
-                Resource::Nofile,
-                Rlimit {
-                    current: Some(target),
-                    maximum: now.maximum,
-                },
-            )?;
-            Ok((now.current, Some(target)))
-        }
-        _ => Ok((now.current, now.current)),
     }
 }
 

@@ -13,6 +13,8 @@
 //! Every failure of one connection ends that connection only.
 
 pub mod conn;
+pub mod io;
+pub mod limits;
 pub mod listen;
 pub mod metrics;
 
@@ -35,7 +37,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use conn::{Conn, Registry, Tracked, TrackedBody};
+use conn::{Conn, Registry};
+use io::{Tracked, TrackedBody};
+pub use limits::Limits;
 pub use metrics::{CloseReason, HttpMetrics, RejectReason};
 
 use crate::sampler::Published;
@@ -308,57 +312,6 @@ async fn index() -> Html<&'static str> {
         "<li><a href=\"/health\">/health</a></li><li><a href=\"/ready\">/ready</a></li></ul>",
         "</body></html>\n"
     ))
-}
-
-/// Connection and request limits. Each one is meant to bound what a hostile client can hold
-/// without ever turning a flood into a denial of service for the scraper: a new connection is
-/// always admitted (something else gives way), and every phase of a connection has its own
-/// deadline. docs/security.md has the rationale and the measured figures.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// Time from accepting a TLS connection to the end of its handshake.
-    pub handshake_timeout: Duration,
-    /// Time from accepting a connection (or from its TLS handshake) to the first byte of its
-    /// first request.
-    pub first_byte_timeout: Duration,
-    /// Time from a request's first byte to the end of its head (slowloris).
-    pub header_read_timeout: Duration,
-    /// Time a handler may take to produce a response; 503 after it.
-    pub request_timeout: Duration,
-    /// Time from a request head to the last byte of its response handed to the kernel (slow
-    /// readers); the connection is closed after it.
-    pub write_timeout: Duration,
-    /// Time a keep-alive connection may wait between requests. Longer than any scrape interval
-    /// in use (Prometheus keeps idle connections up to 5 minutes).
-    pub idle_timeout: Duration,
-    /// A connection answering one request for longer than this may be evicted at the limit.
-    pub busy_evictable_after: Duration,
-    /// Largest request head accepted; larger ones get 431. hyper's floor is 8192.
-    pub max_header_bytes: usize,
-    /// Connections open at once. At the limit a new connection evicts another one (see
-    /// [`conn`]); it is refused only when every open connection is busy answering a request.
-    /// Default: [`conn::connections_for_fd_limit`] of the process's descriptor limit.
-    pub max_connections: usize,
-    /// Connections past their first byte (holding buffers) at once; the bound on memory. At
-    /// the limit a connection whose first byte arrives evicts another active one.
-    pub max_active_connections: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            handshake_timeout: Duration::from_secs(3),
-            first_byte_timeout: Duration::from_secs(2),
-            header_read_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(30),
-            write_timeout: Duration::from_secs(60),
-            idle_timeout: Duration::from_secs(330),
-            busy_evictable_after: Duration::from_secs(10),
-            max_header_bytes: 16 * 1024,
-            max_connections: conn::connections_for_fd_limit(conn::fd_limit()),
-            max_active_connections: conn::DEFAULT_MAX_ACTIVE_CONNECTIONS,
-        }
-    }
 }
 
 /// The listen backlog asked for; the kernel caps it at `net.core.somaxconn` (4096 by default
