@@ -609,17 +609,17 @@ impl SelfMetrics {
     }
 }
 
-/// The HTTP limits: defaults, with the connection limit from `--http-max-connections` or from
-/// the file descriptor limit (raised towards the hard limit first, as Go programs do). An
-/// explicit limit the descriptor limit cannot hold is a startup error.
+/// The HTTP limits from the flags, the soft file descriptor limit raised towards the hard one
+/// first (as Go programs do). An explicit limit the descriptor limit cannot hold is a startup
+/// error.
 fn http_limits(config: &Config) -> Result<http::Limits> {
-    let explicit = config.args.http_max_connections;
-    let wanted = if explicit > 0 {
-        explicit
-    } else {
-        http::conn::MAX_CONNECTIONS_CEILING
+    let flags = http::limits::LimitFlags {
+        max_connections: config.args.http_max_connections,
+        max_active_connections: config.args.http_max_active_connections,
+        read_timeout: config.args.web_read_timeout,
+        write_timeout: config.args.web_write_timeout,
     };
-    match http::conn::raise_fd_limit_for(wanted) {
+    match http::limits::raise_fd_limit_for(flags.wanted_connections()) {
         Ok((before, after)) if before != after => tracing::info!(
             before = ?before,
             after = ?after,
@@ -628,34 +628,7 @@ fn http_limits(config: &Config) -> Result<http::Limits> {
         Ok(_) => {}
         Err(e) => tracing::warn!("cannot raise the soft file descriptor limit: {e}"),
     }
-    let max_connections = if explicit > 0 {
-        http::conn::check_max_connections(explicit, http::conn::fd_limit())
-            .map_err(|e| anyhow::anyhow!("--http-max-connections: {e}"))?;
-        explicit
-    } else {
-        http::conn::connections_for_fd_limit(http::conn::fd_limit())
-    };
-    // dcgm-exporter's Go server timeouts onto the per-phase deadlines: ReadTimeout bounds
-    // reading the request (our request-head deadline), WriteTimeout the time from the request
-    // head to the end of the response (ours exactly); a handler gets at most that long too.
-    let defaults = http::Limits::default();
-    let write_timeout = config
-        .args
-        .web_write_timeout
-        .unwrap_or(defaults.write_timeout);
-    Ok(http::Limits {
-        header_read_timeout: config
-            .args
-            .web_read_timeout
-            .unwrap_or(defaults.header_read_timeout),
-        request_timeout: defaults.request_timeout.min(write_timeout),
-        write_timeout,
-        max_connections,
-        max_active_connections: usize::try_from(config.args.http_max_active_connections)
-            .unwrap_or(usize::MAX)
-            .min(max_connections),
-        ..defaults
-    })
+    Ok(http::Limits::from_flags(&flags, http::limits::fd_limit())?)
 }
 
 /// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).

@@ -55,6 +55,73 @@ impl Default for Limits {
     }
 }
 
+/// The flags that shape [`Limits`] (dcgm-exporter's Go server timeouts and our connection
+/// limits).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LimitFlags {
+    /// `--http-max-connections` (0: derived from the descriptor limit).
+    pub max_connections: usize,
+    /// `--http-max-active-connections`.
+    pub max_active_connections: u64,
+    /// `--web-read-timeout`: bounds reading a request head.
+    pub read_timeout: Option<Duration>,
+    /// `--web-write-timeout`: bounds the time from a request head to the end of its response.
+    pub write_timeout: Option<Duration>,
+}
+
+/// Limits the flags ask for that cannot be held.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitsError {
+    /// More connections than the descriptor limit allows.
+    #[error("--http-max-connections: {0}")]
+    MaxConnections(String),
+}
+
+impl LimitFlags {
+    /// The connections to raise the descriptor limit for: the explicit limit, or the default
+    /// ceiling.
+    pub fn wanted_connections(&self) -> usize {
+        if self.max_connections > 0 {
+            self.max_connections
+        } else {
+            MAX_CONNECTIONS_CEILING
+        }
+    }
+}
+
+impl Limits {
+    /// The defaults, with the flags applied, under the soft descriptor limit `soft` (`None`:
+    /// unlimited): an explicit connection limit is checked against it, an absent one derived
+    /// from it. dcgm-exporter's Go server timeouts map onto the per-phase deadlines:
+    /// ReadTimeout bounds reading the request (our request-head deadline), WriteTimeout the
+    /// time from the request head to the end of the response (ours exactly); a handler gets
+    /// at most that long too.
+    ///
+    /// # Errors
+    /// An explicit connection limit the descriptor limit cannot hold.
+    pub fn from_flags(flags: &LimitFlags, soft: Option<u64>) -> Result<Self, LimitsError> {
+        let max_connections = if flags.max_connections > 0 {
+            check_max_connections(flags.max_connections, soft)
+                .map_err(LimitsError::MaxConnections)?;
+            flags.max_connections
+        } else {
+            connections_for_fd_limit(soft)
+        };
+        let defaults = Limits::default();
+        let write_timeout = flags.write_timeout.unwrap_or(defaults.write_timeout);
+        Ok(Limits {
+            header_read_timeout: flags.read_timeout.unwrap_or(defaults.header_read_timeout),
+            request_timeout: defaults.request_timeout.min(write_timeout),
+            write_timeout,
+            max_connections,
+            max_active_connections: usize::try_from(flags.max_active_connections)
+                .unwrap_or(usize::MAX)
+                .min(max_connections),
+            ..defaults
+        })
+    }
+}
+
 /// File descriptors kept back from connections for everything else (listener, NVML device
 /// files, the kubelet socket, the CSV and certificate files, the runtime).
 pub const RESERVED_FDS: u64 = 128;
@@ -134,5 +201,47 @@ pub fn raise_fd_limit_for(connections: usize) -> io::Result<(Option<u64>, Option
             Ok((now.current, Some(target)))
         }
         _ => Ok((now.current, now.current)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_shape_the_limits_under_the_descriptor_limit() {
+        let flags = LimitFlags {
+            max_connections: 0,
+            max_active_connections: 10_000,
+            read_timeout: Some(Duration::from_secs(5)),
+            write_timeout: Some(Duration::from_secs(20)),
+        };
+        let l = Limits::from_flags(&flags, Some(1024)).unwrap();
+        assert_eq!(l.max_connections, 1024 - RESERVED_FDS as usize);
+        // Never more active connections than connections.
+        assert_eq!(l.max_active_connections, l.max_connections);
+        assert_eq!(l.header_read_timeout, Duration::from_secs(5));
+        assert_eq!(l.write_timeout, Duration::from_secs(20));
+        // A handler never gets longer than the response may take.
+        assert_eq!(l.request_timeout, Duration::from_secs(20));
+        assert_eq!(flags.wanted_connections(), MAX_CONNECTIONS_CEILING);
+    }
+
+    #[test]
+    fn an_explicit_connection_limit_past_the_descriptor_limit_is_refused_naming_the_flag() {
+        let flags = LimitFlags {
+            max_connections: 1000,
+            ..LimitFlags::default()
+        };
+        let e = Limits::from_flags(&flags, Some(1024))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--http-max-connections: 1000 connections need 1128 file descriptors"),
+            "{e}"
+        );
+        let l = Limits::from_flags(&flags, None).unwrap();
+        assert_eq!(l.max_connections, 1000);
+        assert_eq!(flags.wanted_connections(), 1000);
     }
 }
