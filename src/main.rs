@@ -30,7 +30,7 @@ use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::refresher::{PodResourcesMetrics, Refresher, RefresherOptions};
 use gpu_exporter::pods::usage::ProcessMetrics;
 use gpu_exporter::pods::Attribution;
-use gpu_exporter::reload::{CatalogReloader, ReloadMetrics};
+use gpu_exporter::reload::{CatalogReloader, Hangup, ReloadMetrics};
 use gpu_exporter::sampler::{
     AttributionMetrics, SampleMetrics, Sampler, SamplerMetrics, SamplerOptions,
 };
@@ -65,7 +65,7 @@ fn main() -> std::process::ExitCode {
     };
     let hup = {
         let _entered = runtime.enter();
-        hangup_signal()
+        gpu_exporter::reload::hangup_signal()
     };
     let args = match gpu_exporter::config::goflags::parse(
         std::env::args_os(),
@@ -88,19 +88,6 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// The SIGHUP stream (`None` where it cannot be listened for).
-#[cfg(unix)]
-type Hangup = Option<tokio::signal::unix::Signal>;
-#[cfg(not(unix))]
-type Hangup = Option<()>;
-
-fn hangup_signal() -> Hangup {
-    #[cfg(unix)]
-    return tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    #[cfg(not(unix))]
-    None
 }
 
 /// Logs to stderr through a writer that never fails (a closed stderr loses log lines, counted
@@ -337,7 +324,10 @@ async fn serve<S: GpuSource>(
     };
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
     let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
-    essential.spawn("SIGHUP listener", forward_sighup(hup, reload_tx));
+    essential.spawn(
+        "SIGHUP listener",
+        gpu_exporter::reload::forward_sighup(hup, reload_tx),
+    );
     match &config.catalog_path {
         Some(path) => {
             let initial = gpu_exporter::catalog::read(path).unwrap_or_default();
@@ -629,21 +619,4 @@ fn http_limits(config: &Config) -> Result<http::Limits> {
         Err(e) => tracing::warn!("cannot raise the soft file descriptor limit: {e}"),
     }
     Ok(http::Limits::from_flags(&flags, http::limits::fd_limit())?)
-}
-
-/// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).
-async fn forward_sighup(hup: Hangup, tx: tokio::sync::mpsc::Sender<()>) {
-    #[cfg(unix)]
-    {
-        let Some(mut hup) = hup else {
-            tracing::warn!("cannot listen for SIGHUP; the metrics CSV reloads only on file change");
-            return std::future::pending().await;
-        };
-        while hup.recv().await.is_some() {
-            let _ = tx.try_send(());
-        }
-    }
-    #[cfg(not(unix))]
-    drop((hup, tx));
-    std::future::pending().await
 }

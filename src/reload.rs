@@ -237,6 +237,37 @@ impl Collector for ReloadMetrics {
     }
 }
 
+/// The SIGHUP stream (`None` where it cannot be listened for).
+#[cfg(unix)]
+pub type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+pub type Hangup = Option<()>;
+
+/// Starts listening for SIGHUP; until the reloader runs, signals are queued on the stream.
+pub fn hangup_signal() -> Hangup {
+    #[cfg(unix)]
+    return tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    #[cfg(not(unix))]
+    None
+}
+
+/// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).
+pub async fn forward_sighup(hup: Hangup, tx: tokio::sync::mpsc::Sender<()>) {
+    #[cfg(unix)]
+    {
+        let Some(mut hup) = hup else {
+            tracing::warn!("cannot listen for SIGHUP; the metrics CSV reloads only on file change");
+            return std::future::pending().await;
+        };
+        while hup.recv().await.is_some() {
+            let _ = tx.try_send(());
+        }
+    }
+    #[cfg(not(unix))]
+    drop((hup, tx));
+    std::future::pending().await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
