@@ -36,14 +36,15 @@ use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, GpuSource};
 use gpu_exporter::health::Recent;
+use gpu_exporter::http::HttpMetrics;
 use gpu_exporter::pods::mapping::{attribution_from, MappingOptions};
 use gpu_exporter::pods::proto::{
     ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
 };
 use gpu_exporter::pods::{Attribution, EntityKey, Holder, PodRef};
+use gpu_exporter::reload::ReloadMetrics;
 use gpu_exporter::render::render;
-use gpu_exporter::sampler::{fields_to_read, Published, Sampler, SamplerOptions};
-use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::sampler::{fields_to_read, Published, Sampler, SamplerMetrics, SamplerOptions};
 use gpu_exporter::snapshot::{self, BuildOptions, DeviceOutcome, DeviceSelection, Snapshot};
 
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -344,6 +345,20 @@ fn bench_pod_mapping(c: &mut Criterion) {
     group.finish();
 }
 
+/// The self-metric families of an exporter without attribution, as `main.rs` registers them:
+/// the sampler's, the metrics CSV's and the HTTP server's (encoded into every body).
+fn self_metrics() -> SamplerMetrics {
+    let own = SamplerMetrics::standalone();
+    let mut registry = gpu_exporter::self_metrics::Registry::default();
+    registry.register_collector(Box::new(Arc::clone(&own.samples)));
+    registry.register_collector(Box::new(ReloadMetrics::default()));
+    registry.register_collector(Box::new(HttpMetrics::default()));
+    SamplerMetrics {
+        registry: Arc::new(registry),
+        ..own
+    }
+}
+
 fn bench_tick(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -370,7 +385,7 @@ fn bench_tick(c: &mut Criterion) {
                 rediscover_every: Duration::from_secs(3600),
                 build: options(),
             },
-            Arc::new(SelfMetrics::default()),
+            self_metrics(),
         );
         let series = rt.block_on(sampler.tick()).series;
         group.throughput(Throughput::Elements(series as u64));

@@ -26,6 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -34,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::fsread::{self, Cap, ReadError, Symlinks};
 use crate::gpu::Device;
 use crate::pods::{Answered, EntityKey};
-use crate::self_metrics::SelfMetrics;
+use crate::self_metrics::{self, Collector, DescriptorEncoder, Num, Reason};
 
 /// Largest mapping file read, bytes.
 pub const MAX_FILE_BYTES: u64 = Cap::HPC_JOB_FILE.0;
@@ -306,7 +307,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, Option<HpcError>> {
 #[derive(Debug)]
 pub struct HpcWatcher {
     dir: PathBuf,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<HpcMetrics>,
     /// The devices found by the sampler: the files of their GPUs and instances are read.
     inventory: watch::Receiver<Arc<Vec<Device>>>,
     /// The problems of the last scan (each is logged and counted when it first appears).
@@ -321,10 +322,10 @@ impl HpcWatcher {
     /// nothing is read before the first). Turns on the `gpu_exporter_hpc_job_*` families.
     pub fn new(
         dir: PathBuf,
-        metrics: Arc<SelfMetrics>,
+        metrics: Arc<HpcMetrics>,
         inventory: watch::Receiver<Arc<Vec<Device>>>,
     ) -> Self {
-        metrics.hpc_jobs.enable();
+        metrics.enable();
         Self {
             dir,
             metrics,
@@ -349,7 +350,7 @@ impl HpcWatcher {
     /// publishes the result on `tx` if it differs from what is there. Returns whether it did.
     pub fn apply(&mut self, scanned: HpcJobs, tx: &watch::Sender<Arc<HpcJobs>>) -> bool {
         for e in scanned.errors.iter().filter(|e| !self.problems.contains(e)) {
-            self.metrics.hpc_jobs.count_error(e.reason());
+            self.metrics.count_error(e.reason());
             match e {
                 HpcError::DirUnreadable { .. } => tracing::warn!(
                     error = %e,
@@ -376,13 +377,13 @@ impl HpcWatcher {
             }
             self.ignored.clone_from(&scanned.ignored);
         }
-        self.metrics.hpc_jobs.record_ignored(&scanned.ignored);
+        self.metrics.record_ignored(&scanned.ignored);
         let bad = scanned
             .errors
             .iter()
             .filter(|e| !matches!(e, HpcError::DirUnreadable { .. }))
             .count();
-        self.metrics.hpc_jobs.record_scan(scanned.files, bad);
+        self.metrics.record_scan(scanned.files, bad);
         let changed = tx.send_if_modified(|cur| {
             if **cur == scanned {
                 false
@@ -431,6 +432,102 @@ impl HpcWatcher {
             };
             self.apply(scanned, &tx);
         }
+    }
+}
+
+/// The HPC job mapping's own series, `gpu_exporter_hpc_job_*`: updated by [`HpcWatcher`],
+/// rendered only with `--hpc-job-mapping-dir`. A [`Collector`] over the latest scan.
+#[derive(Debug, Default)]
+pub struct HpcMetrics {
+    inner: Mutex<HpcJobsState>,
+}
+
+/// A copy of [`HpcMetrics`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HpcJobsState {
+    /// Whether `--hpc-job-mapping-dir` is set (the families are rendered only then).
+    pub enabled: bool,
+    /// Mapping files read successfully at the last scan.
+    pub files_ok: u64,
+    /// Mapping files ignored at the last scan (unreadable or invalid).
+    pub files_bad: u64,
+    /// Problems seen, by reason (each counted when it appears).
+    pub errors: BTreeMap<&'static str, u64>,
+    /// Directory entries not read at the last scan, by reason.
+    pub ignored: BTreeMap<&'static str, u64>,
+}
+
+/// A label set of one label, `state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+struct FileState {
+    state: &'static str,
+}
+
+impl HpcMetrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HpcJobsState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Turns the families on.
+    pub fn enable(&self) {
+        self.lock().enabled = true;
+    }
+
+    /// Records the file counts of a scan.
+    pub fn record_scan(&self, ok: usize, bad: usize) {
+        let mut s = self.lock();
+        s.files_ok = ok as u64;
+        s.files_bad = bad as u64;
+    }
+
+    /// Records the entries the last scan did not read, by reason.
+    pub fn record_ignored(&self, ignored: &BTreeMap<&'static str, usize>) {
+        self.lock().ignored = ignored.iter().map(|(&k, &v)| (k, v as u64)).collect();
+    }
+
+    /// Counts a new problem.
+    pub fn count_error(&self, reason: &'static str) {
+        *self.lock().errors.entry(reason).or_default() += 1;
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> HpcJobsState {
+        self.lock().clone()
+    }
+}
+
+impl Collector for HpcMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let s = self.state();
+        if !s.enabled {
+            return Ok(());
+        }
+        let n = |m: &BTreeMap<&'static str, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+        self_metrics::gauge(
+            &mut e,
+            "gpu_exporter_hpc_job_files",
+            "HPC job mapping files at the last read of --hpc-job-mapping-dir: ok (in use), bad (ignored: unreadable or invalid).",
+            [("bad", s.files_bad), ("ok", s.files_ok)]
+                .map(|(state, v)| (FileState { state }, Num::count(v))),
+        )?;
+        self_metrics::counter(
+            &mut e,
+            "gpu_exporter_hpc_job_file_errors",
+            "Problems with the HPC job mapping directory or its files, by reason, each counted when it appears.",
+            HpcError::REASONS
+                .iter()
+                .map(|&reason| (Reason { reason }, n(&s.errors, reason))),
+        )?;
+        self_metrics::gauge(
+            &mut e,
+            "gpu_exporter_hpc_job_files_ignored",
+            "Entries of --hpc-job-mapping-dir not read at the last scan, by reason: no_such_gpu (named for a GPU or MIG instance not on this node), not_a_mapping_name.",
+            Ignored::REASONS
+                .iter()
+                .map(|&reason| (Reason { reason }, Num::count(n(&s.ignored, reason)))),
+        )
     }
 }
 
@@ -603,7 +700,7 @@ mod tests {
 
     #[test]
     fn problems_are_counted_once_and_only_changes_are_published() {
-        let metrics = Arc::new(SelfMetrics::default());
+        let metrics = Arc::new(HpcMetrics::default());
         let (_inventory_tx, inventory) = watch::channel(Arc::new(Vec::new()));
         let mut w = HpcWatcher::new("/run/hpc".into(), Arc::clone(&metrics), inventory);
         let (tx, rx) = watch::channel(Arc::new(HpcJobs::default()));
@@ -621,7 +718,7 @@ mod tests {
         assert_eq!(rx.borrow().jobs.len(), 1);
         // The same again: nothing new to publish or count.
         assert!(!w.apply(scanned, &tx));
-        let st = metrics.hpc_jobs.state();
+        let st = metrics.state();
         assert_eq!(st.errors.get("bad_line"), Some(&1));
         assert_eq!((st.files_ok, st.files_bad), (1, 1));
         // Fixed: published, and the count stays.
@@ -632,7 +729,7 @@ mod tests {
             },
             &tx
         ));
-        let st = metrics.hpc_jobs.state();
+        let st = metrics.state();
         assert_eq!(st.errors.get("bad_line"), Some(&1));
         assert_eq!((st.files_ok, st.files_bad), (2, 0));
         // Broken the same way again: counted again.
@@ -643,6 +740,6 @@ mod tests {
             },
             &tx,
         );
-        assert_eq!(metrics.hpc_jobs.state().errors.get("bad_line"), Some(&2));
+        assert_eq!(metrics.state().errors.get("bad_line"), Some(&2));
     }
 }

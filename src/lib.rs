@@ -11,13 +11,22 @@
 //!   refresher) and who uses it (container runtime client, cgroup parsing, per-container usage).
 //! - [`hpc`]: which HPC jobs run on which GPU (`--hpc-job-mapping-dir`).
 //! - [`health`]: XID / clock-event windows and health derivation (pure).
-//! - [`snapshot`]: samples + attribution → metric families with dcgm-exporter's labels (pure).
+//! - [`snapshot`]: samples + attribution → metric families with dcgm-exporter's labels (pure):
+//!   device selection, labels, per-holder copies, entities, series, pod families.
 //! - [`render`]: families → Prometheus text 0.0.4 (pure).
-//! - [`sampler`]: the loop that ties the above together once per interval and publishes bytes.
-//! - [`self_metrics`]: the exporter's own `gpu_exporter_*` series.
+//! - [`sampler`]: the loop that ties the above together once per interval and publishes bytes
+//!   (its parts: which fields a tick reads, the blocking read, per-process attribution, the
+//!   first sample's wait for attribution, the published body, its own self-metrics).
+//! - [`self_metrics`]: what the modules' own `gpu_exporter_*` families share (the
+//!   prometheus-client registry, its 0.0.4 encoding, collector helpers); imports nothing from
+//!   the crate. Each module defines and updates its own families (`http::metrics`,
+//!   `sampler::metrics`, `pods::refresher`, `pods::cri_refresher`, `pods::usage`, `hpc`,
+//!   `reload`, `web::metrics`); `main.rs` registers them into one registry, which the sampler
+//!   encodes into every body.
 //! - [`process_metrics`]: the standard `process_*` series (`--enable-exporter-metrics`).
-//! - [`http`]: `/metrics`, `/health`, `/ready`; per-phase connection deadlines and eviction at the
-//!   connection limits, so that floods never lock the scraper out.
+//! - [`http`]: `/metrics`, `/health`, `/ready` (routes); per-phase connection deadlines and
+//!   eviction at the connection limits (conn, io, limits), so that floods never lock the scraper
+//!   out; its own self-metrics (metrics).
 //! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
 //! - [`godur`]: Go's duration syntax (`1h30m`, `1.5s`), for flags and files in Go's format.
 //! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
@@ -25,7 +34,8 @@
 //! - [`logsink`]: the log writer that never fails the code that logs.
 //! - [`supervise`]: the essential tasks, whose end stops the process.
 //!
-//! `main.rs` is the only composition root.
+//! `main.rs` is the only composition root; it also registers every module's self-metric
+//! collectors, once, into the one registry the sampler encodes.
 
 pub mod catalog;
 pub mod config;

@@ -18,25 +18,28 @@ use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::scenario::Scenario;
 use gpu_exporter::gpu::sim::{SimProcess, SimulatedSource};
 use gpu_exporter::gpu::GpuSource;
-use gpu_exporter::hpc::{HpcJobs, HpcWatcher};
-use gpu_exporter::http::{self, AppState};
+use gpu_exporter::hpc::{HpcJobs, HpcMetrics, HpcWatcher};
+use gpu_exporter::http::{self, AppState, HttpMetrics};
 use gpu_exporter::logsink::LogSink;
 use gpu_exporter::pods::cri::CriClient;
-use gpu_exporter::pods::cri_refresher::{CriOptions, CriRefresher};
+use gpu_exporter::pods::cri_refresher::{CriMetrics, CriOptions, CriRefresher};
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
 use gpu_exporter::pods::dra;
 use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::kubelet::KubeletPodResources;
 use gpu_exporter::pods::mapping::MappingOptions;
 use gpu_exporter::pods::procfs::ProcRoot;
-use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
+use gpu_exporter::pods::refresher::{PodResourcesMetrics, Refresher, RefresherOptions};
+use gpu_exporter::pods::usage::ProcessMetrics;
 use gpu_exporter::pods::Attribution;
-use gpu_exporter::reload::CatalogReloader;
-use gpu_exporter::sampler::{Sampler, SamplerOptions};
-use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::reload::{CatalogReloader, Hangup, ReloadMetrics};
+use gpu_exporter::sampler::{
+    AttributionMetrics, SampleMetrics, Sampler, SamplerMetrics, SamplerOptions,
+};
+use gpu_exporter::self_metrics::{CounterOnceNonZero, Registry};
 use gpu_exporter::shutdown_signal;
 use gpu_exporter::supervise::Essential;
-use gpu_exporter::web::WebSecurity;
+use gpu_exporter::web::{WebMetrics, WebSecurity};
 
 /// How often the metrics CSV is checked for changes (SIGHUP reloads at once).
 const CSV_POLL: Duration = Duration::from_secs(5);
@@ -64,7 +67,7 @@ fn main() -> std::process::ExitCode {
     };
     let hup = {
         let _entered = runtime.enter();
-        hangup_signal()
+        gpu_exporter::reload::hangup_signal()
     };
     let args = match gpu_exporter::config::goflags::parse(
         std::env::args_os(),
@@ -87,19 +90,6 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// The SIGHUP stream (`None` where it cannot be listened for).
-#[cfg(unix)]
-type Hangup = Option<tokio::signal::unix::Signal>;
-#[cfg(not(unix))]
-type Hangup = Option<()>;
-
-fn hangup_signal() -> Hangup {
-    #[cfg(unix)]
-    return tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    #[cfg(not(unix))]
-    None
 }
 
 /// Logs to stderr through a writer that never fails (a closed stderr loses log lines, counted
@@ -344,18 +334,25 @@ async fn serve<S: GpuSource>(
         }
     }
     let shutdown = CancellationToken::new();
-    let metrics = Arc::new(SelfMetrics::default().with_log_write_errors(log_write_errors));
+    let metrics = SelfMetrics::register(log_write_errors, &*source);
     let mut essential = Essential::new();
     let web = match &config.args.web_config_file {
         Some(p) => Some(Arc::new(
-            WebSecurity::load(p, gpu_exporter::web::DEFAULT_RECHECK, Arc::clone(&metrics))
-                .context("--web-config-file")?,
+            WebSecurity::load(
+                p,
+                gpu_exporter::web::DEFAULT_RECHECK,
+                Arc::clone(&metrics.web),
+            )
+            .context("--web-config-file")?,
         )),
         None => None,
     };
     let (catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
     let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
-    essential.spawn("SIGHUP listener", forward_sighup(hup, reload_tx));
+    essential.spawn(
+        "SIGHUP listener",
+        gpu_exporter::reload::forward_sighup(hup, reload_tx),
+    );
     match &config.catalog_path {
         Some(path) => {
             let initial = gpu_exporter::catalog::read(path).unwrap_or_default();
@@ -372,7 +369,7 @@ async fn serve<S: GpuSource>(
                     catalog_tx,
                     reload_rx,
                     CSV_POLL,
-                    Arc::clone(&metrics),
+                    Arc::clone(&metrics.reload),
                     shutdown.clone(),
                 ),
             );
@@ -395,7 +392,7 @@ async fn serve<S: GpuSource>(
         rediscover_every: Duration::from_secs(60).max(config.interval),
         build: config.build_options(),
     };
-    let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, Arc::clone(&metrics));
+    let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, metrics.sampler.clone());
     // The devices found, for the pod refresher (kubelet device ids) and the HPC watcher (which
     // mapping files to read).
     let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
@@ -428,7 +425,7 @@ async fn serve<S: GpuSource>(
             kubelet,
             inventory_rx,
             pods_tx,
-            Arc::clone(&metrics),
+            Arc::clone(&metrics.pod_resources),
             refresher_opts,
         );
         sampler = sampler.with_first_answer("kubelet", refresher.answered(), timeout);
@@ -445,7 +442,7 @@ async fn serve<S: GpuSource>(
         let cri = CriRefresher::new(
             runtime,
             dir_tx,
-            Arc::clone(&metrics),
+            Arc::clone(&metrics.cri),
             CriOptions {
                 refresh: Duration::from_millis(config.args.cri_refresh),
                 ttl: Duration::from_millis(config.args.cri_ttl),
@@ -497,7 +494,7 @@ async fn serve<S: GpuSource>(
             poll_ms = every.as_millis() as u64,
             "HPC job labels from --hpc-job-mapping-dir"
         );
-        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics), inventory_rx.clone());
+        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics.hpc), inventory_rx.clone());
         // Reading a local directory has no call timeout: one poll period bounds the wait.
         sampler = sampler.with_first_answer("hpc", watcher.answered(), every);
         essential.spawn(
@@ -528,7 +525,7 @@ async fn serve<S: GpuSource>(
         AppState {
             published: pub_rx,
             interval: config.interval,
-            metrics: Arc::clone(&metrics),
+            metrics: Arc::clone(&metrics.http),
         },
         http::HttpOptions {
             max_concurrent_scrapes: config.args.max_concurrent_scrapes as usize,
@@ -545,7 +542,7 @@ async fn serve<S: GpuSource>(
         std::future::pending::<()>().await;
     });
     let stopped = shutdown.clone();
-    let serving = http::serve_with(listener, router, limits, web, metrics, async move {
+    let serving = http::serve_with(listener, router, limits, web, metrics.http, async move {
         stopped.cancelled().await;
     });
     // An essential task that stops while the exporter runs (a panic, an unexpected return)
@@ -571,17 +568,74 @@ async fn serve<S: GpuSource>(
     Ok(())
 }
 
-/// The HTTP limits: defaults, with the connection limit from `--http-max-connections` or from
-/// the file descriptor limit (raised towards the hard limit first, as Go programs do). An
-/// explicit limit the descriptor limit cannot hold is a startup error.
+/// Every module's own `gpu_exporter_*` families: each module defines and updates its own; they
+/// are registered here, once, into the one registry the sampler encodes into each body, in the
+/// order they appear in it.
+struct SelfMetrics {
+    sampler: SamplerMetrics,
+    reload: Arc<ReloadMetrics>,
+    http: Arc<HttpMetrics>,
+    pod_resources: Arc<PodResourcesMetrics>,
+    cri: Arc<CriMetrics>,
+    hpc: Arc<HpcMetrics>,
+    web: Arc<WebMetrics>,
+}
+
+impl SelfMetrics {
+    fn register(log_write_errors: Arc<AtomicU64>, source: &impl GpuSource) -> Self {
+        let samples = Arc::new(SampleMetrics::default());
+        let attribution = Arc::new(AttributionMetrics::default());
+        let processes = Arc::new(ProcessMetrics::default());
+        let reload = Arc::new(ReloadMetrics::default());
+        let http = Arc::new(HttpMetrics::default());
+        let pod_resources = Arc::new(PodResourcesMetrics::default());
+        let cri = Arc::new(CriMetrics::default());
+        let hpc = Arc::new(HpcMetrics::default());
+        let web = Arc::new(WebMetrics::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Arc::clone(&samples)));
+        registry.register_collector(Box::new(Arc::clone(&reload)));
+        registry.register_collector(Box::new(Arc::clone(&http)));
+        registry.register_collector(Box::new(CounterOnceNonZero::new(
+            "gpu_exporter_log_write_errors",
+            "Writes of log lines to stderr that failed (the lines are lost; absent until the first).",
+            log_write_errors,
+        )));
+        registry.register_collector(Box::new(Arc::clone(&pod_resources)));
+        registry.register_collector(Box::new(Arc::clone(&cri)));
+        registry.register_collector(Box::new(Arc::clone(&processes)));
+        registry.register_collector(Box::new(Arc::clone(&hpc)));
+        registry.register_collector(Box::new(Arc::clone(&attribution)));
+        registry.register_collector(Box::new(Arc::clone(&web)));
+        source.register_metrics(&mut registry);
+        Self {
+            sampler: SamplerMetrics {
+                samples,
+                attribution,
+                processes,
+                registry: Arc::new(registry),
+            },
+            reload,
+            http,
+            pod_resources,
+            cri,
+            hpc,
+            web,
+        }
+    }
+}
+
+/// The HTTP limits from the flags, the soft file descriptor limit raised towards the hard one
+/// first (as Go programs do). An explicit limit the descriptor limit cannot hold is a startup
+/// error.
 fn http_limits(config: &Config) -> Result<http::Limits> {
-    let explicit = config.args.http_max_connections;
-    let wanted = if explicit > 0 {
-        explicit
-    } else {
-        http::conn::MAX_CONNECTIONS_CEILING
+    let flags = http::limits::LimitFlags {
+        max_connections: config.args.http_max_connections,
+        max_active_connections: config.args.http_max_active_connections,
+        read_timeout: config.args.web_read_timeout,
+        write_timeout: config.args.web_write_timeout,
     };
-    match http::conn::raise_fd_limit_for(wanted) {
+    match http::limits::raise_fd_limit_for(flags.wanted_connections()) {
         Ok((before, after)) if before != after => tracing::info!(
             before = ?before,
             after = ?after,
@@ -590,49 +644,5 @@ fn http_limits(config: &Config) -> Result<http::Limits> {
         Ok(_) => {}
         Err(e) => tracing::warn!("cannot raise the soft file descriptor limit: {e}"),
     }
-    let max_connections = if explicit > 0 {
-        http::conn::check_max_connections(explicit, http::conn::fd_limit())
-            .map_err(|e| anyhow::anyhow!("--http-max-connections: {e}"))?;
-        explicit
-    } else {
-        http::conn::connections_for_fd_limit(http::conn::fd_limit())
-    };
-    // dcgm-exporter's Go server timeouts onto the per-phase deadlines: ReadTimeout bounds
-    // reading the request (our request-head deadline), WriteTimeout the time from the request
-    // head to the end of the response (ours exactly); a handler gets at most that long too.
-    let defaults = http::Limits::default();
-    let write_timeout = config
-        .args
-        .web_write_timeout
-        .unwrap_or(defaults.write_timeout);
-    Ok(http::Limits {
-        header_read_timeout: config
-            .args
-            .web_read_timeout
-            .unwrap_or(defaults.header_read_timeout),
-        request_timeout: defaults.request_timeout.min(write_timeout),
-        write_timeout,
-        max_connections,
-        max_active_connections: usize::try_from(config.args.http_max_active_connections)
-            .unwrap_or(usize::MAX)
-            .min(max_connections),
-        ..defaults
-    })
-}
-
-/// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).
-async fn forward_sighup(hup: Hangup, tx: tokio::sync::mpsc::Sender<()>) {
-    #[cfg(unix)]
-    {
-        let Some(mut hup) = hup else {
-            tracing::warn!("cannot listen for SIGHUP; the metrics CSV reloads only on file change");
-            return std::future::pending().await;
-        };
-        while hup.recv().await.is_some() {
-            let _ = tx.try_send(());
-        }
-    }
-    #[cfg(not(unix))]
-    drop((hup, tx));
-    std::future::pending().await
+    Ok(http::Limits::from_flags(&flags, http::limits::fd_limit())?)
 }

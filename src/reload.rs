@@ -7,15 +7,17 @@
 //! catalog goes through the same `retain_supported` filter as at startup.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{self, Catalog, CatalogError, Field, MetricSpec, Skipped};
-use crate::self_metrics::SelfMetrics;
+use crate::self_metrics::{self, Collector, DescriptorEncoder, Num};
 
 /// Why a reload was attempted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +123,7 @@ impl<F: Fn(Field) -> bool + Send + 'static> CatalogReloader<F> {
         tx: watch::Sender<Arc<Catalog>>,
         mut requests: mpsc::Receiver<()>,
         poll_every: Duration,
-        metrics: Arc<SelfMetrics>,
+        metrics: Arc<ReloadMetrics>,
         shutdown: CancellationToken,
     ) {
         let mut poll = tokio::time::interval(poll_every);
@@ -173,7 +175,7 @@ impl<F: Fn(Field) -> bool + Send + 'static> CatalogReloader<F> {
                         ?trigger,
                         "metrics CSV reloaded"
                     );
-                    metrics.count_reload(true);
+                    metrics.count(true);
                     tx.send_replace(Arc::new(catalog));
                 }
                 Outcome::Rejected(e) => {
@@ -181,11 +183,89 @@ impl<F: Fn(Field) -> bool + Send + 'static> CatalogReloader<F> {
                         "metrics CSV reload rejected, the previous configuration keeps serving: {}",
                         crate::error_chain(&e)
                     );
-                    metrics.count_reload(false);
+                    metrics.count(false);
                 }
             }
         }
     }
+}
+
+/// The metrics CSV's own series, `gpu_exporter_config_*`: reloads by result and whether the
+/// last one worked. Counted by [`CatalogReloader::run`].
+#[derive(Debug, Default)]
+pub struct ReloadMetrics {
+    succeeded: Counter,
+    failed: Counter,
+    last_failed: AtomicBool,
+}
+
+/// A label set of one label, `result`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+struct ReloadResult {
+    result: &'static str,
+}
+
+impl ReloadMetrics {
+    /// Counts a reload attempt and remembers whether the last one worked.
+    pub fn count(&self, success: bool) {
+        if success {
+            self.succeeded.inc();
+        } else {
+            self.failed.inc();
+        }
+        self.last_failed.store(!success, Ordering::Relaxed);
+    }
+}
+
+impl Collector for ReloadMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        self_metrics::counter(
+            &mut e,
+            "gpu_exporter_config_reloads",
+            "Metrics CSV reloads (SIGHUP or file change), by result.",
+            [
+                (ReloadResult { result: "failure" }, self.failed.get()),
+                (ReloadResult { result: "success" }, self.succeeded.get()),
+            ],
+        )?;
+        self_metrics::gauge1(
+            &mut e,
+            "gpu_exporter_config_last_reload_success",
+            "1 if the last metrics CSV reload succeeded (or none was attempted), 0 if it was rejected and the previous configuration is serving.",
+            Num::Int(i64::from(!self.last_failed.load(Ordering::Relaxed))),
+        )
+    }
+}
+
+/// The SIGHUP stream (`None` where it cannot be listened for).
+#[cfg(unix)]
+pub type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+pub type Hangup = Option<()>;
+
+/// Starts listening for SIGHUP; until the reloader runs, signals are queued on the stream.
+pub fn hangup_signal() -> Hangup {
+    #[cfg(unix)]
+    return tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    #[cfg(not(unix))]
+    None
+}
+
+/// Forwards SIGHUP to the reloader (a full channel means a reload is already pending).
+pub async fn forward_sighup(hup: Hangup, tx: tokio::sync::mpsc::Sender<()>) {
+    #[cfg(unix)]
+    {
+        let Some(mut hup) = hup else {
+            tracing::warn!("cannot listen for SIGHUP; the metrics CSV reloads only on file change");
+            return std::future::pending().await;
+        };
+        while hup.recv().await.is_some() {
+            let _ = tx.try_send(());
+        }
+    }
+    #[cfg(not(unix))]
+    drop((hup, tx));
+    std::future::pending().await
 }
 
 #[cfg(test)]

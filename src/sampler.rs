@@ -14,9 +14,8 @@
 //! source delays the next sample (ticks are skipped, not queued); a failing device only removes
 //! its own series and is counted in `gpu_exporter_sample_errors_total`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::Write as _;
-use std::sync::{Arc, OnceLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -25,87 +24,32 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{Catalog, Field};
-use crate::gpu::{
-    Device, DeviceSample, FieldError, FieldGap, GpuProcess, GpuSource, SourceError, Value, XidEvent,
-};
+use crate::gpu::{Device, FieldError, GpuProcess, GpuSource, SourceError, Value};
 use crate::health::{History, Recent, Status};
 use crate::hpc::HpcJobs;
 use crate::pods::directory::PodDirectory;
 use crate::pods::procfs::ProcRoot;
-use crate::pods::usage::{self, Owner};
+use crate::pods::usage::Owner;
 use crate::pods::{Answered, Attribution};
 use crate::render::render;
-use crate::self_metrics::{GpuStates, SampleStats, SelfMetrics};
+use crate::self_metrics;
 use crate::snapshot::{self, BuildOptions, DeviceOutcome, Workload};
 
-/// A rendered sample, as served by `/metrics`.
-#[derive(Debug, Clone)]
-pub struct Published {
-    /// The exposition body.
-    pub body: Bytes,
-    /// When it was taken (monotonic).
-    pub at: Instant,
-    /// GPU series in it.
-    pub series: usize,
-    /// Why the GPU source is not ready (device discovery failing, e.g. NVML not loaded yet);
-    /// `None` once a discovery has succeeded. `/ready` answers 503 with this text.
-    pub not_ready: Option<String>,
-    /// The body gzip-compressed, made by the first scrape that asks for it.
-    gzip: OnceLock<Bytes>,
-}
+mod fields;
+mod first_answer;
+mod metrics;
+mod processes;
+mod published;
+mod read;
 
-impl Published {
-    /// A published sample.
-    pub fn new(body: Bytes, at: Instant, series: usize, not_ready: Option<String>) -> Self {
-        Self {
-            body,
-            at,
-            series,
-            not_ready,
-            gzip: OnceLock::new(),
-        }
-    }
-
-    /// The body, gzip-compressed. Compressed once per sample, by the first scrape that accepts
-    /// gzip (Prometheus always does); later scrapes of the same sample get the same bytes. The
-    /// fast level: exposition text shrinks about tenfold at a fraction of the default's cost.
-    pub fn gzip_body(&self) -> &Bytes {
-        self.gzip.get_or_init(|| {
-            let mut enc = flate2::write::GzEncoder::new(
-                Vec::with_capacity(self.body.len() / 8 + 64),
-                flate2::Compression::fast(),
-            );
-            let compressed = enc
-                .write_all(&self.body)
-                .and_then(|()| enc.finish())
-                .expect("gzip into a Vec: writing to memory cannot fail");
-            Bytes::from(compressed)
-        })
-    }
-}
-
-/// One device and what reading it gave.
-type DeviceRead = (Device, Result<DeviceSample, SourceError>);
-
-/// What one tick read on the blocking thread: samples, per-process readings (per device, when
-/// on), the cgroup owner of every PID, one error text per failure reason, and XIDs.
-struct TickRead {
-    samples: Vec<DeviceRead>,
-    processes: Vec<Option<Result<Vec<GpuProcess>, FieldError>>>,
-    owners: HashMap<u32, Owner>,
-    examples: BTreeMap<&'static str, String>,
-    xids: Vec<(String, XidEvent)>,
-}
-
-/// An attribution source the first sample waits for.
-#[derive(Debug)]
-struct FirstAnswer {
-    /// `kubelet`, `cri` or `hpc`.
-    source: &'static str,
-    answered: watch::Receiver<Answered>,
-    /// The longest wait: the source's call timeout.
-    wait: Duration,
-}
+pub use fields::{field_gaps, fields_to_read};
+use first_answer::FirstAnswers;
+pub use metrics::{
+    AttributionMetrics, AttributionState, GpuStates, SampleMetrics, SampleStats, SamplerMetrics,
+};
+use processes::ProcessAttribution;
+pub use published::Published;
+use read::{read_devices, TickRead};
 
 /// The last sample's readings, kept so that a change of attribution can be published at once
 /// by attributing and rendering them again.
@@ -132,58 +76,6 @@ pub struct SamplerOptions {
     pub build: BuildOptions,
 }
 
-/// Fields read for health and clock-event series even if the CSV does not list them.
-const HEALTH_INPUTS: &[Field] = &[
-    Field::ClocksEventReasons,
-    Field::PcieReplayCounter,
-    Field::EccDbeVolTotal,
-    Field::RetiredPending,
-    Field::RowRemapFailure,
-    Field::RowRemapPending,
-    Field::NvlinkCrcFlitErrorCountTotal,
-    Field::NvlinkCrcDataErrorCountTotal,
-    Field::NvlinkReplayErrorCountTotal,
-    Field::NvlinkRecoveryErrorCountTotal,
-];
-
-/// The fields a catalog needs read, including the inputs of derived series.
-pub fn fields_to_read(catalog: &Catalog, supported: impl Fn(Field) -> bool) -> Vec<Field> {
-    let mut fields: Vec<Field> = catalog
-        .fields()
-        .into_iter()
-        .filter(|f| !f.is_exporter() && *f != Field::XidErrors)
-        .collect();
-    let derived = catalog.metrics.iter().any(|m| {
-        matches!(
-            m.field,
-            Field::ExpGpuHealthStatus | Field::ExpClockEventsCount
-        )
-    });
-    if derived {
-        fields.extend(HEALTH_INPUTS.iter().copied().filter(|f| supported(*f)));
-    }
-    fields.sort();
-    fields.dedup();
-    fields
-}
-
-/// Which of `fields` `source` can never read on which of `devices` (GPU indexes), and why.
-pub fn field_gaps<S: GpuSource + ?Sized>(
-    source: &S,
-    devices: &[Device],
-    fields: &[Field],
-) -> BTreeMap<(Field, FieldGap), Vec<u32>> {
-    let mut out: BTreeMap<(Field, FieldGap), Vec<u32>> = BTreeMap::new();
-    for d in devices {
-        for &f in fields {
-            if let Some(gap) = source.field_gap(d, f) {
-                out.entry((f, gap)).or_default().push(d.identity.index);
-            }
-        }
-    }
-    out
-}
-
 /// The sampling loop's state.
 #[derive(Debug)]
 pub struct Sampler<S: GpuSource> {
@@ -191,7 +83,7 @@ pub struct Sampler<S: GpuSource> {
     catalog: watch::Receiver<Arc<Catalog>>,
     attribution: watch::Receiver<Arc<Attribution>>,
     opts: SamplerOptions,
-    metrics: Arc<SelfMetrics>,
+    metrics: SamplerMetrics,
     history: History,
     devices: Vec<Device>,
     discovered_at: Option<Instant>,
@@ -204,26 +96,20 @@ pub struct Sampler<S: GpuSource> {
     directory: Option<watch::Receiver<Arc<PodDirectory>>>,
     /// Asks the container runtime task to list again (a container it did not list was seen).
     cri_waker: Option<Arc<tokio::sync::Notify>>,
-    /// Per-process attribution: the host's /proc. `None`: off.
-    proc_root: Option<ProcRoot>,
-    /// Per-process attribution problems logged and not yet cleared.
-    process_problems: BTreeSet<&'static str>,
+    /// Per-process attribution. `None`: off.
+    processes: Option<ProcessAttribution>,
     /// HPC job mapping (`--hpc-job-mapping-dir`).
     hpc_jobs: Option<watch::Receiver<Arc<HpcJobs>>>,
     /// The last pod attribution and HPC jobs, and the two merged (reused while unchanged).
     merged: Option<(Arc<Attribution>, Arc<HpcJobs>, Arc<Attribution>)>,
     /// The attribution sources the first sample waits for.
-    first_answers: Vec<FirstAnswer>,
-    /// Whether the first sample after a successful discovery has waited for them.
-    waited: bool,
+    first_answers: FirstAnswers,
     /// The last sample's readings.
     last: Option<LastSample>,
     /// Bumped whenever discovery finds a different device list.
     device_generation: u64,
-    /// The catalog and device generation the field gaps were last worked out for.
-    gaps_checked: Option<(Arc<Catalog>, u64)>,
-    /// Field gaps already logged (each reason is logged once).
-    gaps_logged: BTreeSet<FieldGap>,
+    /// The fields that can never be read on which GPUs.
+    gaps: fields::FieldGapCheck,
 }
 
 impl<S: GpuSource> Sampler<S> {
@@ -234,7 +120,7 @@ impl<S: GpuSource> Sampler<S> {
         catalog: watch::Receiver<Arc<Catalog>>,
         attribution: watch::Receiver<Arc<Attribution>>,
         opts: SamplerOptions,
-        metrics: Arc<SelfMetrics>,
+        metrics: SamplerMetrics,
     ) -> Self {
         let history = History::new(opts.build.xid_window_ms, opts.build.clock_window_ms);
         Self {
@@ -252,16 +138,13 @@ impl<S: GpuSource> Sampler<S> {
             last_labels: HashMap::new(),
             directory: None,
             cri_waker: None,
-            proc_root: None,
-            process_problems: BTreeSet::new(),
+            processes: None,
             hpc_jobs: None,
             merged: None,
-            first_answers: Vec::new(),
-            waited: false,
+            first_answers: FirstAnswers::default(),
             last: None,
             device_generation: 0,
-            gaps_checked: None,
-            gaps_logged: BTreeSet::new(),
+            gaps: fields::FieldGapCheck::default(),
         }
     }
 
@@ -277,11 +160,7 @@ impl<S: GpuSource> Sampler<S> {
         wait: Duration,
     ) -> Self {
         self.metrics.attribution.add_source(source);
-        self.first_answers.push(FirstAnswer {
-            source,
-            answered,
-            wait,
-        });
+        self.first_answers.add(source, answered, wait);
         self
     }
 
@@ -304,7 +183,7 @@ impl<S: GpuSource> Sampler<S> {
     #[must_use]
     pub fn with_process_usage(mut self, root: ProcRoot) -> Self {
         self.metrics.processes.enable();
-        self.proc_root = Some(root);
+        self.processes = Some(ProcessAttribution::new(root));
         self
     }
 
@@ -391,48 +270,29 @@ impl<S: GpuSource> Sampler<S> {
         Some(published)
     }
 
-    /// Waits for the first answer of every attribution source, each at most its call timeout.
-    async fn wait_for_first_answers(&mut self) {
-        let start = Instant::now();
-        let devices = self.devices.clone();
-        for gate in &mut self.first_answers {
-            let deadline = start + gate.wait;
-            let answered = matches!(
-                tokio::time::timeout_at(deadline, gate.answered.wait_for(|a| a.covers(&devices)))
-                    .await,
-                Ok(Ok(_))
-            );
-            if answered {
-                tracing::debug!(
-                    source = gate.source,
-                    "first sample: attribution source answered"
-                );
-            } else {
-                self.metrics.attribution.count_timeout(gate.source);
-                tracing::warn!(
-                    source = gate.source,
-                    timeout = ?gate.wait,
-                    "first sample published without this attribution source: it did not answer within its call timeout; its labels follow as soon as it answers (gpu_exporter_attribution_first_answer_timeouts_total)"
-                );
-            }
-        }
-    }
-
     /// Takes one sample and renders it.
     pub async fn tick(&mut self) -> Arc<Published> {
         let begun = Instant::now();
         let catalog = self.catalog.borrow().clone();
         self.rediscover_if_due(begun).await;
-        if !self.waited && self.not_ready.is_none() {
-            self.waited = true;
-            self.wait_for_first_answers().await;
+        if self.not_ready.is_none() {
+            self.first_answers
+                .wait_once(&self.devices, &self.metrics.attribution)
+                .await;
         }
 
         let source = Arc::clone(&self.source);
         let fields = fields_to_read(&catalog, |f| source.supports(f));
-        self.check_field_gaps(&catalog, &fields);
+        self.gaps.check(
+            &*self.source,
+            &self.devices,
+            self.device_generation,
+            &catalog,
+            &fields,
+            &self.metrics.samples,
+        );
         let devices = self.devices.clone();
-        let proc_root = self.proc_root.clone();
+        let proc_root = self.processes.as_ref().map(|p| p.root.clone());
         let read = tokio::task::spawn_blocking(move || {
             read_devices(&*source, devices, &fields, proc_root.as_ref())
         })
@@ -487,7 +347,7 @@ impl<S: GpuSource> Sampler<S> {
                     Ok(s)
                 }
                 Err(e) => {
-                    self.metrics.count_sample_error(e.reason());
+                    self.metrics.samples.count_sample_error(e.reason());
                     tracing::debug!(error = %e, "device not sampled");
                     Err(e.reason())
                 }
@@ -547,13 +407,18 @@ impl<S: GpuSource> Sampler<S> {
             .map(|rx| rx.borrow_and_update().clone())
             .unwrap_or_default();
         let workload = Workload {
-            usage: self.attribute_processes(
-                &last.outcomes,
-                &last.processes,
-                &last.owners,
-                examples,
-                &directory,
-            ),
+            usage: match &mut self.processes {
+                Some(p) => p.attribute(
+                    &last.outcomes,
+                    &last.processes,
+                    &last.owners,
+                    examples,
+                    &directory,
+                    &self.metrics.processes,
+                    self.cri_waker.as_deref(),
+                ),
+                None => BTreeMap::new(),
+            },
             directory,
         };
         let snap = snapshot::build_with(
@@ -564,8 +429,8 @@ impl<S: GpuSource> Sampler<S> {
             &self.opts.build,
         );
         if fresh {
-            self.metrics.count_field_errors(&snap.field_errors);
-            self.metrics.count_sample();
+            self.metrics.samples.count_field_errors(&snap.field_errors);
+            self.metrics.samples.count_sample();
         } else {
             self.metrics.attribution.count_update();
         }
@@ -583,134 +448,14 @@ impl<S: GpuSource> Sampler<S> {
             gpus: gpu_states(&last.outcomes, self.opts.build.xid_window_ms),
             series: snap.series,
         };
-        render(
-            &self.metrics.families(&stats, self.source.name()),
-            &mut body,
-        );
-        render(&self.source.self_metric_families(), &mut body);
+        self.metrics.samples.record(self.source.name(), stats);
+        self_metrics::encode_into(&self.metrics.registry, &mut body);
         Arc::new(Published::new(
             Bytes::from(body),
             last.begun,
             snap.series,
             self.not_ready.clone(),
         ))
-    }
-
-    /// Attributes the last sample's processes to containers. For a fresh sample (`examples`
-    /// given) records the outcome and failures and logs each new problem once; again after a
-    /// change of attribution, only the outcome. Empty when per-process attribution is off.
-    fn attribute_processes(
-        &mut self,
-        outcomes: &[DeviceOutcome],
-        processes: &[Option<Result<Vec<GpuProcess>, FieldError>>],
-        owners: &HashMap<u32, Owner>,
-        examples: Option<&BTreeMap<&'static str, String>>,
-        directory: &PodDirectory,
-    ) -> BTreeMap<crate::pods::EntityKey, usage::EntityUsage> {
-        let Some(root) = &self.proc_root else {
-            return BTreeMap::new();
-        };
-        let mut read: Vec<(&Device, &[GpuProcess])> = Vec::new();
-        let mut nvml_errors: BTreeMap<&'static str, u64> = BTreeMap::new();
-        for (device, p) in outcomes.iter().map(|o| &o.device).zip(processes) {
-            match p {
-                Some(Ok(list)) => read.push((device, list.as_slice())),
-                Some(Err(FieldError::NotSupported)) | None => {}
-                Some(Err(FieldError::NoPermission)) => {
-                    *nvml_errors.entry("nvml_no_permission").or_default() += 1;
-                }
-                Some(Err(_)) => *nvml_errors.entry("nvml_failed").or_default() += 1,
-            }
-        }
-        let mut result = usage::attribute(&read, owners, directory);
-        let Some(examples) = examples else {
-            // The same readings again: their failures were counted and logged when read.
-            self.metrics
-                .processes
-                .record_tick(&result.outcomes, &BTreeMap::new());
-            return result.entities;
-        };
-        for (r, n) in nvml_errors {
-            *result.errors.entry(r).or_default() += n;
-        }
-        self.metrics
-            .processes
-            .record_tick(&result.outcomes, &result.errors);
-        if result.stale_directory {
-            if let Some(w) = &self.cri_waker {
-                w.notify_one();
-            }
-        }
-        // Transient (a pod started since the last listing; the runtime is asked again at once),
-        // or logged by the runtime task itself: debug only.
-        let quiet = |r: &&str| matches!(*r, "unknown_container" | "runtime_unavailable");
-        let now: BTreeSet<&'static str> = result
-            .errors
-            .keys()
-            .copied()
-            .filter(|r| !quiet(r))
-            .collect();
-        for reason in result.errors.keys().filter(|r| quiet(r)) {
-            tracing::debug!(reason, "GPU processes not attributed this tick");
-        }
-        for reason in now.difference(&self.process_problems) {
-            let example = examples.get(reason).map_or("", String::as_str);
-            tracing::warn!(
-                reason,
-                example,
-                "per-process GPU attribution incomplete: {}; the GPUs concerned keep holder-only attribution (gpu_exporter_process_attribution_errors_total)",
-                process_hint(reason, root)
-            );
-        }
-        if !self.process_problems.is_empty() && now.is_empty() {
-            tracing::info!("per-process GPU attribution complete again");
-        }
-        self.process_problems = now;
-        result.entities
-    }
-
-    /// After a discovery or catalog change: works out which fields can never be read on which
-    /// GPUs (`gpu_exporter_fields_unavailable`), and logs each reason once, with its fix.
-    fn check_field_gaps(&mut self, catalog: &Arc<Catalog>, fields: &[Field]) {
-        let current = self
-            .gaps_checked
-            .as_ref()
-            .is_some_and(|(c, g)| Arc::ptr_eq(c, catalog) && *g == self.device_generation);
-        if current {
-            return;
-        }
-        self.gaps_checked = Some((Arc::clone(catalog), self.device_generation));
-        let gaps = field_gaps(&*self.source, &self.devices, fields);
-        let mut by_reason: BTreeMap<FieldGap, (Vec<&'static str>, BTreeSet<u32>)> = BTreeMap::new();
-        for ((field, gap), gpus) in &gaps {
-            let e = by_reason.entry(*gap).or_default();
-            e.0.push(field.dcgm_name());
-            e.1.extend(gpus.iter().copied());
-        }
-        for (gap, (names, indexes)) in &by_reason {
-            if self.gaps_logged.insert(*gap) {
-                let gpus: Vec<String> = indexes.iter().map(u32::to_string).collect();
-                let models: BTreeSet<&str> = self
-                    .devices
-                    .iter()
-                    .filter(|d| indexes.contains(&d.identity.index))
-                    .map(|d| d.identity.model.as_str())
-                    .collect();
-                tracing::warn!(
-                    fields = %names.join(","),
-                    gpus = %gpus.join(","),
-                    models = %models.into_iter().collect::<Vec<_>>().join(","),
-                    reason = gap.as_str(),
-                    "fields not served on these GPUs (gpu_exporter_fields_unavailable): {}",
-                    gap.explanation()
-                );
-            }
-        }
-        self.metrics.set_field_gaps(
-            gaps.into_iter()
-                .map(|(k, gpus)| (k, gpus.len() as u64))
-                .collect(),
-        );
     }
 
     async fn rediscover_if_due(&mut self, now: Instant) {
@@ -759,7 +504,7 @@ impl<S: GpuSource> Sampler<S> {
             // A failed discovery is retried at the next tick (the source paces its own
             // retries, e.g. NVML initialisation with backoff).
             Ok(Err(e)) => {
-                self.metrics.count_sample_error(e.reason());
+                self.metrics.samples.count_sample_error(e.reason());
                 let why = crate::error_chain(&e);
                 if self.not_ready.as_deref() != Some(why.as_str()) {
                     tracing::warn!(error = %why, "device discovery failed; keeping the previous device list");
@@ -767,68 +512,11 @@ impl<S: GpuSource> Sampler<S> {
                 self.not_ready = Some(why);
             }
             Err(e) => {
-                self.metrics.count_sample_error("discovery_error");
+                self.metrics.samples.count_sample_error("discovery_error");
                 tracing::warn!(error = %e, "device discovery thread failed");
                 self.not_ready = Some(format!("device discovery thread failed: {e}"));
             }
         }
-    }
-}
-
-/// The blocking part of a tick: every device's sample (and, with per-process attribution, its
-/// processes and their cgroups), then the XIDs.
-fn read_devices<S: GpuSource>(
-    source: &S,
-    devices: Vec<Device>,
-    fields: &[Field],
-    proc_root: Option<&ProcRoot>,
-) -> TickRead {
-    let mut samples = Vec::with_capacity(devices.len());
-    let mut processes = Vec::with_capacity(devices.len());
-    for d in devices {
-        let r = source.sample(&d, fields);
-        let p = match (proc_root, &r) {
-            (Some(_), Ok(_)) => Some(source.processes(&d)),
-            _ => None,
-        };
-        samples.push((d, r));
-        processes.push(p);
-    }
-    let mut owners = HashMap::new();
-    let mut examples = BTreeMap::new();
-    if let Some(root) = proc_root {
-        for list in processes.iter().flatten().flatten() {
-            for p in list {
-                owners.entry(p.pid).or_insert_with(|| {
-                    root.owner(p.pid).map_err(|e| {
-                        examples
-                            .entry(e.reason())
-                            .or_insert_with(|| crate::error_chain(&e));
-                        e.reason()
-                    })
-                });
-            }
-        }
-    }
-    TickRead {
-        samples,
-        processes,
-        owners,
-        examples,
-        xids: source.drain_xids(),
-    }
-}
-
-/// What to do about a per-process attribution failure.
-fn process_hint(reason: &str, root: &ProcRoot) -> String {
-    let root = root.root().display();
-    match reason {
-        "proc_not_found" => format!("GPU processes have no entry under --path.procfs {root}: NVML reports host PIDs, so mount the host's /proc (hostPath /proc at /host/proc with --path.procfs /host/proc) or run the pod with hostPID: true"),
-        "proc_permission_denied" => format!("{root}/<pid>/cgroup may not be read: the host's /proc is mounted with hidepid, or a security profile denies it"),
-        "proc_unreadable" => format!("{root}/<pid>/cgroup could not be read"),
-        "cgroup_unrecognised" => format!("{root}/<pid>/cgroup is not in the cgroup file format: is --path.procfs a procfs?"),
-        "nvml_no_permission" => "NVML refuses to list the processes on a GPU (NVML_ERROR_NO_PERMISSION)".to_owned(),
-        _ => "NVML could not list the processes on a GPU".to_owned(),
     }
 }
 

@@ -18,8 +18,11 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 use serde_yaml::Value as Yaml;
 
+#[path = "common/self_metrics.rs"]
+mod self_metrics;
+
 use gpu_exporter::catalog;
-use gpu_exporter::self_metrics::{SampleStats, SelfMetrics};
+use self_metrics::SelfMetrics;
 
 /// The dashboard schema version of Grafana 11.6, the one the pinned grafana-foundation-sdk build
 /// (scripts/gen-dashboards.py) writes; older ones are migrated on import, which rewrites panels
@@ -68,11 +71,14 @@ fn known_metrics() -> BTreeSet<String> {
     all_modes.pod_resources.enable_dra();
     all_modes.hpc_jobs.enable();
     all_modes.web.enable(Some(0.0));
+    all_modes.attribution.add_source("kubelet");
     known.extend(
         all_modes
-            .families(&SampleStats::default(), "sim")
-            .into_iter()
-            .map(|f| f.name),
+            .text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .map(str::to_owned),
     );
     known.insert(gpu_exporter::snapshot::POD_INFO.to_owned());
     known.extend(

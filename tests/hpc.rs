@@ -35,7 +35,11 @@ impl Running {
         let (tx, rx) = watch::channel(Arc::new(HpcJobs::default()));
         let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
         let stop = CancellationToken::new();
-        let watcher = HpcWatcher::new(dir.to_owned(), Arc::clone(&h.metrics), inventory_rx);
+        let watcher = HpcWatcher::new(
+            dir.to_owned(),
+            Arc::clone(&h.metrics.hpc_jobs),
+            inventory_rx,
+        );
         tokio::spawn(watcher.run(tx, Duration::from_millis(20), stop.clone()));
         Self {
             sampler: h

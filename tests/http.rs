@@ -3,16 +3,14 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use bytes::Bytes;
-use gpu_exporter::http::{router, AppState, CONTENT_TYPE};
+use gpu_exporter::http::{router, AppState, HttpMetrics, CONTENT_TYPE};
 use gpu_exporter::sampler::Published;
-use gpu_exporter::self_metrics::SelfMetrics;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
@@ -25,10 +23,10 @@ const INTERVAL: Duration = Duration::from_secs(10);
 fn app() -> (
     axum::Router,
     watch::Sender<Option<Arc<Published>>>,
-    Arc<SelfMetrics>,
+    Arc<HttpMetrics>,
 ) {
     let (tx, rx) = watch::channel(None);
-    let metrics = Arc::new(SelfMetrics::default());
+    let metrics = Arc::new(HttpMetrics::default());
     let r = router(AppState {
         published: rx,
         interval: INTERVAL,
@@ -96,7 +94,7 @@ async fn metrics_serves_the_published_bytes_with_the_0_0_4_content_type() {
     let (s, _, body) = call(&r, Method::HEAD, "/metrics").await;
     assert_eq!(s, StatusCode::OK);
     assert!(body.is_empty());
-    assert_eq!(metrics.scrapes.load(Ordering::Relaxed), 2);
+    assert_eq!(metrics.scrapes(), 2);
     // A new sample replaces the body.
     publish(&tx, "x 2\n");
     assert_eq!(call(&r, Method::GET, "/metrics").await.2, "x 2\n");
@@ -169,7 +167,7 @@ async fn real_server_on_loopback_serves_the_sim_fleet_and_shuts_down_gracefully(
     let r = router(AppState {
         published: pub_rx.clone(),
         interval: INTERVAL,
-        metrics: Arc::clone(&h.metrics),
+        metrics: Arc::clone(&h.metrics.http),
     });
     let stop = shutdown.clone();
     let server = tokio::spawn(gpu_exporter::http::serve(listener, r, async move {
@@ -328,7 +326,7 @@ fn app_with(
         AppState {
             published: rx,
             interval: INTERVAL,
-            metrics: Arc::new(SelfMetrics::default()),
+            metrics: Arc::new(HttpMetrics::default()),
         },
         opts,
     );

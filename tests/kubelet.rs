@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tonic::codegen::http;
 use tonic::{Request, Response, Status};
 
+use common::SelfMetrics;
 use gpu_exporter::config::GpuIdType;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, GpuSource};
@@ -36,10 +37,10 @@ use gpu_exporter::pods::proto::{
     ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
     ListPodResourcesResponse, PodResources,
 };
+use gpu_exporter::pods::refresher::PodResourcesMetrics;
 use gpu_exporter::pods::refresher::{RefreshOutcome, Refresher, RefresherOptions};
 use gpu_exporter::pods::{Attribution, AttributionError, EntityKey, PodResolver};
 use gpu_exporter::sampler::Sampler;
-use gpu_exporter::self_metrics::SelfMetrics;
 
 use common::series;
 
@@ -238,7 +239,13 @@ fn pipeline<R: PodResolver>(
     let h = common::harness(common::sim(profile, None), common::shipped_catalog(), build);
     let (inv_tx, inv_rx) = watch::channel(Arc::new(Vec::new()));
     let attribution = h.pods_tx.subscribe();
-    let refresher = Refresher::new(resolver, inv_rx, h.pods_tx, Arc::clone(&h.metrics), opts);
+    let refresher = Refresher::new(
+        resolver,
+        inv_rx,
+        h.pods_tx,
+        Arc::clone(&h.metrics.pod_resources),
+        opts,
+    );
     Pipeline {
         sampler: h.sampler.with_inventory(inv_tx),
         refresher,
@@ -1106,7 +1113,7 @@ async fn list_runs_on_its_own_cadence_and_backs_off_after_failures() {
         resolver,
         inv_rx,
         tx,
-        Arc::new(SelfMetrics::default()),
+        Arc::new(PodResourcesMetrics::default()),
         RefresherOptions::default(),
     );
     let stop = tokio_util::sync::CancellationToken::new();
@@ -1138,7 +1145,7 @@ async fn last_good_answer_is_kept_until_the_ttl_then_labels_are_dropped() {
     let (resolver, _calls) = Scripted::new(vec![Ok(good.clone()), down(), down(), down()], good);
     let (_inv_tx, inv_rx) = watch::channel(Arc::new(inv));
     let (tx, rx) = watch::channel(Arc::new(Attribution::default()));
-    let metrics = Arc::new(SelfMetrics::default());
+    let metrics = Arc::new(PodResourcesMetrics::default());
     let mut r = Refresher::new(
         resolver,
         inv_rx,
@@ -1177,13 +1184,13 @@ async fn last_good_answer_is_kept_until_the_ttl_then_labels_are_dropped() {
         rx.borrow().holders.is_empty(),
         "labels dropped after the TTL"
     );
-    let s = metrics.pod_resources.state();
+    let s = metrics.state();
     assert_eq!(s.errors.get("unavailable"), Some(&3));
     assert_eq!(s.allocated_entities, 0);
     // The kubelet answers again: labels are back.
     assert_eq!(r.refresh_once().await, RefreshOutcome::Fresh);
     assert_eq!(rx.borrow().holders_of(key).len(), 1);
-    assert!(metrics.pod_resources.state().up);
+    assert!(metrics.state().up);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1194,7 +1201,7 @@ async fn a_reply_seen_before_the_inventory_is_mapped_again_when_devices_arrive()
     let (resolver, mut calls) = Scripted::new(vec![], good);
     let (inv_tx, inv_rx) = watch::channel(Arc::new(Vec::new()));
     let (tx, mut rx) = watch::channel(Arc::new(Attribution::default()));
-    let metrics = Arc::new(SelfMetrics::default());
+    let metrics = Arc::new(PodResourcesMetrics::default());
     let refresher = Refresher::new(
         resolver,
         inv_rx,
@@ -1213,7 +1220,7 @@ async fn a_reply_seen_before_the_inventory_is_mapped_again_when_devices_arrive()
         gi_id: Some(inv_tx.borrow()[2].instances[1].gi_id),
     };
     assert_eq!(rx.borrow().holders_of(want).len(), 1);
-    assert_eq!(metrics.pod_resources.state().unknown_devices, 0);
+    assert_eq!(metrics.state().unknown_devices, 0);
     stop.cancel();
     task.await.unwrap();
 }
@@ -1299,7 +1306,7 @@ async fn each_problem_is_logged_once_with_its_fix() {
         resolver,
         inv_rx,
         tx,
-        Arc::new(SelfMetrics::default()),
+        Arc::new(PodResourcesMetrics::default()),
         RefresherOptions::default(),
     );
     for _ in 0..3 {

@@ -16,10 +16,9 @@ use gpu_exporter::config::BUILTIN_COUNTERS;
 use gpu_exporter::gpu::nvml::fake::{FakeGpu, FakeNvml};
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::GpuSource;
-use gpu_exporter::http::{router, AppState};
+use gpu_exporter::http::{router, AppState, HttpMetrics};
 use gpu_exporter::pods::Attribution;
-use gpu_exporter::sampler::{Published, Sampler, SamplerOptions};
-use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::sampler::{Published, Sampler, SamplerMetrics, SamplerOptions};
 use gpu_exporter::snapshot::BuildOptions;
 
 fn options() -> SamplerOptions {
@@ -47,13 +46,7 @@ fn sampler<S: GpuSource>(source: Arc<S>) -> Sampler<S> {
     let (_ctx, crx) = watch::channel(Arc::new(cat));
     let (_ptx, prx) = watch::channel(Arc::new(Attribution::default()));
     // The senders may drop: the sampler only borrows the last value.
-    Sampler::new(
-        source,
-        crx,
-        prx,
-        options(),
-        Arc::new(SelfMetrics::default()),
-    )
+    Sampler::new(source, crx, prx, options(), SamplerMetrics::standalone())
 }
 
 async fn get(published: Arc<Published>, path: &str) -> (StatusCode, String) {
@@ -61,7 +54,7 @@ async fn get(published: Arc<Published>, path: &str) -> (StatusCode, String) {
     let app = router(AppState {
         published: rx,
         interval: Duration::from_secs(1),
-        metrics: Arc::new(SelfMetrics::default()),
+        metrics: Arc::new(HttpMetrics::default()),
     });
     let resp = app
         .oneshot(Request::get(path).body(Body::empty()).unwrap())

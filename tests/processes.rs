@@ -31,16 +31,15 @@ use gpu_exporter::pods::cri_proto::{
     ListContainersResponse, ListPodSandboxRequest, ListPodSandboxResponse, PodSandboxFilter,
     PodSandboxState, PodSandboxStateValue, VersionRequest, VersionResponse,
 };
-use gpu_exporter::pods::cri_refresher::{CriOptions, CriRefresher};
+use gpu_exporter::pods::cri_refresher::{CriMetrics, CriOptions, CriRefresher};
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory, RuntimeSnapshot};
 use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::fake_cri::FakeRuntime;
 use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::refresher::RefreshOutcome;
 use gpu_exporter::sampler::Sampler;
-use gpu_exporter::self_metrics::SelfMetrics;
 
-use common::series;
+use common::{series, SelfMetrics};
 
 const PROFILE: &str = "4xA100-80GB-MIG";
 
@@ -132,7 +131,7 @@ fn node<R: ContainerRuntime>(runtime: R, proc_root: &Path, virtual_gpus: bool) -
     let refresher = CriRefresher::new(
         runtime,
         dir_tx,
-        Arc::clone(&h.metrics),
+        Arc::clone(&h.metrics.cri),
         CriOptions {
             refresh: Duration::from_secs(10),
             ttl: Duration::from_secs(30),
@@ -595,7 +594,7 @@ async fn dra_allocated_entities_get_per_container_series_beside_their_claim_copi
     let mut refresher = CriRefresher::new(
         cri_client(&sock),
         dir_tx,
-        Arc::clone(&h.metrics),
+        Arc::clone(&h.metrics.cri),
         CriOptions {
             refresh: Duration::from_secs(10),
             ttl: Duration::from_secs(30),
@@ -835,7 +834,7 @@ async fn the_last_answer_is_kept_until_the_ttl_then_dropped() {
     let mut r = CriRefresher::new(
         runtime,
         tx,
-        Arc::clone(&metrics),
+        Arc::clone(&metrics.cri),
         CriOptions {
             refresh: Duration::from_secs(10),
             ttl: Duration::from_secs(30),
@@ -899,7 +898,7 @@ async fn a_wake_lists_again_within_a_second_not_at_the_next_refresh() {
     let r = CriRefresher::new(
         Counted { calls },
         tx,
-        Arc::new(SelfMetrics::default()),
+        Arc::new(CriMetrics::default()),
         CriOptions {
             refresh: Duration::from_secs(10),
             ttl: Duration::from_secs(30),

@@ -4,10 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "common/self_metrics.rs"]
+mod self_metrics;
+
 use gpu_exporter::catalog::{self, Catalog};
 use gpu_exporter::reload::CatalogReloader;
-use gpu_exporter::render::render;
-use gpu_exporter::self_metrics::{SampleStats, SelfMetrics};
+use self_metrics::SelfMetrics;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -21,10 +23,7 @@ fn names(c: &Catalog) -> Vec<&str> {
 }
 
 fn self_metrics_text(m: &SelfMetrics) -> String {
-    let fams = m.families(&SampleStats::default(), "sim");
-    let mut out = String::new();
-    render(&fams, &mut out);
-    out
+    m.text()
 }
 
 async fn wait_for(m: &SelfMetrics, needle: &str) {
@@ -52,7 +51,7 @@ async fn sighup_rejects_a_bad_file_keeps_the_old_catalog_then_accepts_a_good_one
         tx,
         req_rx,
         Duration::from_secs(3600),
-        Arc::clone(&metrics),
+        Arc::clone(&metrics.reload),
         stop.clone(),
     ));
 
@@ -130,7 +129,7 @@ async fn a_changed_file_is_picked_up_by_polling_without_a_signal() {
         tx,
         req_rx,
         Duration::from_secs(5),
-        Arc::clone(&metrics),
+        Arc::clone(&metrics.reload),
         stop.clone(),
     ));
     std::fs::write(&path, NEW.replace("Temperature", "GPU temperature")).unwrap();

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::SelfMetrics;
 use gpu_exporter::catalog::{self, Field};
 use gpu_exporter::gpu::scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
@@ -22,7 +23,6 @@ use gpu_exporter::pods::proto::ListPodResourcesResponse;
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::{Attribution, AttributionError, PodResolver};
 use gpu_exporter::sampler::{Published, Sampler, SamplerOptions};
-use gpu_exporter::self_metrics::SelfMetrics;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -371,7 +371,7 @@ impl Node {
             kubelet,
             inv_rx,
             pods_tx,
-            Arc::clone(&metrics),
+            Arc::clone(&metrics.pod_resources),
             RefresherOptions::default(),
         );
         let sampler = Sampler::new(
@@ -383,7 +383,7 @@ impl Node {
                 rediscover_every: Duration::from_secs(60),
                 build: common::build_options(),
             },
-            Arc::clone(&metrics),
+            metrics.sampler(),
         )
         .with_inventory(inv_tx)
         .with_first_answer("kubelet", refresher.answered(), KUBELET_TIMEOUT);

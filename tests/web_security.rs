@@ -8,14 +8,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "common/self_metrics.rs"]
+mod self_metrics;
+
 use bytes::Bytes;
 use gpu_exporter::http::{self, AppState, Limits};
 use gpu_exporter::sampler::Published;
-use gpu_exporter::self_metrics::{SelfMetrics, WebConfigState};
-use gpu_exporter::web::WebSecurity;
+use gpu_exporter::web::{WebConfigState, WebSecurity};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use self_metrics::SelfMetrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -103,10 +106,11 @@ impl Server {
         let router = http::router(AppState {
             published: rx,
             interval: Duration::from_secs(3600),
-            metrics: Arc::clone(&metrics),
+            metrics: Arc::clone(&metrics.http),
         });
-        let web = web
-            .map(|p| Arc::new(WebSecurity::load(p, Duration::ZERO, Arc::clone(&metrics)).unwrap()));
+        let web = web.map(|p| {
+            Arc::new(WebSecurity::load(p, Duration::ZERO, Arc::clone(&metrics.web)).unwrap())
+        });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -116,7 +120,7 @@ impl Server {
             router,
             limits,
             web.clone(),
-            Arc::clone(&metrics),
+            Arc::clone(&metrics.http),
             async move { s.cancelled().await },
         ));
         Server {
@@ -1025,13 +1029,7 @@ async fn certificate_expiry_and_rejected_rotations_are_self_metrics() {
     assert_eq!(s.certificate_expiry_seconds, Some(1_936_742_400.0));
 
     // As exposed on /metrics (the families the sampler renders).
-    let mut body = String::new();
-    gpu_exporter::render::render(
-        &server
-            .metrics
-            .families(&gpu_exporter::self_metrics::SampleStats::default(), "sim"),
-        &mut body,
-    );
+    let body = server.metrics.text();
     assert!(
         body.contains("gpu_exporter_web_config_reloads_total{result=\"failure\"} "),
         "{body}"

@@ -33,15 +33,19 @@ use gpu_exporter::config::{Args as ExporterArgs, Config};
 use gpu_exporter::gpu::scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, GpuSource};
-use gpu_exporter::http::{self, AppState};
+use gpu_exporter::http::{self, AppState, HttpMetrics};
 use gpu_exporter::pods::mapping::{attribution_from, MappingOptions};
 use gpu_exporter::pods::proto::{
     ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
 };
-use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
+use gpu_exporter::pods::refresher::{PodResourcesMetrics, Refresher, RefresherOptions};
+use gpu_exporter::pods::usage::ProcessMetrics;
 use gpu_exporter::pods::{AttributionError, PodResolver};
-use gpu_exporter::sampler::{Sampler, SamplerOptions};
-use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::reload::ReloadMetrics;
+use gpu_exporter::sampler::{
+    AttributionMetrics, SampleMetrics, Sampler, SamplerMetrics, SamplerOptions,
+};
+use gpu_exporter::self_metrics::Registry;
 use gpu_exporter::shutdown_signal;
 
 /// Command line.
@@ -313,7 +317,26 @@ async fn run(args: Args) -> Result<()> {
             "{{\"targets\":[\"{local}\"],\"labels\":{{\"cluster\":\"{cluster}\",\"node\":\"{hostname}\"}}}}"
         ));
 
-        let metrics = Arc::new(SelfMetrics::default());
+        // The families a node's exporter serves in this mode, in main.rs's order.
+        let samples = Arc::new(SampleMetrics::default());
+        let reload = Arc::new(ReloadMetrics::default());
+        let http_metrics = Arc::new(HttpMetrics::default());
+        let pod_resources = Arc::new(PodResourcesMetrics::default());
+        let processes = Arc::new(ProcessMetrics::default());
+        let attribution = Arc::new(AttributionMetrics::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Arc::clone(&samples)));
+        registry.register_collector(Box::new(reload));
+        registry.register_collector(Box::new(Arc::clone(&http_metrics)));
+        registry.register_collector(Box::new(Arc::clone(&pod_resources)));
+        registry.register_collector(Box::new(Arc::clone(&processes)));
+        registry.register_collector(Box::new(Arc::clone(&attribution)));
+        let metrics = SamplerMetrics {
+            samples,
+            attribution,
+            processes,
+            registry: Arc::new(registry),
+        };
         let (catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
         // The fleet has been running: the pods are known from the first sample on (a freshly
         // started exporter publishes a sample or two without pod labels until the kubelet
@@ -327,14 +350,8 @@ async fn run(args: Args) -> Result<()> {
             rediscover_every: Duration::from_secs(60).max(interval),
             build: config.build_options(),
         };
-        let sampler = Sampler::new(
-            Arc::new(source),
-            catalog_rx,
-            pods_rx,
-            opts,
-            Arc::clone(&metrics),
-        )
-        .with_inventory(inventory_tx);
+        let sampler = Sampler::new(Arc::new(source), catalog_rx, pods_rx, opts, metrics)
+            .with_inventory(inventory_tx);
         let refresher = Refresher::new(
             StaticKubelet {
                 node: hostname.clone(),
@@ -342,7 +359,7 @@ async fn run(args: Args) -> Result<()> {
             },
             inventory_rx,
             pods_tx,
-            Arc::clone(&metrics),
+            pod_resources,
             RefresherOptions {
                 refresh: Duration::from_secs(30),
                 ..RefresherOptions::default()
@@ -364,7 +381,7 @@ async fn run(args: Args) -> Result<()> {
         let router = http::router(AppState {
             published: pub_rx,
             interval,
-            metrics: Arc::clone(&metrics),
+            metrics: Arc::clone(&http_metrics),
         });
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {
@@ -373,7 +390,7 @@ async fn run(args: Args) -> Result<()> {
                 router,
                 http::Limits::default(),
                 None,
-                metrics,
+                http_metrics,
                 async move {
                     stop.cancelled().await;
                 },

@@ -320,10 +320,10 @@ pub trait GpuSource: Send + Sync + 'static {
         Err(FieldError::NotSupported)
     }
 
-    /// Self-metric families the source keeps itself (the DCGM source's `gpu_exporter_dcgm_*`),
-    /// rendered after the exporter's own; none by default.
-    fn self_metric_families(&self) -> Vec<crate::render::Family> {
-        Vec::new()
+    /// Registers the self-metrics the source keeps itself (the DCGM source's
+    /// `gpu_exporter_dcgm_*`) into the exporter's registry; none by default.
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let _ = registry;
     }
 }
 

@@ -37,77 +37,12 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::PollSemaphore;
 
-use super::Limits;
-use crate::self_metrics::SelfMetrics;
-
-/// Why a connection was closed (`gpu_exporter_http_connections_closed_total{reason}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloseReason {
-    /// The client closed it, or the exchange ended it (`Connection: close`).
-    Closed,
-    /// An I/O or HTTP protocol error (malformed request, reset).
-    Error,
-    /// The TLS handshake failed.
-    TlsError,
-    /// The TLS handshake did not complete within `handshake_timeout`.
-    HandshakeTimeout,
-    /// No request byte within `first_byte_timeout` of accepting (or of the handshake).
-    FirstByteTimeout,
-    /// The request head was not complete within `header_read_timeout` of its first byte.
-    HeaderTimeout,
-    /// The response was not written out within `write_timeout` of the request head.
-    WriteTimeout,
-    /// A keep-alive connection sent nothing for `idle_timeout`.
-    IdleTimeout,
-    /// Closed to make room for a new connection at `max_connections`.
-    Evicted,
-    /// Closed at accept: `max_connections` open and none of them could be evicted.
-    Refused,
-    /// The server shut down.
-    Shutdown,
-}
-
-impl CloseReason {
-    /// Every reason, in label order.
-    pub const ALL: [CloseReason; 11] = [
-        CloseReason::Closed,
-        CloseReason::Error,
-        CloseReason::Evicted,
-        CloseReason::FirstByteTimeout,
-        CloseReason::HandshakeTimeout,
-        CloseReason::HeaderTimeout,
-        CloseReason::IdleTimeout,
-        CloseReason::Refused,
-        CloseReason::Shutdown,
-        CloseReason::TlsError,
-        CloseReason::WriteTimeout,
-    ];
-
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloseReason::Closed => "closed",
-            CloseReason::Error => "error",
-            CloseReason::TlsError => "tls_error",
-            CloseReason::HandshakeTimeout => "handshake_timeout",
-            CloseReason::FirstByteTimeout => "first_byte_timeout",
-            CloseReason::HeaderTimeout => "header_timeout",
-            CloseReason::WriteTimeout => "write_timeout",
-            CloseReason::IdleTimeout => "idle_timeout",
-            CloseReason::Evicted => "evicted",
-            CloseReason::Refused => "refused",
-            CloseReason::Shutdown => "shutdown",
-        }
-    }
-
-    /// Index into [`CloseReason::ALL`].
-    pub fn index(self) -> usize {
-        CloseReason::ALL
-            .iter()
-            .position(|&r| r == self)
-            .unwrap_or_default()
-    }
-}
+use super::limits::Limits;
+pub use super::limits::{
+    check_max_connections, connections_for_fd_limit, fd_limit, raise_fd_limit, raise_fd_limit_for,
+    DEFAULT_MAX_ACTIVE_CONNECTIONS, MAX_CONNECTIONS_CEILING, RESERVED_FDS,
+};
+use super::metrics::{CloseReason, HttpMetrics};
 
 /// Where a connection is in its life (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,7 +139,7 @@ impl Conn {
     }
 
     /// Bytes arrived.
-    fn read_some(&self) {
+    pub(super) fn read_some(&self) {
         let mut s = self.lock();
         match s.phase {
             Phase::FirstByte | Phase::Idle => {
@@ -232,7 +167,7 @@ impl Conn {
 
     /// hyper flushed its output or waits for input: if the response is complete, the
     /// connection is between requests.
-    fn quiet(&self) {
+    pub(super) fn quiet(&self) {
         let mut s = self.lock();
         if s.phase != Phase::Serving || !s.body_done {
             return;
@@ -525,7 +460,7 @@ pub struct Registry {
     limit: usize,
     active_limit: usize,
     busy_evictable_after: Duration,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<HttpMetrics>,
     inner: Mutex<Inner>,
     open: watch::Sender<usize>,
     /// Woken when an evicted connection is gone.
@@ -539,10 +474,10 @@ pub const MAX_PENDING_EVICTIONS: usize = 64;
 impl Registry {
     /// A registry admitting `limits.max_connections` at once, of which
     /// `limits.max_active_connections` past their first byte, counting into `metrics`.
-    pub fn new(limits: &Limits, metrics: Arc<SelfMetrics>) -> Arc<Self> {
+    pub fn new(limits: &Limits, metrics: Arc<HttpMetrics>) -> Arc<Self> {
         let limit = limits.max_connections.max(1);
         let active_limit = limits.max_active_connections.clamp(1, limit);
-        metrics.http.set_limits(limit, active_limit);
+        metrics.set_limits(limit, active_limit);
         Arc::new(Self {
             timeouts: PhaseTimeouts::from(limits),
             limit,
@@ -566,7 +501,7 @@ impl Registry {
         let (open, active) = (g.conns.len(), g.active);
         drop(g);
         self.open.send_replace(open);
-        self.metrics.http.set_open(open, active);
+        self.metrics.set_open(open, active);
     }
 
     /// Registers a new connection from `peer`, evicting another one when the limit is reached.
@@ -578,7 +513,7 @@ impl Registry {
             && !g.evict_one(false, now, self.busy_evictable_after)
         {
             drop(g);
-            self.metrics.http.count_closed(CloseReason::Refused);
+            self.metrics.count_closed(CloseReason::Refused);
             return None;
         }
         let id = g.next_id;
@@ -675,7 +610,7 @@ impl Registry {
         }
         g.set_load(e.peer, open + 1, open);
         self.publish(g);
-        self.metrics.http.count_closed(reason);
+        self.metrics.count_closed(reason);
     }
 
     /// Waits while [`MAX_PENDING_EVICTIONS`] evicted connections are still closing, so that the
@@ -705,71 +640,6 @@ impl Registry {
     pub async fn drained(&self) {
         let mut rx = self.open.subscribe();
         let _ = rx.wait_for(|&n| n == 0).await;
-    }
-}
-
-/// Wraps a connection's byte stream to report reads and flushes to its [`Conn`].
-#[derive(Debug)]
-pub struct Tracked<I> {
-    inner: I,
-    conn: Arc<Conn>,
-}
-
-impl<I> Tracked<I> {
-    /// Wraps `inner`.
-    pub fn new(inner: I, conn: Arc<Conn>) -> Self {
-        Self { inner, conn }
-    }
-}
-
-impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        match r {
-            Poll::Ready(Ok(())) if buf.filled().len() > before => self.conn.read_some(),
-            Poll::Pending => self.conn.quiet(),
-            _ => {}
-        }
-        r
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = Pin::new(&mut self.inner).poll_flush(cx);
-        if matches!(r, Poll::Ready(Ok(()))) {
-            self.conn.quiet();
-        }
-        r
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -852,139 +722,13 @@ impl AsyncWrite for HandshakeIo {
     }
 }
 
-/// A response body that tells its [`Conn`] when hyper has taken all of it.
-#[derive(Debug)]
-pub struct TrackedBody {
-    inner: axum::body::Body,
-    conn: Arc<Conn>,
-}
-
-impl TrackedBody {
-    /// Wraps `inner`.
-    pub fn new(inner: axum::body::Body, conn: Arc<Conn>) -> Self {
-        Self { inner, conn }
-    }
-}
-
-impl http_body::Body for TrackedBody {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(r, Poll::Ready(None)) {
-            self.conn.body_done();
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for TrackedBody {
-    fn drop(&mut self) {
-        self.conn.body_done();
-    }
-}
-
-/// File descriptors kept back from connections for everything else (listener, NVML device
-/// files, the kubelet socket, the CSV and certificate files, the runtime).
-pub const RESERVED_FDS: u64 = 128;
-
-/// The most connections admitted by default, whatever the descriptor limit: a bound on memory
-/// (see docs/security.md for the measured cost per connection).
-pub const MAX_CONNECTIONS_CEILING: usize = 4096;
-
-/// The default `max_active_connections`: with the measured cost of an active connection (up to
-/// ~45 KiB with TLS, docs/security.md) about 23 MiB at most, inside the DaemonSet's 64 MiB
-/// limit; far above what scrapers need (one connection each).
-pub const DEFAULT_MAX_ACTIVE_CONNECTIONS: usize = 512;
-
-/// The default `max_connections` for a soft `RLIMIT_NOFILE` of `soft` (`None`: unlimited):
-/// the limit less [`RESERVED_FDS`], at most [`MAX_CONNECTIONS_CEILING`], at least 64.
-pub fn connections_for_fd_limit(soft: Option<u64>) -> usize {
-    let usable = soft.map_or(u64::MAX, |s| s.saturating_sub(RESERVED_FDS));
-    usize::try_from(usable)
-        .unwrap_or(usize::MAX)
-        .clamp(64, MAX_CONNECTIONS_CEILING)
-}
-
-/// The soft `RLIMIT_NOFILE` (`None`: unlimited).
-pub fn fd_limit() -> Option<u64> {
-    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
-}
-
-/// Checks an explicit connection limit against the soft `RLIMIT_NOFILE` (`None`: unlimited):
-/// each connection is a descriptor, and [`RESERVED_FDS`] are kept for everything else. Past
-/// the limit the server would spin on `EMFILE` instead of evicting; the error says what to
-/// change.
-///
-/// # Errors
-/// A message naming the flag, the descriptors needed and the limit.
-pub fn check_max_connections(requested: usize, soft: Option<u64>) -> Result<(), String> {
-    let Some(soft) = soft else {
-        return Ok(());
-    };
-    let need = (requested as u64).saturating_add(RESERVED_FDS);
-    if need <= soft {
-        return Ok(());
-    }
-    Err(format!(
-        "{requested} connections need {need} file descriptors ({RESERVED_FDS} kept for the rest of the exporter) but the limit (RLIMIT_NOFILE) is {soft}: raise the limit (ulimit -n, or the container runtime's nofile limit) or set --http-max-connections to at most {} (0 picks that)",
-        soft.saturating_sub(RESERVED_FDS)
-    ))
-}
-
-/// Raises the soft `RLIMIT_NOFILE` towards the hard one, as far as the default connection
-/// ceiling needs (Go programs such as dcgm-exporter raise it all the way at startup). Returns
-/// the soft limit before and after.
-///
-/// # Errors
-/// The `setrlimit` error.
-pub fn raise_fd_limit() -> io::Result<(Option<u64>, Option<u64>)> {
-    raise_fd_limit_for(MAX_CONNECTIONS_CEILING)
-}
-
-/// [`raise_fd_limit`] for `connections` connections.
-///
-/// # Errors
-/// The `setrlimit` error.
-pub fn raise_fd_limit_for(connections: usize) -> io::Result<(Option<u64>, Option<u64>)> {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let now = getrlimit(Resource::Nofile);
-    let want = (connections as u64).saturating_add(RESERVED_FDS);
-    let target = now.maximum.map_or(want, |hard| hard.min(want));
-    match now.current {
-        Some(soft) if soft < target => {
-            setrlimit(
-                Resource::Nofile,
-                Rlimit {
-                    current: Some(target),
-                    maximum: now.maximum,
-                },
-            )?;
-            Ok((now.current, Some(target)))
-        }
-        _ => Ok((now.current, now.current)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn registry(max: usize) -> (Arc<Registry>, Arc<SelfMetrics>) {
-        let metrics = Arc::new(SelfMetrics::default());
+    fn registry(max: usize) -> (Arc<Registry>, Arc<HttpMetrics>) {
+        let metrics = Arc::new(HttpMetrics::default());
         let limits = Limits {
             max_connections: max,
             ..Limits::default()
@@ -1038,7 +782,7 @@ mod tests {
         assert_eq!(reg.open(), 5);
         drop(flood);
         assert_eq!(reg.open(), 2);
-        assert_eq!(metrics.http.closed(CloseReason::Closed), 3);
+        assert_eq!(metrics.closed(CloseReason::Closed), 3);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1066,7 +810,7 @@ mod tests {
         let f = reg.admit(ip(4), false).unwrap();
         assert!(evicted(&d) && !evicted(&e) && !evicted(&f) && !evicted(&c));
         drop(d);
-        assert_eq!(metrics.http.closed(CloseReason::Evicted), 1);
+        assert_eq!(metrics.closed(CloseReason::Evicted), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1076,7 +820,7 @@ mod tests {
             busy_evictable_after: Duration::from_secs(10),
             ..Limits::default()
         };
-        let metrics = Arc::new(SelfMetrics::default());
+        let metrics = Arc::new(HttpMetrics::default());
         let reg = Registry::new(&limits, Arc::clone(&metrics));
         let a = reg.admit(ip(2), false).unwrap();
         let b = reg.admit(ip(2), false).unwrap();
@@ -1086,7 +830,7 @@ mod tests {
             c.conn.request_started();
         }
         assert!(reg.admit(ip(3), false).is_none());
-        assert_eq!(metrics.http.closed(CloseReason::Refused), 1);
+        assert_eq!(metrics.closed(CloseReason::Refused), 1);
         assert_eq!(reg.open(), 2);
         tokio::time::advance(Duration::from_secs(10)).await;
         let c = reg
@@ -1102,7 +846,7 @@ mod tests {
             max_active_connections: 2,
             ..Limits::default()
         };
-        let metrics = Arc::new(SelfMetrics::default());
+        let metrics = Arc::new(HttpMetrics::default());
         let reg = Registry::new(&limits, Arc::clone(&metrics));
         let scraper = reg.admit(ip(1), false).unwrap();
         serve_one(&scraper);
@@ -1111,7 +855,7 @@ mod tests {
         let opening = reg.admit(ip(2), false).unwrap();
         assert!(opening.conn.activate());
         assert_eq!(reg.active(), 2);
-        assert_eq!(metrics.http.active(), 2);
+        assert_eq!(metrics.active(), 2);
         // A third active one: the attacker's opening one goes, not its silent ones (they cost
         // nothing) and not the scraper.
         assert!(silent[0].conn.activate());
@@ -1129,7 +873,7 @@ mod tests {
             max_active_connections: 1,
             ..Limits::default()
         };
-        let reg = Registry::new(&limits, Arc::new(SelfMetrics::default()));
+        let reg = Registry::new(&limits, Arc::new(HttpMetrics::default()));
         let a = reg.admit(ip(2), false).unwrap();
         assert!(a.conn.activate());
         a.conn.read_some();

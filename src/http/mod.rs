@@ -1,9 +1,9 @@
 //! HTTP serving: `/metrics`, `/health`, `/ready` and a landing page.
 //!
 //! `/metrics` clones the body the sampler published; it never touches a GPU or the kubelet, so a
-//! scrape costs the same however many Prometheus replicas ask. `router` is a plain function of
-//! its state so tests can drive it as a `tower::Service`; `serve` takes the listener and the
-//! shutdown future from the caller.
+//! scrape costs the same however many Prometheus replicas ask. The routes ([`router`], in
+//! `routes.rs`) are a plain function of their state so tests can drive them as a
+//! `tower::Service`; `serve` takes the listener and the shutdown future from the caller.
 //!
 //! `serve_with` owns the connections (hyper directly, not `axum::serve`) so that it can apply
 //! [`Limits`]: a deadline for each phase of a connection (TLS handshake, first byte, request
@@ -13,392 +13,37 @@
 //! Every failure of one connection ends that connection only.
 
 pub mod conn;
+pub mod io;
+pub mod limits;
 pub mod listen;
+pub mod metrics;
+mod routes;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
 use axum::http::{header, HeaderValue, Request, StatusCode};
-use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::response::Response;
 use axum::Router;
-use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-pub use conn::CloseReason;
-use conn::{Conn, Registry, Tracked, TrackedBody};
+use conn::{Conn, Registry};
+use io::{Tracked, TrackedBody};
+pub use limits::Limits;
+pub use metrics::{CloseReason, HttpMetrics, RejectReason};
+use routes::plain;
+pub use routes::{
+    accepts_gzip, accepts_gzip_in, router, router_with, AppState, HttpOptions, CONTENT_TYPE,
+    PROBE_PATHS,
+};
 
-use crate::sampler::Published;
-use crate::self_metrics::SelfMetrics;
 use crate::web::auth::Verdict;
 use crate::web::{Active, WebSecurity};
-
-/// The content type of Prometheus text format 0.0.4.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// What the handlers read.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// The latest published sample (`None` until the first one).
-    pub published: watch::Receiver<Option<Arc<Published>>>,
-    /// The sampling interval; `/ready` fails when the last sample is older than three of them.
-    pub interval: Duration,
-    /// Self-metrics (scrape counter).
-    pub metrics: Arc<SelfMetrics>,
-}
-
-/// What the handlers do beyond serving the published sample.
-#[derive(Debug, Clone, Default)]
-pub struct HttpOptions {
-    /// `/metrics` responses in flight at once; more get 503 (`--max-concurrent-scrapes`).
-    /// 0: no limit.
-    pub max_concurrent_scrapes: usize,
-    /// `/health` answers 503 while no GPU is collected (`--health-require-gpus`).
-    pub health_require_gpus: bool,
-    /// Append the `process_*` series to `/metrics` (`--enable-exporter-metrics`).
-    pub exporter_metrics: bool,
-}
-
-/// The router's state: the published sample and the options.
-#[derive(Debug, Clone)]
-struct Shared {
-    app: AppState,
-    opts: Arc<HttpOptions>,
-    in_flight: Arc<AtomicUsize>,
-}
-
-/// The paths the kubelet probes. They say nothing but whether the exporter works, so they
-/// are served without basic auth or a client certificate (the kubelet has neither) and
-/// outside the rate limit; `/metrics` keeps requiring them. docs/security.md.
-pub const PROBE_PATHS: [&str; 2] = ["/health", "/ready"];
-
-/// Builds the router.
-pub fn router(state: AppState) -> Router {
-    router_with(state, HttpOptions::default())
-}
-
-/// Builds the router with `opts`.
-pub fn router_with(state: AppState, opts: HttpOptions) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route("/", get(index))
-        .fallback(not_found)
-        .with_state(Shared {
-            app: state,
-            opts: Arc::new(opts),
-            in_flight: Arc::new(AtomicUsize::new(0)),
-        })
-}
-
-/// A `/metrics` response slot, given back when the response body is dropped (sent or not).
-#[derive(Debug)]
-struct ScrapeSlot(Arc<AtomicUsize>);
-
-impl Drop for ScrapeSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl ScrapeSlot {
-    fn take(counter: &Arc<AtomicUsize>, limit: usize) -> Option<ScrapeSlot> {
-        counter
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (limit == 0 || n < limit).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| ScrapeSlot(Arc::clone(counter)))
-    }
-}
-
-/// A body of one or two byte chunks that holds its scrape slot until dropped.
-#[derive(Debug)]
-struct SlotBody {
-    chunks: std::collections::VecDeque<Bytes>,
-    _slot: ScrapeSlot,
-}
-
-impl http_body::Body for SlotBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        std::task::Poll::Ready(
-            self.chunks
-                .pop_front()
-                .map(|c| Ok(http_body::Frame::data(c))),
-        )
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.chunks.iter().map(|c| c.len() as u64).sum())
-    }
-}
-
-async fn not_found() -> (StatusCode, &'static str) {
-    (StatusCode::NOT_FOUND, "not found\n")
-}
-
-// The request itself, not a `HeaderMap` extractor: that one clones every header per scrape.
-async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Response {
-    let st = &sh.app;
-    let headers = req.headers();
-    let published = st.published.borrow().clone();
-    let Some(p) = published else {
-        return plain(StatusCode::SERVICE_UNAVAILABLE, "no sample taken yet\n");
-    };
-    let Some(slot) = ScrapeSlot::take(&sh.in_flight, sh.opts.max_concurrent_scrapes) else {
-        return plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many concurrent scrapes (--max-concurrent-scrapes)\n",
-        );
-    };
-    st.metrics.scrapes.fetch_add(1, Ordering::Relaxed);
-    // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3).
-    let gzip = accepts_gzip_in(
-        headers
-            .get_all(header::ACCEPT_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok()),
-    );
-    let mut chunks = std::collections::VecDeque::with_capacity(2);
-    chunks.push_back(if gzip {
-        p.gzip_body().clone()
-    } else {
-        p.body.clone()
-    });
-    if sh.opts.exporter_metrics {
-        let text = crate::process_metrics::render(
-            &crate::process_metrics::read(),
-            crate::process_metrics::Units::system(),
-        );
-        // With gzip, a second gzip member: a multi-member stream is one gzip body (RFC 1952),
-        // and the published body stays compressed once per sample.
-        chunks.push_back(if gzip {
-            gzip_member(text.as_bytes())
-        } else {
-            Bytes::from(text)
-        });
-    }
-    let mut response = Response::new(axum::body::Body::new(SlotBody {
-        chunks,
-        _slot: slot,
-    }));
-    let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-    if gzip {
-        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-    }
-    h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-    response
-}
-
-/// `data` as one gzip member.
-fn gzip_member(data: &[u8]) -> Bytes {
-    use std::io::Write;
-    let mut enc = flate2::write::GzEncoder::new(
-        Vec::with_capacity(data.len() / 2 + 64),
-        flate2::Compression::fast(),
-    );
-    let out = enc
-        .write_all(data)
-        .and_then(|()| enc.finish())
-        .expect("gzip into a Vec: writing to memory cannot fail");
-    Bytes::from(out)
-}
-
-/// Whether an `Accept-Encoding` value accepts gzip: `gzip` (or `x-gzip`) with a non-zero
-/// quality, or, when gzip is not named, `*` with a non-zero quality. `gzip;q=0` refuses it.
-pub fn accepts_gzip(accept_encoding: &str) -> bool {
-    accepts_gzip_in([accept_encoding])
-}
-
-/// [`accepts_gzip`] for a header sent on several lines: the lines are read as one list, so
-/// `gzip;q=0` on one line and `*` on another refuses gzip.
-pub fn accepts_gzip_in<'a>(lines: impl IntoIterator<Item = &'a str>) -> bool {
-    let mut gzip = None;
-    let mut any = None;
-    for item in lines.into_iter().flat_map(|l| l.split(',')) {
-        let mut parts = item.split(';').map(str::trim);
-        let coding = parts.next().unwrap_or_default();
-        let quality = parts
-            .filter_map(|p| p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")))
-            .find_map(|q| q.trim().parse::<f32>().ok())
-            .unwrap_or(1.0);
-        if coding.eq_ignore_ascii_case("gzip") || coding.eq_ignore_ascii_case("x-gzip") {
-            gzip = Some(quality);
-        } else if coding == "*" {
-            any = Some(quality);
-        }
-    }
-    gzip.or(any).is_some_and(|q| q > 0.0)
-}
-
-async fn health(State(sh): State<Shared>) -> (StatusCode, &'static str) {
-    if sh.opts.health_require_gpus {
-        let published = sh.app.published.borrow().clone();
-        let gpus = published.is_some_and(|p| p.not_ready.is_none() && p.series > 0);
-        if !gpus {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unhealthy: no GPU is collected (--health-require-gpus)\n",
-            );
-        }
-    }
-    (StatusCode::OK, "OK\n")
-}
-
-async fn ready(State(sh): State<Shared>) -> (StatusCode, String) {
-    let st = &sh.app;
-    let published = st.published.borrow().clone();
-    match published {
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: no sample taken yet\n".into(),
-        ),
-        Some(p) if p.not_ready.is_some() => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "not ready: {}\n",
-                p.not_ready.as_deref().unwrap_or_default()
-            ),
-        ),
-        Some(p) => {
-            let age = Instant::now().duration_since(p.at);
-            if age > st.interval * 3 {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!(
-                        "not ready: last sample is {:.1}s old (more than 3 intervals of {:.1}s)\n",
-                        age.as_secs_f64(),
-                        st.interval.as_secs_f64()
-                    ),
-                )
-            } else {
-                (StatusCode::OK, "ready\n".into())
-            }
-        }
-    }
-}
-
-async fn index() -> Html<&'static str> {
-    Html(concat!(
-        "<!doctype html><html><head><title>gpu-exporter</title></head><body>",
-        "<h1>gpu-exporter</h1><p>Prometheus exporter for NVIDIA GPUs (version ",
-        env!("CARGO_PKG_VERSION"),
-        ").</p><ul><li><a href=\"/metrics\">/metrics</a></li>",
-        "<li><a href=\"/health\">/health</a></li><li><a href=\"/ready\">/ready</a></li></ul>",
-        "</body></html>\n"
-    ))
-}
-
-/// Connection and request limits. Each one is meant to bound what a hostile client can hold
-/// without ever turning a flood into a denial of service for the scraper: a new connection is
-/// always admitted (something else gives way), and every phase of a connection has its own
-/// deadline. docs/security.md has the rationale and the measured figures.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// Time from accepting a TLS connection to the end of its handshake.
-    pub handshake_timeout: Duration,
-    /// Time from accepting a connection (or from its TLS handshake) to the first byte of its
-    /// first request.
-    pub first_byte_timeout: Duration,
-    /// Time from a request's first byte to the end of its head (slowloris).
-    pub header_read_timeout: Duration,
-    /// Time a handler may take to produce a response; 503 after it.
-    pub request_timeout: Duration,
-    /// Time from a request head to the last byte of its response handed to the kernel (slow
-    /// readers); the connection is closed after it.
-    pub write_timeout: Duration,
-    /// Time a keep-alive connection may wait between requests. Longer than any scrape interval
-    /// in use (Prometheus keeps idle connections up to 5 minutes).
-    pub idle_timeout: Duration,
-    /// A connection answering one request for longer than this may be evicted at the limit.
-    pub busy_evictable_after: Duration,
-    /// Largest request head accepted; larger ones get 431. hyper's floor is 8192.
-    pub max_header_bytes: usize,
-    /// Connections open at once. At the limit a new connection evicts another one (see
-    /// [`conn`]); it is refused only when every open connection is busy answering a request.
-    /// Default: [`conn::connections_for_fd_limit`] of the process's descriptor limit.
-    pub max_connections: usize,
-    /// Connections past their first byte (holding buffers) at once; the bound on memory. At
-    /// the limit a connection whose first byte arrives evicts another active one.
-    pub max_active_connections: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            handshake_timeout: Duration::from_secs(3),
-            first_byte_timeout: Duration::from_secs(2),
-            header_read_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(30),
-            write_timeout: Duration::from_secs(60),
-            idle_timeout: Duration::from_secs(330),
-            busy_evictable_after: Duration::from_secs(10),
-            max_header_bytes: 16 * 1024,
-            max_connections: conn::connections_for_fd_limit(conn::fd_limit()),
-            max_active_connections: conn::DEFAULT_MAX_ACTIVE_CONNECTIONS,
-        }
-    }
-}
-
-/// Why a request was turned away before reaching a handler
-/// (`gpu_exporter_http_requests_rejected_total{reason}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RejectReason {
-    /// The client's `rate_limit` bucket was empty (429).
-    RateLimit,
-    /// Missing or wrong basic-auth credentials (401).
-    Unauthorized,
-    /// The client has used up its budget of failed password checks, or has one in progress
-    /// (429, no bcrypt run).
-    AuthThrottled,
-}
-
-impl RejectReason {
-    /// Every reason, in label order.
-    pub const ALL: [RejectReason; 3] = [
-        RejectReason::AuthThrottled,
-        RejectReason::RateLimit,
-        RejectReason::Unauthorized,
-    ];
-
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RejectReason::RateLimit => "rate_limit",
-            RejectReason::Unauthorized => "unauthorized",
-            RejectReason::AuthThrottled => "auth_throttled",
-        }
-    }
-
-    /// Index into [`RejectReason::ALL`].
-    pub fn index(self) -> usize {
-        RejectReason::ALL
-            .iter()
-            .position(|&r| r == self)
-            .unwrap_or_default()
-    }
-}
 
 /// The listen backlog asked for; the kernel caps it at `net.core.somaxconn` (4096 by default
 /// since Linux 5.4). A long queue keeps a scraper's SYN from being dropped (and retried a second
@@ -429,13 +74,13 @@ pub async fn serve(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let metrics = Arc::new(SelfMetrics::default());
+    let metrics = Arc::new(HttpMetrics::default());
     serve_with(listener, router, Limits::default(), None, metrics, shutdown).await
 }
 
 /// Serves `router` on `listener` applying `limits` and, when given, the web configuration
 /// (TLS, basic auth, rate limit, headers) until `shutdown` resolves; then lets open
-/// connections finish their current request. Connection figures go to `metrics.http`.
+/// connections finish their current request. Connection figures go to `metrics`.
 ///
 /// # Errors
 /// None at present (accept errors are logged and retried); the type is kept for callers.
@@ -444,7 +89,7 @@ pub async fn serve_with(
     router: Router,
     limits: Limits,
     web: Option<Arc<WebSecurity>>,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<HttpMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
@@ -503,7 +148,7 @@ struct Ctx {
     limits: Arc<Limits>,
     web: Option<Arc<WebSecurity>>,
     tls: Option<Arc<rustls::ServerConfig>>,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<HttpMetrics>,
     peer: SocketAddr,
     stop: CancellationToken,
 }
@@ -639,23 +284,11 @@ where
     }
 }
 
-fn plain(status: StatusCode, body: &'static str) -> Response {
-    (
-        status,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        )],
-        body,
-    )
-        .into_response()
-}
-
 async fn handle(
     router: Router,
     request_timeout: Duration,
     web: Option<Arc<WebSecurity>>,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<HttpMetrics>,
     client: IpAddr,
     client_cert: bool,
     req: Request<hyper::body::Incoming>,
@@ -667,14 +300,14 @@ async fn handle(
     let work = async {
         if let Some(a) = active.as_ref().filter(|_| !probe) {
             if a.client_cert_required && !client_cert {
-                metrics.http.count_rejected(RejectReason::Unauthorized);
+                metrics.count_rejected(RejectReason::Unauthorized);
                 return plain(
                     StatusCode::FORBIDDEN,
                     "client certificate required (only /health and /ready answer without one)\n",
                 );
             }
             if a.rate_limit.as_ref().is_some_and(|r| !r.allow(client)) {
-                metrics.http.count_rejected(RejectReason::RateLimit);
+                metrics.count_rejected(RejectReason::RateLimit);
                 return plain(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n");
             }
             if let Some(auth) = &a.auth {
@@ -685,7 +318,7 @@ async fn handle(
                 match auth.check(given, client).await {
                     Verdict::Allowed => {}
                     Verdict::Denied => {
-                        metrics.http.count_rejected(RejectReason::Unauthorized);
+                        metrics.count_rejected(RejectReason::Unauthorized);
                         let mut r = plain(StatusCode::UNAUTHORIZED, "unauthorized\n");
                         r.headers_mut().insert(
                             header::WWW_AUTHENTICATE,
@@ -694,7 +327,7 @@ async fn handle(
                         return r;
                     }
                     Verdict::Throttled => {
-                        metrics.http.count_rejected(RejectReason::AuthThrottled);
+                        metrics.count_rejected(RejectReason::AuthThrottled);
                         return plain(
                             StatusCode::TOO_MANY_REQUESTS,
                             "too many failed logins from this client\n",

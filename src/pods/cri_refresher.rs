@@ -24,7 +24,9 @@ use super::cri::ContainerRuntime;
 use super::directory::{LabelOptions, PodDirectory};
 use super::refresher::{backoff, RefreshOutcome};
 use super::Answered;
-use crate::self_metrics::SelfMetrics;
+
+mod metrics;
+pub use metrics::{CriMetrics, CriState};
 
 /// The shortest time between two listings asked for by the sampler.
 pub const MIN_WAKE_GAP: Duration = Duration::from_secs(1);
@@ -46,7 +48,7 @@ pub struct CriRefresher<R: ContainerRuntime> {
     runtime: R,
     tx: watch::Sender<Arc<PodDirectory>>,
     answered: watch::Sender<Answered>,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<CriMetrics>,
     opts: CriOptions,
     wake: Arc<Notify>,
     last_good: Option<Instant>,
@@ -62,10 +64,10 @@ impl<R: ContainerRuntime> CriRefresher<R> {
     pub fn new(
         runtime: R,
         tx: watch::Sender<Arc<PodDirectory>>,
-        metrics: Arc<SelfMetrics>,
+        metrics: Arc<CriMetrics>,
         opts: CriOptions,
     ) -> Self {
-        metrics.cri.enable();
+        metrics.enable();
         Self {
             runtime,
             tx,
@@ -97,7 +99,7 @@ impl<R: ContainerRuntime> CriRefresher<R> {
         let result = self.runtime.list().await;
         let now = Instant::now();
         self.last_call = Some(now);
-        let status = &self.metrics.cri;
+        let status = &self.metrics;
         match result {
             Ok(snapshot) => {
                 status.record_success(unix_now());
@@ -163,7 +165,6 @@ impl<R: ContainerRuntime> CriRefresher<R> {
 
     fn publish(&self, dir: PodDirectory) {
         self.metrics
-            .cri
             .record_published(dir.pods_len(), dir.containers_len());
         self.tx.send_if_modified(|cur| {
             if **cur == dir {

@@ -23,7 +23,9 @@ use super::mapping::{self, MappingOptions};
 use super::proto::ListPodResourcesResponse;
 use super::{Answered, Attribution, PodResolver};
 use crate::gpu::Device;
-use crate::self_metrics::SelfMetrics;
+
+mod metrics;
+pub use metrics::{PodResourcesMetrics, PodResourcesState};
 
 /// The default refresh period.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(10);
@@ -77,7 +79,7 @@ pub struct Refresher<R: PodResolver> {
     devices: watch::Receiver<Arc<Vec<Device>>>,
     tx: watch::Sender<Arc<Attribution>>,
     answered: watch::Sender<Answered>,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<PodResourcesMetrics>,
     opts: RefresherOptions,
     last_good: Option<(Instant, ListPodResourcesResponse)>,
     /// The reason of the problem last logged, until a success clears it.
@@ -96,12 +98,12 @@ impl<R: PodResolver> Refresher<R> {
         resolver: R,
         devices: watch::Receiver<Arc<Vec<Device>>>,
         tx: watch::Sender<Arc<Attribution>>,
-        metrics: Arc<SelfMetrics>,
+        metrics: Arc<PodResourcesMetrics>,
         opts: RefresherOptions,
     ) -> Self {
-        metrics.pod_resources.enable();
+        metrics.enable();
         if opts.mapping.enable_dra {
-            metrics.pod_resources.enable_dra();
+            metrics.enable_dra();
         }
         Self {
             resolver,
@@ -130,7 +132,7 @@ impl<R: PodResolver> Refresher<R> {
     pub async fn refresh_once(&mut self) -> RefreshOutcome {
         let result = self.resolver.list().await;
         let now = Instant::now();
-        let status = &self.metrics.pod_resources;
+        let status = &self.metrics;
         match result {
             Ok(reply) => {
                 status.record_success(unix_now());
@@ -221,7 +223,6 @@ impl<R: PodResolver> Refresher<R> {
             None => mapping::Mapped::default(),
         };
         self.metrics
-            .pod_resources
             .record_published(mapped.unknown_devices, mapped.attribution.holders.len());
         if mapped.unknown_devices == 0 {
             self.unknown_logged = false;
@@ -234,9 +235,7 @@ impl<R: PodResolver> Refresher<R> {
                 "kubelet lists GPU device ids that match no local GPU or MIG instance; they get no pod labels. On GKE use --kubernetes-gpu-id-type device-name"
             );
         }
-        self.metrics
-            .pod_resources
-            .record_dra_unresolved(&mapped.dra_unresolved);
+        self.metrics.record_dra_unresolved(&mapped.dra_unresolved);
         if mapped.dra_unresolved.is_empty() {
             self.dra_unresolved_logged = false;
         } else if !self.dra_unresolved_logged && !devices.is_empty() {

@@ -22,6 +22,9 @@ use super::directory::{PodDirectory, PodMeta};
 use super::{EntityKey, PodRef};
 use crate::gpu::{Device, GpuProcess};
 
+mod metrics;
+pub use metrics::{ProcessMetrics, ProcessState, OUTCOMES, REASONS};
+
 /// Bytes per MiB.
 pub const MIB: u64 = 1024 * 1024;
 
@@ -95,7 +98,7 @@ pub fn attribute(
     directory: &PodDirectory,
 ) -> Usage {
     let mut usage = Usage::default();
-    for o in crate::self_metrics::ProcessStatus::OUTCOMES {
+    for o in metrics::OUTCOMES {
         usage.outcomes.insert(o, 0);
     }
     let available = directory.is_available();

@@ -14,6 +14,7 @@
 pub mod auth;
 pub mod config;
 pub mod der;
+pub mod metrics;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -26,9 +27,8 @@ use axum::http::{HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use crate::self_metrics::SelfMetrics;
-
 pub use config::{WebConfig, WebConfigError};
+pub use metrics::{WebConfigState, WebMetrics};
 
 /// How often the files are checked for changes.
 pub const DEFAULT_RECHECK: Duration = Duration::from_secs(1);
@@ -217,7 +217,7 @@ pub struct WebSecurity {
     recheck: Duration,
     active: RwLock<Arc<Active>>,
     watch: Mutex<Watch>,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<WebMetrics>,
     /// Changes seen so far (taken into use or rejected), for waiting on a reload.
     changes: tokio::sync::watch::Sender<u64>,
 }
@@ -241,13 +241,13 @@ impl WebSecurity {
     pub fn load(
         path: &Path,
         recheck: Duration,
-        metrics: Arc<SelfMetrics>,
+        metrics: Arc<WebMetrics>,
     ) -> Result<Self, WebConfigError> {
         let origin = path.display().to_string();
         let text = config::read_file(path)?;
         let config = config::parse(&text, &origin)?;
         let active = Active::build(&config, &origin, None)?;
-        metrics.web.enable(unix_seconds(active.tls_not_after));
+        metrics.enable(unix_seconds(active.tls_not_after));
         Ok(Self {
             path: path.to_owned(),
             recheck,
@@ -317,7 +317,7 @@ impl WebSecurity {
                 let fp = fingerprint(&format!("unreadable: {e}"), None);
                 if fp != watch.fingerprint {
                     watch.fingerprint = fp;
-                    self.metrics.web.record_failure();
+                    self.metrics.record_failure();
                     self.changes.send_modify(|n| *n += 1);
                     tracing::warn!("{origin}: cannot re-read the web configuration ({e}); keeping the current one");
                 }
@@ -334,16 +334,14 @@ impl WebSecurity {
         let built = parsed.and_then(|c| Active::build(&c, &origin, Some(&current)));
         match built {
             Ok(new) if new.tls.is_some() != current.tls.is_some() => {
-                self.metrics.web.record_failure();
+                self.metrics.record_failure();
                 tracing::warn!(
                     "{origin}: the new web configuration switches TLS {}; that needs a restart, keeping the current configuration",
                     if new.tls.is_some() { "on" } else { "off" }
                 );
             }
             Ok(new) => {
-                self.metrics
-                    .web
-                    .record_success(unix_seconds(new.tls_not_after));
+                self.metrics.record_success(unix_seconds(new.tls_not_after));
                 *self
                     .active
                     .write()
@@ -353,7 +351,7 @@ impl WebSecurity {
                 );
             }
             Err(e) => {
-                self.metrics.web.record_failure();
+                self.metrics.record_failure();
                 tracing::warn!(
                     "rejected the changed web configuration, keeping the current one: {}",
                     crate::error_chain(&e)
@@ -448,21 +446,21 @@ mod tests {
             "http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
         )
         .unwrap();
-        let metrics = Arc::new(SelfMetrics::default());
+        let metrics = Arc::new(WebMetrics::default());
         let w = WebSecurity::load(&p, Duration::ZERO, Arc::clone(&metrics)).unwrap();
         assert_eq!(w.current().headers[0].1, "deny");
-        assert!(metrics.web.state().enabled);
+        assert!(metrics.state().enabled);
         std::fs::write(&p, "http_server_config:\n  headerz: {}\n").unwrap();
         w.check_for_changes();
         assert_eq!(w.current().headers[0].1, "deny");
-        let s = metrics.web.state();
+        let s = metrics.state();
         assert_eq!(
             (s.reloads_ok, s.reloads_failed, s.last_reload_failed),
             (0, 1, true)
         );
         // Unchanged: not counted again.
         w.check_for_changes();
-        assert_eq!(metrics.web.state().reloads_failed, 1);
+        assert_eq!(metrics.state().reloads_failed, 1);
         std::fs::write(
             &p,
             "http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n",
@@ -470,7 +468,7 @@ mod tests {
         .unwrap();
         w.check_for_changes();
         assert_eq!(w.current().headers[0].1, "sameorigin");
-        let s = metrics.web.state();
+        let s = metrics.state();
         assert_eq!(
             (s.reloads_ok, s.reloads_failed, s.last_reload_failed),
             (1, 1, false)

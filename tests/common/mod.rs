@@ -2,6 +2,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod binary;
+pub mod self_metrics;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +17,8 @@ use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
-use gpu_exporter::self_metrics::SelfMetrics;
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
+pub use self_metrics::SelfMetrics;
 use tokio::sync::watch;
 
 pub const INTERVAL: Duration = Duration::from_secs(10);
@@ -135,7 +136,7 @@ pub fn harness<S: GpuSource>(source: S, catalog: Catalog, opts: BuildOptions) ->
             rediscover_every: Duration::from_secs(60),
             build: opts,
         },
-        Arc::clone(&metrics),
+        metrics.sampler(),
     );
     Harness {
         sampler,

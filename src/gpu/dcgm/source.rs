@@ -28,12 +28,11 @@ use prometheus_client::registry::Registry;
 
 use super::plan::{self, Refusal, Target};
 use super::{reading, Connection, DcgmError, DcgmLibrary, Entity, EntityGroup};
-use crate::catalog::{Field, MetricType};
+use crate::catalog::Field;
 use crate::gpu::{
     Device, DeviceSample, FieldError, FieldGap, GpuProcess, GpuSource, Reading, SourceError,
     XidEvent,
 };
-use crate::render::{push_label, Family, Series};
 
 /// How the DCGM source reaches the hostengine.
 #[derive(Debug, Clone)]
@@ -90,6 +89,11 @@ pub struct DcgmMetrics {
 impl DcgmMetrics {
     /// Registers the families (names without `_total`: `prometheus-client` adds it to counters).
     pub fn register(&self, registry: &mut Registry) {
+        for r in ERROR_REASONS {
+            self.errors
+                .get_or_create(&vec![("reason".to_owned(), r.to_owned())])
+                .inc_by(0);
+        }
         registry.register(
             "gpu_exporter_dcgm_connected",
             "1 while the DCGM hostengine (-r) is connected",
@@ -143,88 +147,6 @@ impl DcgmMetrics {
             self.fields_refused.get_or_create(&labels(f, r)).set(1);
         }
         *cur = now;
-    }
-
-    /// The families in the exporter's own rendering (until every self-metric is rendered from a
-    /// `prometheus-client` registry).
-    pub fn families(&self) -> Vec<Family> {
-        let one = |v: i64| {
-            vec![Series {
-                labels: Arc::from(""),
-                value: crate::gpu::Value::Int(v),
-            }]
-        };
-        #[allow(clippy::cast_possible_wrap)]
-        let count = |c: &Counter<u64, AtomicU64>| c.get() as i64;
-        let errors = ERROR_REASONS
-            .iter()
-            .map(|r| {
-                let mut labels = String::new();
-                push_label(&mut labels, "reason", r);
-                let n = self
-                    .errors
-                    .get_or_create(&vec![("reason".to_owned(), (*r).to_owned())])
-                    .get();
-                #[allow(clippy::cast_possible_wrap)]
-                Series {
-                    labels: Arc::from(labels),
-                    value: crate::gpu::Value::Int(n as i64),
-                }
-            })
-            .collect();
-        let refused = self
-            .refused_now
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|(f, r)| {
-                let mut labels = String::new();
-                push_label(&mut labels, "field", f.dcgm_name());
-                push_label(&mut labels, "reason", r.as_str());
-                Series {
-                    labels: Arc::from(labels),
-                    value: crate::gpu::Value::Int(1),
-                }
-            })
-            .collect();
-        let fam = |name: &str, help: &str, kind, series| Family {
-            name: name.to_owned(),
-            help: help.to_owned(),
-            kind,
-            series,
-        };
-        vec![
-            fam(
-                "gpu_exporter_dcgm_connected",
-                "1 while the DCGM hostengine (-r) is connected",
-                MetricType::Gauge,
-                one(self.connected.get()),
-            ),
-            fam(
-                "gpu_exporter_dcgm_reads_total",
-                "Latest-value reads from the DCGM hostengine",
-                MetricType::Counter,
-                one(count(&self.reads)),
-            ),
-            fam(
-                "gpu_exporter_dcgm_reconnects_total",
-                "Reconnections to the DCGM hostengine after it was lost or unreachable",
-                MetricType::Counter,
-                one(count(&self.reconnects)),
-            ),
-            fam(
-                "gpu_exporter_dcgm_errors_total",
-                "DCGM failures by reason (connect, connection_lost, entities, watch, read)",
-                MetricType::Counter,
-                errors,
-            ),
-            fam(
-                "gpu_exporter_dcgm_fields_refused",
-                "Fields the DCGM hostengine does not serve now, by reason (their series are absent)",
-                MetricType::Gauge,
-                refused,
-            ),
-        ]
     }
 }
 
@@ -422,10 +344,9 @@ impl<S: GpuSource> GpuSource for DcgmSource<S> {
         self.inner.processes(device)
     }
 
-    fn self_metric_families(&self) -> Vec<Family> {
-        let mut f = self.inner.self_metric_families();
-        f.extend(self.shared.metrics.families());
-        f
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.inner.register_metrics(registry);
+        self.shared.metrics.register(registry);
     }
 }
 

@@ -1,0 +1,120 @@
+//! A connection's byte stream and response bodies, wrapped to report activity to its
+//! [`Conn`] (reads, flushes, the end of a response), which moves it through its phases.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::conn::Conn;
+
+/// Wraps a connection's byte stream to report reads and flushes to its [`Conn`].
+#[derive(Debug)]
+pub struct Tracked<I> {
+    inner: I,
+    conn: Arc<Conn>,
+}
+
+impl<I> Tracked<I> {
+    /// Wraps `inner`.
+    pub fn new(inner: I, conn: Arc<Conn>) -> Self {
+        Self { inner, conn }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match r {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => self.conn.read_some(),
+            Poll::Pending => self.conn.quiet(),
+            _ => {}
+        }
+        r
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            self.conn.quiet();
+        }
+        r
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A response body that tells its [`Conn`] when hyper has taken all of it.
+#[derive(Debug)]
+pub struct TrackedBody {
+    inner: axum::body::Body,
+    conn: Arc<Conn>,
+}
+
+impl TrackedBody {
+    /// Wraps `inner`.
+    pub fn new(inner: axum::body::Body, conn: Arc<Conn>) -> Self {
+        Self { inner, conn }
+    }
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(r, Poll::Ready(None)) {
+            self.conn.body_done();
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TrackedBody {
+    fn drop(&mut self) {
+        self.conn.body_done();
+    }
+}

@@ -1,0 +1,302 @@
+//! The routes: `/metrics` (the published body, gzipped once per sample for scrapers that accept
+//! it, with `--max-concurrent-scrapes` slots), `/health`, `/ready` and a landing page. A plain
+//! function of its state ([`router`]), so tests drive it as a `tower::Service`; the server
+//! ([`super::serve_with`]) adds the connection handling and the web configuration around it.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::metrics::HttpMetrics;
+use crate::sampler::Published;
+
+/// The content type of Prometheus text format 0.0.4.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// What the handlers read.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The latest published sample (`None` until the first one).
+    pub published: watch::Receiver<Option<Arc<Published>>>,
+    /// The sampling interval; `/ready` fails when the last sample is older than three of them.
+    pub interval: Duration,
+    /// The HTTP server's own series (scrapes counted here).
+    pub metrics: Arc<HttpMetrics>,
+}
+
+/// What the handlers do beyond serving the published sample.
+#[derive(Debug, Clone, Default)]
+pub struct HttpOptions {
+    /// `/metrics` responses in flight at once; more get 503 (`--max-concurrent-scrapes`).
+    /// 0: no limit.
+    pub max_concurrent_scrapes: usize,
+    /// `/health` answers 503 while no GPU is collected (`--health-require-gpus`).
+    pub health_require_gpus: bool,
+    /// Append the `process_*` series to `/metrics` (`--enable-exporter-metrics`).
+    pub exporter_metrics: bool,
+}
+
+/// The router's state: the published sample and the options.
+#[derive(Debug, Clone)]
+struct Shared {
+    app: AppState,
+    opts: Arc<HttpOptions>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// The paths the kubelet probes. They say nothing but whether the exporter works, so they
+/// are served without basic auth or a client certificate (the kubelet has neither) and
+/// outside the rate limit; `/metrics` keeps requiring them. docs/security.md.
+pub const PROBE_PATHS: [&str; 2] = ["/health", "/ready"];
+
+/// Builds the router.
+pub fn router(state: AppState) -> Router {
+    router_with(state, HttpOptions::default())
+}
+
+/// Builds the router with `opts`.
+pub fn router_with(state: AppState, opts: HttpOptions) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/", get(index))
+        .fallback(not_found)
+        .with_state(Shared {
+            app: state,
+            opts: Arc::new(opts),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        })
+}
+
+/// A `/metrics` response slot, given back when the response body is dropped (sent or not).
+#[derive(Debug)]
+struct ScrapeSlot(Arc<AtomicUsize>);
+
+impl Drop for ScrapeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl ScrapeSlot {
+    fn take(counter: &Arc<AtomicUsize>, limit: usize) -> Option<ScrapeSlot> {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (limit == 0 || n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ScrapeSlot(Arc::clone(counter)))
+    }
+}
+
+/// A body of one or two byte chunks that holds its scrape slot until dropped.
+#[derive(Debug)]
+struct SlotBody {
+    chunks: std::collections::VecDeque<Bytes>,
+    _slot: ScrapeSlot,
+}
+
+impl http_body::Body for SlotBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Ready(
+            self.chunks
+                .pop_front()
+                .map(|c| Ok(http_body::Frame::data(c))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.chunks.iter().map(|c| c.len() as u64).sum())
+    }
+}
+
+async fn not_found() -> (StatusCode, &'static str) {
+    (StatusCode::NOT_FOUND, "not found\n")
+}
+
+// The request itself, not a `HeaderMap` extractor: that one clones every header per scrape.
+async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Response {
+    let st = &sh.app;
+    let headers = req.headers();
+    let published = st.published.borrow().clone();
+    let Some(p) = published else {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "no sample taken yet\n");
+    };
+    let Some(slot) = ScrapeSlot::take(&sh.in_flight, sh.opts.max_concurrent_scrapes) else {
+        return plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many concurrent scrapes (--max-concurrent-scrapes)\n",
+        );
+    };
+    st.metrics.count_scrape();
+    // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3).
+    let gzip = accepts_gzip_in(
+        headers
+            .get_all(header::ACCEPT_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+    );
+    let mut chunks = std::collections::VecDeque::with_capacity(2);
+    chunks.push_back(if gzip {
+        p.gzip_body().clone()
+    } else {
+        p.body.clone()
+    });
+    if sh.opts.exporter_metrics {
+        let text = crate::process_metrics::render(
+            &crate::process_metrics::read(),
+            crate::process_metrics::Units::system(),
+        );
+        // With gzip, a second gzip member: a multi-member stream is one gzip body (RFC 1952),
+        // and the published body stays compressed once per sample.
+        chunks.push_back(if gzip {
+            gzip_member(text.as_bytes())
+        } else {
+            Bytes::from(text)
+        });
+    }
+    let mut response = Response::new(axum::body::Body::new(SlotBody {
+        chunks,
+        _slot: slot,
+    }));
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    if gzip {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    response
+}
+
+/// `data` as one gzip member.
+fn gzip_member(data: &[u8]) -> Bytes {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(data.len() / 2 + 64),
+        flate2::Compression::fast(),
+    );
+    let out = enc
+        .write_all(data)
+        .and_then(|()| enc.finish())
+        .expect("gzip into a Vec: writing to memory cannot fail");
+    Bytes::from(out)
+}
+
+/// Whether an `Accept-Encoding` value accepts gzip: `gzip` (or `x-gzip`) with a non-zero
+/// quality, or, when gzip is not named, `*` with a non-zero quality. `gzip;q=0` refuses it.
+pub fn accepts_gzip(accept_encoding: &str) -> bool {
+    accepts_gzip_in([accept_encoding])
+}
+
+/// [`accepts_gzip`] for a header sent on several lines: the lines are read as one list, so
+/// `gzip;q=0` on one line and `*` on another refuses gzip.
+pub fn accepts_gzip_in<'a>(lines: impl IntoIterator<Item = &'a str>) -> bool {
+    let mut gzip = None;
+    let mut any = None;
+    for item in lines.into_iter().flat_map(|l| l.split(',')) {
+        let mut parts = item.split(';').map(str::trim);
+        let coding = parts.next().unwrap_or_default();
+        let quality = parts
+            .filter_map(|p| p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")))
+            .find_map(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        if coding.eq_ignore_ascii_case("gzip") || coding.eq_ignore_ascii_case("x-gzip") {
+            gzip = Some(quality);
+        } else if coding == "*" {
+            any = Some(quality);
+        }
+    }
+    gzip.or(any).is_some_and(|q| q > 0.0)
+}
+
+async fn health(State(sh): State<Shared>) -> (StatusCode, &'static str) {
+    if sh.opts.health_require_gpus {
+        let published = sh.app.published.borrow().clone();
+        let gpus = published.is_some_and(|p| p.not_ready.is_none() && p.series > 0);
+        if !gpus {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unhealthy: no GPU is collected (--health-require-gpus)\n",
+            );
+        }
+    }
+    (StatusCode::OK, "OK\n")
+}
+
+async fn ready(State(sh): State<Shared>) -> (StatusCode, String) {
+    let st = &sh.app;
+    let published = st.published.borrow().clone();
+    match published {
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no sample taken yet\n".into(),
+        ),
+        Some(p) if p.not_ready.is_some() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: {}\n",
+                p.not_ready.as_deref().unwrap_or_default()
+            ),
+        ),
+        Some(p) => {
+            let age = Instant::now().duration_since(p.at);
+            if age > st.interval * 3 {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "not ready: last sample is {:.1}s old (more than 3 intervals of {:.1}s)\n",
+                        age.as_secs_f64(),
+                        st.interval.as_secs_f64()
+                    ),
+                )
+            } else {
+                (StatusCode::OK, "ready\n".into())
+            }
+        }
+    }
+}
+
+async fn index() -> Html<&'static str> {
+    Html(concat!(
+        "<!doctype html><html><head><title>gpu-exporter</title></head><body>",
+        "<h1>gpu-exporter</h1><p>Prometheus exporter for NVIDIA GPUs (version ",
+        env!("CARGO_PKG_VERSION"),
+        ").</p><ul><li><a href=\"/metrics\">/metrics</a></li>",
+        "<li><a href=\"/health\">/health</a></li><li><a href=\"/ready\">/ready</a></li></ul>",
+        "</body></html>\n"
+    ))
+}
+
+/// A short text/plain answer.
+pub(super) fn plain(status: StatusCode, body: &'static str) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )],
+        body,
+    )
+        .into_response()
+}
