@@ -393,3 +393,23 @@ fn without_dcgms_library_dash_r_serves_nvml_only_and_says_why() {
     assert!(logs.contains("libdcgm.so.4"), "{logs}");
     assert!(logs.contains("serving NVML only"), "{logs}");
 }
+
+#[test]
+fn sim_dcgm_makes_simulated_a100s_serve_the_profiling_fields() {
+    // The simulated fleet (a later --backend overrides the harness's `nvml`), without and with
+    // its simulated DCGM hostengine.
+    let nvml = StandIn::new(a100_node());
+    let args = ["--backend", "sim", "--sim-profile", "4xA100-80GB-MIG"];
+    let without = Exporter::start(&nvml, &args);
+    let s = without.wait_for("a sample", |s| s.samples() >= 1);
+    assert!(prof(&s).is_empty(), "{:?}", prof(&s));
+    assert!(s.named("gpu_exporter_fields_unavailable").count() > 0);
+    drop(without);
+    let with = Exporter::start(&nvml, &[&args[..], &["--sim-dcgm"]].concat());
+    let s = with.wait_for("a sample", |s| s.samples() >= 1);
+    let p = prof(&s);
+    // Whole GPUs and MIG instances.
+    assert!(p.keys().any(|(_, _, gi)| gi.is_empty()), "{p:?}");
+    assert!(p.keys().any(|(_, _, gi)| !gi.is_empty()), "{p:?}");
+    assert_eq!(s.named("gpu_exporter_fields_unavailable").count(), 0);
+}
