@@ -162,7 +162,7 @@ struct GpuValues {
 struct State {
     /// The devices of the last discovery.
     devices: Vec<Device>,
-    /// The profiling fields the ticks asked DCGM for.
+    /// The profiling fields the last tick asked DCGM for.
     wanted: BTreeSet<Field>,
     /// Bumped when `devices` or `wanted` change: the reader watches again.
     generation: u64,
@@ -303,8 +303,10 @@ impl<S: GpuSource> GpuSource for DcgmSource<S> {
             return Ok(sample);
         }
         let mut state = self.shared.lock();
-        if !dcgm.iter().all(|f| state.wanted.contains(f)) {
-            state.wanted.extend(dcgm.iter().copied());
+        // The fields of this tick (a CSV reload may add or drop some): the GPUs without GPM all
+        // lack the same ones, so the set is stable from one device to the next.
+        if state.wanted.len() != dcgm.len() || !dcgm.iter().all(|f| state.wanted.contains(f)) {
+            state.wanted = dcgm.iter().copied().collect();
             state.generation += 1;
             self.shared.wake.notify_all();
         }
