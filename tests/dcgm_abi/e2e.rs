@@ -413,3 +413,34 @@ fn sim_dcgm_makes_simulated_a100s_serve_the_profiling_fields() {
     assert!(p.keys().any(|(_, _, gi)| !gi.is_empty()), "{p:?}");
     assert_eq!(s.named("gpu_exporter_fields_unavailable").count(), 0);
 }
+
+#[test]
+fn a_csv_reload_that_drops_a_profiling_field_unwatches_it() {
+    let nvml = StandIn::new(a100_node());
+    let he = Hostengine::a100s();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("counters.csv");
+    let full = std::fs::read_to_string(csv("default-counters.csv")).expect("the default CSV");
+    std::fs::write(&path, &full).expect("write the CSV");
+    let exp = start(&nvml, &he, &path);
+    exp.wait_for("every profiling series", |s| {
+        has_all_prof(s, &expected(&PROF))
+    });
+    // Without the DRAM row (the exporter re-reads the file when it changes).
+    let reduced: String = full
+        .lines()
+        .filter(|l| !l.starts_with("DCGM_FI_PROF_DRAM_ACTIVE"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(reduced.len(), full.len());
+    std::fs::write(&path, reduced).expect("rewrite the CSV");
+    let kept: Vec<(&str, u16)> = PROF.iter().copied().filter(|(_, f)| *f != 1005).collect();
+    exp.wait_for("the profiling series without DRAM", |s| {
+        has_all_prof(s, &expected(&kept))
+    });
+    // The old watch is dropped and one without the field takes its place.
+    exp.wait_for(
+        "the hostengine's counters: one unwatch, a second watch",
+        |_| he.counter("dcgmUnwatchFields") >= 1 && he.counter("dcgmWatchFields") >= 2,
+    );
+}
