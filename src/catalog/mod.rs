@@ -5,6 +5,7 @@
 //! name, as dcgm-exporter attaches them).
 
 pub mod field;
+mod gocsv;
 mod parse;
 
 use std::path::Path;
