@@ -2,11 +2,12 @@
 """Import edges between the library's src/ files, and the circles among them.
 
 An edge A -> B means that A's non-test code names an item of B: through `use crate::...`,
-`use super::...`, `use self::...` (use trees with braces included) or a `crate::`/`super::`/
-`self::` path in the code. A name that a module only re-exports (`pub use b::X` in a/mod.rs) is
-followed to the file that defines it, so a child that uses its parent's re-export of a sibling
-depends on the sibling, not on the parent. Comments, string literals and `#[cfg(test)]` modules
-are left out, and so are the binaries (src/main.rs, src/bin/): they sit on top of the library.
+`use super::...`, `use self::...` (use trees with braces included), a `crate::`/`super::`/
+`self::` path in the code, or a path through a child module (`child::item`). A name that a
+module only re-exports (`pub use b::X` in a/mod.rs) is followed to the file that defines it, so
+a child that uses its parent's re-export of a sibling depends on the sibling, not on the parent.
+Comments, string literals and `#[cfg(test)]` modules are left out, and so are the binaries
+(src/main.rs, src/bin/): they sit on top of the library.
 
 Usage: scripts/import-cycles.py [--edges] [SRC_DIR]
   prints each circle (strongly connected set of files, with one cycle through it) and exits 1
@@ -23,6 +24,7 @@ ITEM_RE = re.compile(
     re.M,
 )
 USE_RE = re.compile(r"\b(pub(?:\([^)]*\))?\s+)?use\s+([^;]*);", re.S)
+REL_RE = re.compile(r"(?<![:\w])([a-z_][a-z0-9_]*)(?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*)+")
 PATH_RE = re.compile(r"\b((?:crate|super|self)(?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*)+)")
 
 
@@ -230,6 +232,10 @@ class Crate:
             without_uses = USE_RE.sub("", code)
             for m in PATH_RE.finditer(without_uses):
                 paths.append(re.sub(r"\s+", "", m.group(1)).split("::"))
+            # 2018 relative paths in code: `child::item` names a child module of this one.
+            for m in REL_RE.finditer(without_uses):
+                if mod + (m.group(1),) in self.files:
+                    paths.append(re.sub(r"\s+", "", m.group(0)).split("::"))
             for segs in paths:
                 absolute = self.absolute(mod, segs)
                 if absolute is None:

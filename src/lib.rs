@@ -7,6 +7,10 @@
 //! - [`config`]: command line and environment (dcgm-exporter's flag names) → resolved config.
 //! - [`catalog`]: the metrics CSV (dcgm-exporter's format) and the DCGM field dictionary.
 //! - [`gpu`]: the [`gpu::GpuSource`] seam and its implementations ([`gpu::sim`]).
+//!   [`gpu::nvml`] is layered, each file importing only from below: the source with its
+//!   lifecycle and discovery; the per-tick read; the source's state; the readers that keep state
+//!   between ticks (NVLink, processes, XID events); what NVML answers mean; the DCGM-field
+//!   mapping; the `NvmlApi` seam and its implementations (its module doc has the details).
 //! - [`pods`]: who holds which GPU (kubelet pod-resources client, id mapping with DRA,
 //!   refresher) and who uses it (container runtime client, cgroup parsing, per-container usage).
 //! - [`hpc`]: which HPC jobs run on which GPU (`--hpc-job-mapping-dir`).
