@@ -225,21 +225,26 @@ class Crate:
     def edges(self):
         out = {m: set() for m in self.files}
         for mod, code in self.code.items():
-            paths = []
+            targets = []  # absolute paths
             for m in USE_RE.finditer(code):
                 for segs, _ in self._expand_with_alias(m.group(2)):
-                    paths.append(segs)
+                    absolute = self.absolute(mod, segs)
+                    # `use super::sibling;` alone names no item: the paths through it count.
+                    if absolute is not None and absolute not in self.files:
+                        targets.append(absolute)
             without_uses = USE_RE.sub("", code)
             for m in PATH_RE.finditer(without_uses):
-                paths.append(re.sub(r"\s+", "", m.group(1)).split("::"))
-            # 2018 relative paths in code: `child::item` names a child module of this one.
+                absolute = self.absolute(mod, re.sub(r"\s+", "", m.group(1)).split("::"))
+                if absolute is not None:
+                    targets.append(absolute)
+            # 2018 relative paths in code: `child::item`, or `alias::item` through a `use`d module.
             for m in REL_RE.finditer(without_uses):
-                if mod + (m.group(1),) in self.files:
-                    paths.append(re.sub(r"\s+", "", m.group(0)).split("::"))
-            for segs in paths:
-                absolute = self.absolute(mod, segs)
-                if absolute is None:
-                    continue
+                segs = re.sub(r"\s+", "", m.group(0)).split("::")
+                if mod + (segs[0],) in self.files:
+                    targets.append(mod + tuple(segs))
+                elif segs[0] in self.uses[mod] and tuple(self.uses[mod][segs[0]]) in self.files:
+                    targets.append(tuple(self.uses[mod][segs[0]]) + tuple(segs[1:]))
+            for absolute in targets:
                 t = self.target(absolute)
                 if t is not None and t != mod:
                     out[mod].add(t)

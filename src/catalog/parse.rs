@@ -12,7 +12,7 @@ use std::fmt;
 
 use super::field::{self, ValueKind};
 use super::gocsv;
-use super::{Catalog, CatalogError, Defect, MetricSpec, MetricType, Skipped};
+use super::model::{Catalog, CatalogError, Defect, MetricSpec, MetricType, Skipped};
 
 /// Parses CSV text. `origin` names the file in errors (usually its path).
 ///
