@@ -28,6 +28,8 @@
 //! - [`fsread`]: the one bounded file reader every configuration and `/proc` read goes through.
 //! - [`logsink`]: the log writer that never fails the code that logs.
 //! - [`supervise`]: the essential tasks, whose end stops the process.
+//! - [`testing`]: test doubles (fake kubelet, container runtime and NVML) for the tests, the
+//!   `fake-kubelet` binary and the simulated fleet's processes; never used on a real node.
 //!
 //! `main.rs` is the only composition root.
 
@@ -48,6 +50,7 @@ pub mod sampler;
 pub mod self_metrics;
 pub mod snapshot;
 pub mod supervise;
+pub mod testing;
 pub mod web;
 
 /// Formats an error with its chain of causes: `outer: cause: root cause`.

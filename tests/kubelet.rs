@@ -25,7 +25,6 @@ use tonic::{Request, Response, Status};
 use gpu_exporter::config::GpuIdType;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, GpuSource};
-use gpu_exporter::pods::fake::{Assignments, FakeKubelet};
 use gpu_exporter::pods::kubelet::{KubeletPodResources, MAX_REPLY_BYTES};
 use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::proto::pod_resources_lister_server::{
@@ -40,6 +39,7 @@ use gpu_exporter::pods::refresher::{RefreshOutcome, Refresher, RefresherOptions}
 use gpu_exporter::pods::{Attribution, AttributionError, EntityKey, PodResolver};
 use gpu_exporter::sampler::Sampler;
 use gpu_exporter::self_metrics::SelfMetrics;
+use gpu_exporter::testing::fake_kubelet::{Assignments, FakeKubelet};
 
 use common::series;
 

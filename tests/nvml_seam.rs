@@ -13,7 +13,6 @@ use tower::ServiceExt;
 
 use gpu_exporter::catalog;
 use gpu_exporter::config::BUILTIN_COUNTERS;
-use gpu_exporter::gpu::nvml::fake::{FakeGpu, FakeNvml};
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::http::{router, AppState};
@@ -21,6 +20,7 @@ use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Published, Sampler, SamplerOptions};
 use gpu_exporter::self_metrics::SelfMetrics;
 use gpu_exporter::snapshot::BuildOptions;
+use gpu_exporter::testing::fake_nvml::{FakeGpu, FakeNvml};
 
 fn options() -> SamplerOptions {
     SamplerOptions {

@@ -60,14 +60,16 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::cri_proto::{
+use crate::pods::cri_proto::{
     Container, ContainerMetadata, ContainerState, PodSandbox, PodSandboxMetadata, PodSandboxState,
 };
-use super::directory::RuntimeSnapshot;
-use super::dra::NVIDIA_GPU_DRIVER;
-use super::mapping::GPU_RESOURCE;
-use super::proto::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
-use super::proto::{
+use crate::pods::directory::RuntimeSnapshot;
+use crate::pods::dra::NVIDIA_GPU_DRIVER;
+use crate::pods::mapping::GPU_RESOURCE;
+use crate::pods::proto::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
+use crate::pods::proto::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, CdiDevice, ClaimResource,
     ContainerDevices, ContainerResources, DynamicResource, GetPodResourcesRequest,
     GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
@@ -617,9 +619,10 @@ impl Assignments {
             .map(|p| {
                 let key = match p.naming {
                     DeviceNaming::Plugin => {
-                        super::mapping::resolve(&p.device_id, devices, id_type).map(|(k, _)| k)
+                        crate::pods::mapping::resolve(&p.device_id, devices, id_type)
+                            .map(|(k, _)| k)
                     }
-                    DeviceNaming::Dra => super::dra::resolve(&p.device_id, devices).ok(),
+                    DeviceNaming::Dra => crate::pods::dra::resolve(&p.device_id, devices).ok(),
                 };
                 let key = key.ok_or(AssignmentsError::UnknownDevice {
                     pid: p.pid,

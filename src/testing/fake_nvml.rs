@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::api::{
+use crate::gpu::nvml::api::{
     ApiError, ClockKind, EventWait, FieldNum, FieldRequest, FieldResult, FieldValue, GiProfile,
     GpmMetric, GridLicensing, InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo,
     ProcessUtilSample, Registered, XidReport,
