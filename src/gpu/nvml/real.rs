@@ -1,4 +1,4 @@
-//! [`RealNvml`]: the [`NvmlApi`] over `nvml-wrapper`. The only module (with [`super::ffi`])
+//! [`RealNvml`]: the [`NvmlApi`] over `nvml-wrapper`. The only module (with `ffi`)
 //! that names `nvml_wrapper`.
 
 use std::sync::Arc;

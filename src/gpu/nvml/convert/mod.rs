@@ -1,4 +1,4 @@
-//! Pure translation between NVML and DCGM: which NVML call serves each [`Field`], the unit
+//! Pure translation between NVML and DCGM: which NVML call serves each [`Field`](crate::catalog::Field), the unit
 //! conversions DCGM applies, the way DCGM reads the field values some drivers get wrong, and
 //! the `NVML_FI_*` renumberings of ids 251–273.
 //!

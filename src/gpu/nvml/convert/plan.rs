@@ -37,7 +37,8 @@ pub enum Plan {
     /// One entry of the batched field-values call; the value is converted with `unit`.
     FieldValue(u32, Unit),
     /// `NVLINK_THROUGHPUT_DATA_TX` + `_RX` with scope "all links", turned into a rate: KiB/s as
-    /// a float, which [`in_field_unit`] turns into the field's unit (MB/s or B/s).
+    /// a float, which [`in_field_unit`](super::in_field_unit) turns into the field's unit (MB/s
+    /// or B/s).
     NvlinkBandwidth,
     /// `nvmlDeviceGetMemoryInfo_v2`.
     Memory(MemoryPart),

@@ -64,8 +64,8 @@ pub fn brand_name(brand: u32) -> &'static str {
 /// A GPU-level reading, as the NVML call that serves `field` returned it, in `field`'s own
 /// unit. Several fields share one call and differ only in unit: the classic ones keep DCGM's
 /// classic units (MHz, %, MB/s), the DCGM 4.7 base-unit ones get theirs (Hz, 0–1, B/s).
-/// [`Plan::NvlinkBandwidth`] yields an intermediate KiB/s float that every NVLink throughput
-/// field converts here.
+/// [`Plan::NvlinkBandwidth`](super::Plan::NvlinkBandwidth) yields an intermediate KiB/s float
+/// that every NVLink throughput field converts here.
 pub fn in_field_unit(field: Field, reading: Reading) -> Reading {
     use Field as F;
     let v = reading?;
