@@ -20,8 +20,10 @@ pub mod metrics;
 mod routes;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, Request, StatusCode};
@@ -32,7 +34,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use conn::{Conn, Registry};
+use conn::{Conn, Decision, Registry};
 use io::{Tracked, TrackedBody};
 pub use limits::Limits;
 pub use metrics::{CloseReason, HttpMetrics, RejectReason};
@@ -130,7 +132,6 @@ pub async fn serve_with(
             tls,
             metrics: Arc::clone(&metrics),
             peer,
-            stop: stop.clone(),
         };
         tokio::spawn(async move {
             let mut admitted = admitted;
@@ -138,6 +139,7 @@ pub async fn serve_with(
         });
     }
     stop.cancel();
+    registry.stop_all();
     registry.drained().await;
     Ok(())
 }
@@ -150,7 +152,6 @@ struct Ctx {
     tls: Option<Arc<rustls::ServerConfig>>,
     metrics: Arc<HttpMetrics>,
     peer: SocketAddr,
-    stop: CancellationToken,
 }
 
 /// The byte stream after the first byte arrived (and the TLS handshake, if any).
@@ -215,7 +216,6 @@ async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> Clos
             Err(reason) => return reason,
         },
         reason = conn.watchdog(&ctx.limits) => return reason,
-        () = ctx.stop.cancelled() => return CloseReason::Shutdown,
     };
     match stream {
         Stream::Plain(s) => Box::pin(serve_http1(s, conn, ctx, false)).await,
@@ -237,7 +237,6 @@ where
         tls: _,
         metrics,
         peer,
-        stop,
     } = ctx;
     let request_timeout = limits.request_timeout;
     let service_conn = Arc::clone(conn);
@@ -267,6 +266,7 @@ where
     let mut stopping = false;
     loop {
         tokio::select! {
+            biased;
             r = http.as_mut() => return match r {
                 Ok(()) if stopping => CloseReason::Shutdown,
                 Ok(()) => CloseReason::Closed,
@@ -275,11 +275,13 @@ where
                     CloseReason::Error
                 }
             },
-            reason = conn.watchdog(&limits) => return reason,
-            () = stop.cancelled(), if !stopping => {
-                stopping = true;
-                http.as_mut().graceful_shutdown();
-            }
+            decision = conn.watch(&limits) => match decision {
+                Decision::Close(reason) => return reason,
+                Decision::Stop => {
+                    stopping = true;
+                    http.as_mut().graceful_shutdown();
+                }
+            },
         }
     }
 }
@@ -341,9 +343,16 @@ async fn handle(
             Err(never) => match never {},
         }
     };
-    let mut response = match tokio::time::timeout(request_timeout, work).await {
-        Ok(r) => r,
-        Err(_) => plain(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
+    // Most answers (`/metrics` above all) are ready at the first poll: the timer is only set
+    // for one that is not, so the common case does not register and cancel a timer.
+    let mut work = std::pin::pin!(work);
+    let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+    let mut response = match first {
+        Poll::Ready(r) => r,
+        Poll::Pending => match tokio::time::timeout(request_timeout, work).await {
+            Ok(r) => r,
+            Err(_) => plain(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
+        },
     };
     if let Some(a) = &active {
         for (k, v) in &a.headers {

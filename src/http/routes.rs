@@ -93,18 +93,20 @@ impl ScrapeSlot {
     fn take(counter: &Arc<AtomicUsize>, limit: usize) -> Option<ScrapeSlot> {
         counter
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (limit == 0 || n < limit).then_some(n + 1)
+                (n < limit).then_some(n + 1)
             })
             .ok()
             .map(|_| ScrapeSlot(Arc::clone(counter)))
     }
 }
 
-/// A body of one or two byte chunks that holds its scrape slot until dropped.
+/// A body of one or two byte chunks that holds its scrape slot (with
+/// `--max-concurrent-scrapes`) until dropped.
 #[derive(Debug)]
 struct SlotBody {
-    chunks: std::collections::VecDeque<Bytes>,
-    _slot: ScrapeSlot,
+    /// Sent front to back; taken as sent.
+    chunks: [Option<Bytes>; 2],
+    _slot: Option<ScrapeSlot>,
 }
 
 impl http_body::Body for SlotBody {
@@ -115,19 +117,16 @@ impl http_body::Body for SlotBody {
         mut self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        std::task::Poll::Ready(
-            self.chunks
-                .pop_front()
-                .map(|c| Ok(http_body::Frame::data(c))),
-        )
+        let next = self.chunks.iter_mut().find_map(Option::take);
+        std::task::Poll::Ready(next.map(|c| Ok(http_body::Frame::data(c))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty()
+        self.chunks.iter().all(Option::is_none)
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.chunks.iter().map(|c| c.len() as u64).sum())
+        http_body::SizeHint::with_exact(self.chunks.iter().flatten().map(|c| c.len() as u64).sum())
     }
 }
 
@@ -143,11 +142,19 @@ async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Respo
     let Some(p) = published else {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "no sample taken yet\n");
     };
-    let Some(slot) = ScrapeSlot::take(&sh.in_flight, sh.opts.max_concurrent_scrapes) else {
-        return plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many concurrent scrapes (--max-concurrent-scrapes)\n",
-        );
+    // Without a limit, no slot is counted (a shared counter touched twice per scrape).
+    let limit = sh.opts.max_concurrent_scrapes;
+    let slot = match limit {
+        0 => None,
+        _ => match ScrapeSlot::take(&sh.in_flight, limit) {
+            Some(slot) => Some(slot),
+            None => {
+                return plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many concurrent scrapes (--max-concurrent-scrapes)\n",
+                )
+            }
+        },
     };
     st.metrics.count_scrape();
     // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3).
@@ -157,8 +164,8 @@ async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Respo
             .iter()
             .filter_map(|v| v.to_str().ok()),
     );
-    let mut chunks = std::collections::VecDeque::with_capacity(2);
-    chunks.push_back(if gzip {
+    let mut chunks = [None, None];
+    chunks[0] = Some(if gzip {
         p.gzip_body().clone()
     } else {
         p.body.clone()
@@ -170,7 +177,7 @@ async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Respo
         );
         // With gzip, a second gzip member: a multi-member stream is one gzip body (RFC 1952),
         // and the published body stays compressed once per sample.
-        chunks.push_back(if gzip {
+        chunks[1] = Some(if gzip {
             gzip_member(text.as_bytes())
         } else {
             Bytes::from(text)
