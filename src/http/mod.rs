@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderValue, Request, StatusCode};
 use axum::response::Response;
-use axum::Router;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -40,8 +39,8 @@ pub use limits::Limits;
 pub use metrics::{CloseReason, HttpMetrics, RejectReason};
 use routes::plain;
 pub use routes::{
-    accepts_gzip, accepts_gzip_in, router, router_with, AppState, HttpOptions, CONTENT_TYPE,
-    PROBE_PATHS,
+    accepts_gzip, accepts_gzip_in, app_with, router, router_with, App, AppState, HttpOptions,
+    CONTENT_TYPE, PROBE_PATHS,
 };
 
 use crate::web::auth::Verdict;
@@ -66,21 +65,22 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Serves `router` on `listener` with default [`Limits`] and no web configuration, until
-/// `shutdown` resolves, then finishes in-flight requests.
+/// Serves `router` (an `axum::Router` or an [`App`]) on `listener` with default [`Limits`] and no
+/// web configuration, until `shutdown` resolves, then finishes in-flight requests.
 ///
 /// # Errors
 /// None at present (accept errors are logged and retried); the type is kept for callers.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    router: impl Into<App>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = Arc::new(HttpMetrics::default());
     serve_with(listener, router, Limits::default(), None, metrics, shutdown).await
 }
 
-/// Serves `router` on `listener` applying `limits` and, when given, the web configuration
+/// Serves `router` (an `axum::Router` or an [`App`]) on `listener` applying `limits` and, when
+/// given, the web configuration
 /// (TLS, basic auth, rate limit, headers) until `shutdown` resolves; then lets open
 /// connections finish their current request. Connection figures go to `metrics`.
 ///
@@ -88,12 +88,13 @@ pub async fn serve(
 /// None at present (accept errors are logged and retried); the type is kept for callers.
 pub async fn serve_with(
     listener: TcpListener,
-    router: Router,
+    router: impl Into<App>,
     limits: Limits,
     web: Option<Arc<WebSecurity>>,
     metrics: Arc<HttpMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let app = Arc::new(router.into());
     let stop = CancellationToken::new();
     if let Some(w) = &web {
         // The files are re-read by a thread of their own, never on this loop.
@@ -126,7 +127,7 @@ pub async fn serve_with(
             continue;
         };
         let ctx = Ctx {
-            router: router.clone(),
+            app: Arc::clone(&app),
             limits: Arc::clone(&limits),
             web: web.clone(),
             tls,
@@ -146,7 +147,7 @@ pub async fn serve_with(
 
 /// What one connection's tasks share.
 struct Ctx {
-    router: Router,
+    app: Arc<App>,
     limits: Arc<Limits>,
     web: Option<Arc<WebSecurity>>,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -231,7 +232,7 @@ where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let Ctx {
-        router,
+        app,
         limits,
         web,
         tls: _,
@@ -244,7 +245,7 @@ where
         service_conn.request_started();
         let done = Arc::clone(&service_conn);
         let work = handle(
-            router.clone(),
+            Arc::clone(&app),
             request_timeout,
             web.clone(),
             Arc::clone(&metrics),
@@ -287,7 +288,7 @@ where
 }
 
 async fn handle(
-    router: Router,
+    app: Arc<App>,
     request_timeout: Duration,
     web: Option<Arc<WebSecurity>>,
     metrics: Arc<HttpMetrics>,
@@ -338,7 +339,15 @@ async fn handle(
                 }
             }
         }
-        match router.oneshot(req.map(axum::body::Body::new)).await {
+        if let Some(r) = app.direct_metrics(&req) {
+            return r;
+        }
+        match app
+            .router
+            .clone()
+            .oneshot(req.map(axum::body::Body::new))
+            .await
+        {
             Ok(r) => r,
             Err(never) => match never {},
         }
