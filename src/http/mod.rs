@@ -239,20 +239,19 @@ where
         metrics,
         peer,
     } = ctx;
-    let request_timeout = limits.request_timeout;
+    let per_conn = Arc::new(PerConn {
+        app: App::clone(&app),
+        request_timeout: limits.request_timeout,
+        web,
+        metrics,
+        client: peer.ip(),
+        client_cert,
+    });
     let service_conn = Arc::clone(conn);
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         service_conn.request_started();
         let done = Arc::clone(&service_conn);
-        let work = handle(
-            Arc::clone(&app),
-            request_timeout,
-            web.clone(),
-            Arc::clone(&metrics),
-            peer.ip(),
-            client_cert,
-            req,
-        );
+        let work = handle(Arc::clone(&per_conn), req);
         async move {
             let response = work.await;
             Ok::<_, Infallible>(response.map(|b| TrackedBody::new(b, done)))
@@ -287,15 +286,28 @@ where
     }
 }
 
-async fn handle(
-    app: Arc<App>,
+/// What one connection's requests need. Held once per connection and cloned per request: a
+/// reference count no other connection touches. (The server-wide handles, shared by every
+/// connection, would have their counts bounce between CPUs on every scrape.)
+struct PerConn {
+    app: App,
     request_timeout: Duration,
     web: Option<Arc<WebSecurity>>,
     metrics: Arc<HttpMetrics>,
     client: IpAddr,
     client_cert: bool,
-    req: Request<hyper::body::Incoming>,
-) -> Response {
+}
+
+async fn handle(per_conn: Arc<PerConn>, req: Request<hyper::body::Incoming>) -> Response {
+    let PerConn {
+        app,
+        request_timeout,
+        web,
+        metrics,
+        client,
+        client_cert,
+    } = &*per_conn;
+    let (client, client_cert) = (*client, *client_cert);
     // The settings in force for this request: a password revoked since the connection opened
     // no longer works on it.
     let active: Option<Arc<Active>> = web.as_ref().map(|w| w.current());
@@ -358,7 +370,7 @@ async fn handle(
     let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
     let mut response = match first {
         Poll::Ready(r) => r,
-        Poll::Pending => match tokio::time::timeout(request_timeout, work).await {
+        Poll::Pending => match tokio::time::timeout(*request_timeout, work).await {
             Ok(r) => r,
             Err(_) => plain(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
         },
