@@ -496,7 +496,7 @@ async fn serve<S: GpuSource>(
         max_active_connections = limits.max_active_connections,
         "gpu-exporter listening"
     );
-    let router = http::router_with(
+    let router = http::app_with(
         AppState {
             published: pub_rx,
             interval: config.interval,
