@@ -17,8 +17,8 @@ use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
-pub use self_metrics::SelfMetrics;
 use gpu_exporter::testing::fake_kubelet::Assignments;
+pub use self_metrics::SelfMetrics;
 use tokio::sync::watch;
 
 pub const INTERVAL: Duration = Duration::from_secs(10);
