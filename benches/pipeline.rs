@@ -31,7 +31,6 @@ use tokio::sync::watch;
 use gpu_exporter::catalog::{self, Catalog};
 use gpu_exporter::config::{GpuIdType, BUILTIN_COUNTERS};
 use gpu_exporter::gpu::nvml::counting::Counting;
-use gpu_exporter::gpu::nvml::fake::{FakeGpu, FakeNvml};
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, GpuSource};
@@ -46,6 +45,7 @@ use gpu_exporter::reload::ReloadMetrics;
 use gpu_exporter::render::render;
 use gpu_exporter::sampler::{fields_to_read, Published, Sampler, SamplerMetrics, SamplerOptions};
 use gpu_exporter::snapshot::{self, BuildOptions, DeviceOutcome, DeviceSelection, Snapshot};
+use gpu_exporter::testing::fake_nvml::{FakeGpu, FakeNvml};
 
 const INTERVAL: Duration = Duration::from_secs(1);
 

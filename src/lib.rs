@@ -7,6 +7,10 @@
 //! - [`config`]: command line and environment (dcgm-exporter's flag names) → resolved config.
 //! - [`catalog`]: the metrics CSV (dcgm-exporter's format) and the DCGM field dictionary.
 //! - [`gpu`]: the [`gpu::GpuSource`] seam and its implementations ([`gpu::sim`]).
+//!   [`gpu::nvml`] is layered, each file importing only from below: the source with its
+//!   lifecycle and discovery; the per-tick read; the source's state; the readers that keep state
+//!   between ticks (NVLink, processes, XID events); what NVML answers mean; the DCGM-field
+//!   mapping; the `NvmlApi` seam and its implementations (its module doc has the details).
 //! - [`pods`]: who holds which GPU (kubelet pod-resources client, id mapping with DRA,
 //!   refresher) and who uses it (container runtime client, cgroup parsing, per-container usage).
 //! - [`hpc`]: which HPC jobs run on which GPU (`--hpc-job-mapping-dir`).
@@ -33,6 +37,8 @@
 //! - [`fsread`]: the one bounded file reader every configuration and `/proc` read goes through.
 //! - [`logsink`]: the log writer that never fails the code that logs.
 //! - [`supervise`]: the essential tasks, whose end stops the process.
+//! - [`testing`]: test doubles (fake kubelet, container runtime and NVML) for the tests, the
+//!   `fake-kubelet` binary and the simulated fleet's processes; never used on a real node.
 //!
 //! `main.rs` is the only composition root; it also registers every module's self-metric
 //! collectors, once, into the one registry the sampler encodes.
@@ -54,6 +60,7 @@ pub mod sampler;
 pub mod self_metrics;
 pub mod snapshot;
 pub mod supervise;
+pub mod testing;
 pub mod web;
 
 /// Formats an error with its chain of causes: `outer: cause: root cause`.

@@ -25,7 +25,6 @@ use gpu_exporter::pods::cri::CriClient;
 use gpu_exporter::pods::cri_refresher::{CriMetrics, CriOptions, CriRefresher};
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
 use gpu_exporter::pods::dra;
-use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::kubelet::KubeletPodResources;
 use gpu_exporter::pods::mapping::MappingOptions;
 use gpu_exporter::pods::procfs::ProcRoot;
@@ -39,6 +38,7 @@ use gpu_exporter::sampler::{
 use gpu_exporter::self_metrics::{CounterOnceNonZero, Registry};
 use gpu_exporter::shutdown_signal;
 use gpu_exporter::supervise::Essential;
+use gpu_exporter::testing::fake_kubelet::Assignments;
 use gpu_exporter::web::{WebMetrics, WebSecurity};
 
 /// How often the metrics CSV is checked for changes (SIGHUP reloads at once).
@@ -521,7 +521,7 @@ async fn serve<S: GpuSource>(
         max_active_connections = limits.max_active_connections,
         "gpu-exporter listening"
     );
-    let router = http::router_with(
+    let router = http::app_with(
         AppState {
             published: pub_rx,
             interval: config.interval,

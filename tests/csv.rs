@@ -81,6 +81,41 @@ fn missing_file_error_names_the_path() {
 }
 
 #[test]
+fn a_file_saved_with_a_byte_order_mark_and_crlf_loads_with_its_lines() {
+    // As a Windows editor saves it: BOM, CRLF, a quoted help with a comma, an indented comment.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("counters.csv");
+    std::fs::write(
+        &path,
+        "\u{feff}# DCGM FIELD, Prometheus metric type, help message\r\n\r\n\
+         DCGM_FI_DEV_GPU_UTIL, gauge, \"GPU utilization, in %\"\r\n  # clocks\r\n\
+         DCGM_FI_DEV_SM_CLOCK,  gauge, SM clock frequency (in MHz).\r\n",
+    )
+    .unwrap();
+    let (cat, skipped) = catalog::load(&path).unwrap();
+    assert!(skipped.is_empty());
+    let rows: Vec<(&str, &str, u64)> = cat
+        .metrics
+        .iter()
+        .map(|m| (m.name.as_str(), m.help.as_str(), m.line))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization, in %", 3),
+            ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 5),
+        ]
+    );
+    // And a defect after the BOM still names file:line.
+    std::fs::write(&path, "\u{feff}DCGM_FI_DEV_GPU_UTIL, gauge\r\n").unwrap();
+    let err = catalog::load(&path).unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!("{}:1: expected 3 fields", path.display())),
+        "{err}"
+    );
+}
+
+#[test]
 fn shipped_csv_has_every_default_field() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("metrics-config/default-counters.csv");
     let (cat, skipped) = catalog::load(&path).expect("shipped CSV");

@@ -418,3 +418,91 @@ async fn exporter_metrics_follow_the_sample_plain_and_as_a_second_gzip_member() 
     publish(&tx, sample);
     assert_eq!(&get_with_encoding(&r, None).await.2[..], sample.as_bytes());
 }
+
+/// Sends `request` to `addr` and returns the response's status line, the headers named in
+/// `keep` (lower case, in that order) and the body.
+async fn exchange(
+    addr: std::net::SocketAddr,
+    request: &str,
+    keep: &[&str],
+) -> (String, Vec<String>, Vec<u8>) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8(out[..split].to_vec()).unwrap();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().to_owned();
+    let headers: Vec<String> = lines.map(str::to_ascii_lowercase).collect();
+    let kept = keep
+        .iter()
+        .filter_map(|k| {
+            headers
+                .iter()
+                .find(|h| h.starts_with(&format!("{k}:")))
+                .cloned()
+        })
+        .collect();
+    (status, kept, out[split + 4..].to_vec())
+}
+
+#[tokio::test]
+async fn the_exporters_direct_metrics_answer_is_the_routers_answer() {
+    let (tx, rx) = watch::channel(None);
+    let state = || AppState {
+        published: rx.clone(),
+        interval: INTERVAL,
+        metrics: Arc::new(HttpMetrics::default()),
+    };
+    let text = "# HELP x y\n# TYPE x gauge\nx{gpu=\"0\"} 1\n".repeat(50);
+    publish(&tx, Box::leak(text.into_boxed_str()));
+    let stop = CancellationToken::new();
+    let mut addrs = Vec::new();
+    // What the exporter serves (GET /metrics answered without the router), and the router.
+    let apps: [gpu_exporter::http::App; 2] = [
+        gpu_exporter::http::app_with(state(), Default::default()),
+        gpu_exporter::http::router_with(state(), Default::default()).into(),
+    ];
+    for app in apps {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap());
+        let stop = stop.clone();
+        tokio::spawn(gpu_exporter::http::serve(listener, app, async move {
+            stop.cancelled().await
+        }));
+    }
+    let keep = [
+        "content-type",
+        "content-encoding",
+        "content-length",
+        "vary",
+        "transfer-encoding",
+    ];
+    for request in [
+        "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        "GET /metrics?x=1 HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n",
+        "GET /metrics HTTP/1.1\r\nHost: t\r\nAccept-Encoding: br\r\nAccept-Encoding: *;q=0.1\r\nConnection: close\r\n\r\n",
+        "HEAD /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        "POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        "GET /metrics/ HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    ] {
+        let direct = exchange(addrs[0], request, &keep).await;
+        let routed = exchange(addrs[1], request, &keep).await;
+        assert_eq!(direct, routed, "{request:?}");
+    }
+    // And the answers are what they should be (not just equal).
+    let (status, headers, body) = exchange(
+        addrs[0],
+        "GET /metrics HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n",
+        &keep,
+    )
+    .await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert!(
+        headers.contains(&"content-encoding: gzip".to_owned()),
+        "{headers:?}"
+    );
+    assert_eq!(&body[..2], &[0x1f, 0x8b]);
+    stop.cancel();
+}

@@ -26,7 +26,6 @@ use common::SelfMetrics;
 use gpu_exporter::config::GpuIdType;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, GpuSource};
-use gpu_exporter::pods::fake::{Assignments, FakeKubelet};
 use gpu_exporter::pods::kubelet::{KubeletPodResources, MAX_REPLY_BYTES};
 use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::proto::pod_resources_lister_server::{
@@ -41,6 +40,7 @@ use gpu_exporter::pods::refresher::PodResourcesMetrics;
 use gpu_exporter::pods::refresher::{RefreshOutcome, Refresher, RefresherOptions};
 use gpu_exporter::pods::{Attribution, AttributionError, EntityKey, PodResolver};
 use gpu_exporter::sampler::Sampler;
+use gpu_exporter::testing::fake_kubelet::{Assignments, FakeKubelet};
 
 use common::series;
 

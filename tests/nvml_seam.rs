@@ -13,13 +13,13 @@ use tower::ServiceExt;
 
 use gpu_exporter::catalog;
 use gpu_exporter::config::BUILTIN_COUNTERS;
-use gpu_exporter::gpu::nvml::fake::{FakeGpu, FakeNvml};
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::http::{router, AppState, HttpMetrics};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Published, Sampler, SamplerMetrics, SamplerOptions};
 use gpu_exporter::snapshot::BuildOptions;
+use gpu_exporter::testing::fake_nvml::{FakeGpu, FakeNvml};
 
 fn options() -> SamplerOptions {
     SamplerOptions {

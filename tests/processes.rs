@@ -33,11 +33,11 @@ use gpu_exporter::pods::cri_proto::{
 };
 use gpu_exporter::pods::cri_refresher::{CriMetrics, CriOptions, CriRefresher};
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory, RuntimeSnapshot};
-use gpu_exporter::pods::fake::Assignments;
-use gpu_exporter::pods::fake_cri::FakeRuntime;
 use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::refresher::RefreshOutcome;
 use gpu_exporter::sampler::Sampler;
+use gpu_exporter::testing::fake_cri::FakeRuntime;
+use gpu_exporter::testing::fake_kubelet::Assignments;
 
 use common::{series, SelfMetrics};
 
@@ -378,7 +378,7 @@ async fn runtime_failures_are_classified_and_name_the_socket() {
     let (_tx, rx) = watch::channel(Default::default());
     let server = serve(
         &other,
-        gpu_exporter::pods::fake::FakeKubelet::new(rx).into_service(),
+        gpu_exporter::testing::fake_kubelet::FakeKubelet::new(rx).into_service(),
     );
     let e = cri_client(&other).list().await.unwrap_err();
     assert_eq!(e.reason(), "rejected", "{e:?}");

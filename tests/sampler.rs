@@ -18,11 +18,11 @@ use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{
     Device, DeviceSample, FieldError, FieldGap, GpuSource, SourceError, XidEvent,
 };
-use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::proto::ListPodResourcesResponse;
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::{Attribution, AttributionError, PodResolver};
 use gpu_exporter::sampler::{Published, Sampler, SamplerOptions};
+use gpu_exporter::testing::fake_kubelet::Assignments;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

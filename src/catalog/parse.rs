@@ -1,16 +1,18 @@
 //! Pure parser for dcgm-exporter's metrics CSV: `DCGM field name, Prometheus type, help`.
 //!
 //! The format is dcgm-exporter's own (Go `encoding/csv` with `#` comments, fields trimmed,
-//! exactly three columns), so GPU Operator ConfigMaps load unchanged. Rows naming a real DCGM
-//! field that gpu-exporter does not collect are skipped and reported back, as dcgm-exporter
-//! skips profiling fields it cannot watch; everything else that is wrong is an error naming the
-//! file, the 1-based line and the reason.
+//! exactly three columns; the records are read with the `csv` crate, in `gocsv`), so GPU
+//! Operator ConfigMaps load unchanged. Rows naming a real DCGM field that gpu-exporter does not
+//! collect are skipped and reported back, as dcgm-exporter skips profiling fields it cannot
+//! watch; everything else that is wrong is an error naming the file, the 1-based line and the
+//! reason.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use super::field::{self, ValueKind};
-use super::{Catalog, CatalogError, Defect, MetricSpec, MetricType, Skipped};
+use super::gocsv;
+use super::model::{Catalog, CatalogError, Defect, MetricSpec, MetricType, Skipped};
 
 /// Parses CSV text. `origin` names the file in errors (usually its path).
 ///
@@ -20,7 +22,6 @@ use super::{Catalog, CatalogError, Defect, MetricSpec, MetricType, Skipped};
 /// [`CatalogError::Invalid`] for the first defective row, with its line number;
 /// [`CatalogError::Empty`] if no row is a metric.
 pub fn parse(text: &str, origin: &str) -> Result<(Catalog, Vec<Skipped>), CatalogError> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let invalid = |line: u64, defect: Defect| CatalogError::Invalid {
         origin: origin.to_owned(),
         line,
@@ -31,13 +32,8 @@ pub fn parse(text: &str, origin: &str) -> Result<(Catalog, Vec<Skipped>), Catalo
     let mut skipped = Vec::new();
     let mut seen: HashMap<String, (u64, MetricType)> = HashMap::new();
 
-    for (idx, raw) in text.lines().enumerate() {
-        let line = idx as u64 + 1;
-        let trimmed = raw.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        let record = split_record(trimmed).map_err(|e| invalid(line, Defect::Syntax(e)))?;
+    let records = gocsv::records(text).map_err(|(line, e)| invalid(line, Defect::Syntax(e)))?;
+    for (line, record) in records {
         if record.len() != 3 {
             return Err(invalid(line, Defect::ColumnCount(record.len())));
         }
@@ -107,61 +103,6 @@ pub fn parse(text: &str, origin: &str) -> Result<(Catalog, Vec<Skipped>), Catalo
     // dcgm-exporter's template ranges over a Go map of label fields, i.e. sorted by name.
     labels.sort_by(|a, b| a.name.cmp(&b.name));
     Ok((Catalog { metrics, labels }, skipped))
-}
-
-/// Splits one CSV line as Go's `encoding/csv` does with `TrimLeadingSpace`: fields separated by
-/// commas, surrounding blanks trimmed, a field may be double-quoted (`""` is a literal quote) so
-/// that it can contain commas.
-fn split_record(line: &str) -> Result<Vec<String>, String> {
-    let mut fields = Vec::new();
-    let mut chars = line.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
-            chars.next();
-        }
-        let mut field = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            loop {
-                match chars.next() {
-                    Some('"') if chars.peek() == Some(&'"') => {
-                        chars.next();
-                        field.push('"');
-                    }
-                    Some('"') => break,
-                    Some(c) => field.push(c),
-                    None => return Err("unterminated quoted field".to_owned()),
-                }
-            }
-            while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
-                chars.next();
-            }
-            match chars.next() {
-                None => {
-                    fields.push(field);
-                    return Ok(fields);
-                }
-                Some(',') => fields.push(field),
-                Some(c) => return Err(format!("unexpected {c:?} after a closing quote")),
-            }
-        } else {
-            let mut ended = true;
-            for c in chars.by_ref() {
-                if c == ',' {
-                    ended = false;
-                    break;
-                }
-                if c == '"' {
-                    return Err("bare \" in a non-quoted field".to_owned());
-                }
-                field.push(c);
-            }
-            fields.push(field.trim().to_owned());
-            if ended {
-                return Ok(fields);
-            }
-        }
-    }
 }
 
 impl MetricType {

@@ -9,7 +9,7 @@
 //! - [`goflags`]: dcgm-exporter's (Go's) syntax on top of clap: `--bool=false`, ParseBool
 //!   environment values, empty variables unset, errors naming the variable; which settings were
 //!   given explicitly.
-//! - [`file`]: dcgm-exporter's YAML `--config-file`, applied to what was not given explicitly.
+//! - [`file`](mod@file): dcgm-exporter's YAML `--config-file`, applied to what was not given explicitly.
 //! - `args`: the clap [`Args`] (flags, environment variables, defaults) and their enums.
 //! - `resolve`: [`Config::resolve`], from [`Args`] to [`Config`]: files read, flags checked
 //!   against each other, notices for flags without effect; `error`: its [`ConfigError`].

@@ -59,21 +59,40 @@ pub enum Phase {
     Idle,
 }
 
+/// A connection's own state. The request path changes it without the [`Registry`]'s lock (a
+/// keep-alive scraper's requests touch nothing shared); the registry reads it when it picks a
+/// victim.
 #[derive(Debug)]
 struct State {
     phase: Phase,
     since: Instant,
-    /// The instant the watchdog sleeps until (`None`: it is not sleeping). A phase change wakes
-    /// it only when the new deadline comes before this; otherwise it wakes at this instant,
-    /// finds the later deadline and sleeps again. A keep-alive connection answering requests
-    /// back to back thus moves its deadlines without waking the watchdog for each request.
-    armed: Option<Instant>,
-    /// Times a phase change woke the watchdog.
-    wakes: u64,
+    /// Answering a request (from its head to its response flushed); between requests otherwise.
+    busy: bool,
+    /// When the connection last became busy or idle: the order in which idle ones give way.
+    busy_or_idle_since: Instant,
+    /// Filed with the registry as past its first request (done once, at that request).
+    filed_active: bool,
+    /// Times the watch's timer fired (it is set for at most [`PhaseTimeouts::cap`], so that no
+    /// phase change has to reset it).
+    watchdog_wakes: u64,
     /// The response body has been handed to hyper (`Serving` only).
     body_done: bool,
     /// Bytes of a next request arrived while serving (pipelining or a slow trickle).
     read_while_serving: bool,
+    /// Decided from outside (see [`Conn::watch`]): close (evicted), or shut down gracefully.
+    close: Option<CloseReason>,
+    stop: bool,
+    /// The connection's task, woken when one of those is decided.
+    task: Option<std::task::Waker>,
+}
+
+/// What a connection must do ([`Conn::watch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The server is shutting down: finish the request in flight, then close.
+    Stop,
+    /// Close now, for this reason.
+    Close(CloseReason),
 }
 
 /// One open connection, shared by its I/O wrapper, its service and its watchdog.
@@ -81,32 +100,29 @@ struct State {
 pub struct Conn {
     id: u64,
     registry: Arc<Registry>,
-    state: Mutex<State>,
-    /// Woken on a phase change whose deadline comes before the watchdog's wake-up.
-    changed: Notify,
-    /// Woken when the registry evicts this connection.
-    evict: Arc<Notify>,
+    /// Shared with the registry's entry, which reads it to pick a victim and writes its
+    /// decisions (evicted, stop) into it.
+    state: Arc<Mutex<State>>,
     /// The client's TLS handshake slots.
     handshakes: Arc<Semaphore>,
 }
 
+fn lock_state(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Conn {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock_state(&self.state)
     }
 
-    /// Moves to `phase` now; returns the instant (one clock read serves the registry too).
-    fn enter(&self, s: &mut State, phase: Phase) -> Instant {
+    /// Moves to `phase` now; returns the instant. The watchdog is not told: it never sleeps
+    /// past the earliest deadline a phase change could bring (see [`PhaseTimeouts::cap`]).
+    fn enter(s: &mut State, phase: Phase) -> Instant {
         s.phase = phase;
         s.since = Instant::now();
-        let deadline = s.since + self.registry.timeouts.of(phase).0;
-        if s.armed.is_some_and(|armed| deadline < armed) {
-            s.armed = None;
-            s.wakes += 1;
-            self.changed.notify_one();
-        }
         s.since
     }
 
@@ -134,7 +150,7 @@ impl Conn {
     pub fn handshake_done(&self) {
         let mut s = self.lock();
         if s.phase == Phase::Handshake {
-            self.enter(&mut s, Phase::FirstByte);
+            Self::enter(&mut s, Phase::FirstByte);
         }
     }
 
@@ -143,21 +159,26 @@ impl Conn {
         let mut s = self.lock();
         match s.phase {
             Phase::FirstByte | Phase::Idle => {
-                self.enter(&mut s, Phase::Head);
+                Self::enter(&mut s, Phase::Head);
             }
             Phase::Serving => s.read_while_serving = true,
             Phase::Handshake | Phase::Head => {}
         }
     }
 
-    /// A complete request head was read and is being answered.
+    /// A complete request head was read and is being answered. Only a connection's first
+    /// request is reported to the registry; later ones change this connection's state alone.
     pub fn request_started(&self) {
         let mut s = self.lock();
         s.body_done = false;
         s.read_while_serving = false;
-        let now = self.enter(&mut s, Phase::Serving);
+        s.busy = true;
+        s.busy_or_idle_since = Self::enter(&mut s, Phase::Serving);
+        let first = !std::mem::replace(&mut s.filed_active, true);
         drop(s);
-        self.registry.busy(self.id, now);
+        if first {
+            self.registry.file_active(self.id);
+        }
     }
 
     /// hyper has taken the whole response body.
@@ -177,46 +198,84 @@ impl Conn {
         } else {
             Phase::Idle
         };
-        let now = self.enter(&mut s, next);
-        drop(s);
-        self.registry.idle(self.id, now);
+        s.busy = false;
+        s.busy_or_idle_since = Self::enter(&mut s, next);
     }
 
-    /// The current phase's deadline, and arms the wake-up at it.
-    fn arm(&self, timeouts: &PhaseTimeouts) -> (Instant, CloseReason) {
-        let mut s = self.lock();
-        let (timeout, reason) = timeouts.of(s.phase);
-        let deadline = s.since + timeout;
-        s.armed = Some(deadline);
-        (deadline, reason)
-    }
-
-    /// Resolves when the connection must close: its phase's deadline passed, or it was evicted.
+    /// Resolves when the connection must close: its phase's deadline passed, it was evicted
+    /// or the server stops ([`CloseReason::Shutdown`]).
     pub async fn watchdog(&self, limits: &Limits) -> CloseReason {
+        match self.watch(limits).await {
+            Decision::Close(reason) => reason,
+            Decision::Stop => CloseReason::Shutdown,
+        }
+    }
+
+    /// Resolves with what the connection must do: close (a phase's deadline passed, or it was
+    /// evicted), or finish its request and close (the server stops: said once).
+    ///
+    /// Polled on each of the connection task's wake-ups (several per request), so it is cheap:
+    /// one lock of this connection's own state and a look at one timer. Phase changes do not
+    /// reset the timer: it fires at the current phase's deadline or after
+    /// [`PhaseTimeouts::cap`], whichever comes first, and is then set again. No phase that can
+    /// follow has a shorter timeout than that cap, so no deadline passes unseen, and a
+    /// keep-alive connection answering requests back to back never touches its timer.
+    pub async fn watch(&self, limits: &Limits) -> Decision {
         let timeouts = PhaseTimeouts::from(limits);
-        let result = async {
-            loop {
-                let changed = self.changed.notified();
-                let (deadline, reason) = self.arm(&timeouts);
-                if Instant::now() >= deadline {
-                    return reason;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep_until(deadline) => {
-                        // A later phase may have moved the deadline meanwhile: re-read it.
-                        let (now_due, reason) = self.arm(&timeouts);
-                        if Instant::now() >= now_due {
-                            return reason;
-                        }
-                    }
-                    () = changed => {}
-                    () = self.evict.notified() => return CloseReason::Evicted,
-                }
+        let timer = tokio::time::sleep_until(Instant::now());
+        let mut timer = std::pin::pin!(timer);
+        loop {
+            // The clock first: a phase entered after this instant has a deadline past `wake`.
+            let now = Instant::now();
+            let (deadline, reason, cap) = {
+                let s = self.lock();
+                let (timeout, reason) = timeouts.of(s.phase);
+                (s.since + timeout, reason, timeouts.cap(s.phase))
+            };
+            if now >= deadline {
+                return Decision::Close(reason);
+            }
+            timer.as_mut().reset(deadline.min(now + cap));
+            tokio::select! {
+                biased;
+                decision = self.decision() => return decision,
+                () = timer.as_mut() => self.lock().watchdog_wakes += 1,
             }
         }
-        .await;
-        self.lock().armed = None;
-        result
+    }
+
+    /// Resolves with the next decision made for this connection from outside (evicted, or
+    /// the server stops); [`Decision::Stop`] is given once.
+    fn decision(&self) -> impl std::future::Future<Output = Decision> + '_ {
+        std::future::poll_fn(move |cx| {
+            let mut s = self.lock();
+            if let Some(reason) = s.close {
+                return Poll::Ready(Decision::Close(reason));
+            }
+            if std::mem::take(&mut s.stop) {
+                return Poll::Ready(Decision::Stop);
+            }
+            if !s.task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                s.task = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+    }
+}
+
+/// Tells a connection (through its state) what it must do, and wakes its task.
+fn decide(state: &Mutex<State>, decision: Decision) {
+    let mut s = lock_state(state);
+    match decision {
+        Decision::Stop => s.stop = true,
+        Decision::Close(reason) => {
+            s.close.get_or_insert(reason);
+        }
+    }
+    let task = s.task.take();
+    drop(s);
+    if let Some(t) = task {
+        t.wake();
     }
 }
 
@@ -243,6 +302,17 @@ impl From<&Limits> for PhaseTimeouts {
 }
 
 impl PhaseTimeouts {
+    /// The longest the watchdog sleeps in `phase` before looking again: the shortest timeout
+    /// of the phases that can follow it. A phase entered after the watchdog went to sleep thus
+    /// has its deadline no earlier than the wake-up.
+    fn cap(&self, phase: Phase) -> Duration {
+        let after_first_byte = self.head.min(self.serving).min(self.idle);
+        match phase {
+            Phase::Handshake => after_first_byte.min(self.first_byte),
+            Phase::FirstByte | Phase::Head | Phase::Serving | Phase::Idle => after_first_byte,
+        }
+    }
+
     fn of(&self, phase: Phase) -> (Duration, CloseReason) {
         match phase {
             Phase::Handshake => (self.handshake, CloseReason::HandshakeTimeout),
@@ -276,10 +346,9 @@ enum Class {
     Waiting,
     /// Has sent bytes, but not a complete first request head yet (TLS handshake or head).
     Opening,
-    /// Between requests since the instant.
-    Idle(Instant),
-    /// Answering a request since the instant.
-    Busy(Instant),
+    /// Has had a request answered, or is answering its first: idle or busy, as its own state
+    /// says (read when a victim is picked, so requests do not update the registry).
+    Proven,
     /// Told to close; counted against neither limit any more.
     Evicting,
 }
@@ -287,7 +356,7 @@ enum Class {
 impl Class {
     /// Past the first byte: holding buffers.
     fn active(self) -> bool {
-        matches!(self, Class::Opening | Class::Idle(_) | Class::Busy(_))
+        matches!(self, Class::Opening | Class::Proven)
     }
 }
 
@@ -295,7 +364,7 @@ impl Class {
 struct Entry {
     peer: IpAddr,
     class: Class,
-    evict: Arc<Notify>,
+    state: Arc<Mutex<State>>,
 }
 
 #[derive(Debug)]
@@ -305,8 +374,7 @@ struct Peer {
     open: usize,
     waiting: BTreeSet<u64>,
     opening: BTreeSet<u64>,
-    idle: BTreeSet<(Instant, u64)>,
-    busy: BTreeSet<(Instant, u64)>,
+    proven: BTreeSet<u64>,
 }
 
 impl Default for Peer {
@@ -316,8 +384,7 @@ impl Default for Peer {
             open: 0,
             waiting: BTreeSet::new(),
             opening: BTreeSet::new(),
-            idle: BTreeSet::new(),
-            busy: BTreeSet::new(),
+            proven: BTreeSet::new(),
         }
     }
 }
@@ -332,46 +399,39 @@ impl Default for Peer {
 pub const MAX_HANDSHAKES_PER_CLIENT: usize = 4;
 
 impl Peer {
-    fn forget(&mut self, id: u64, class: Class) {
+    fn set(&mut self, class: Class) -> Option<&mut BTreeSet<u64>> {
         match class {
-            Class::Waiting => {
-                self.waiting.remove(&id);
-            }
-            Class::Opening => {
-                self.opening.remove(&id);
-            }
-            Class::Idle(t) => {
-                self.idle.remove(&(t, id));
-            }
-            Class::Busy(t) => {
-                self.busy.remove(&(t, id));
-            }
-            Class::Evicting => {}
+            Class::Waiting => Some(&mut self.waiting),
+            Class::Opening => Some(&mut self.opening),
+            Class::Proven => Some(&mut self.proven),
+            Class::Evicting => None,
+        }
+    }
+
+    fn forget(&mut self, id: u64, class: Class) {
+        if let Some(set) = self.set(class) {
+            set.remove(&id);
         }
     }
 
     fn file(&mut self, id: u64, class: Class) {
-        match class {
-            Class::Waiting => {
-                self.waiting.insert(id);
-            }
-            Class::Opening => {
-                self.opening.insert(id);
-            }
-            Class::Idle(t) => {
-                self.idle.insert((t, id));
-            }
-            Class::Busy(t) => {
-                self.busy.insert((t, id));
-            }
-            Class::Evicting => {}
+        if let Some(set) = self.set(class) {
+            set.insert(id);
         }
     }
 
     /// This client's connection that gives way first: one that has sent nothing (the oldest),
     /// else one still opening (the oldest), else the one idle the longest, else one answering
     /// a request for at least `busy_after`. `active_only`: skip those that have sent nothing.
-    fn victim(&self, active_only: bool, now: Instant, busy_after: Duration) -> Option<u64> {
+    /// Proven connections are looked at one by one (their state is their own): a cost paid at
+    /// eviction, bounded by the client's active connections, instead of on every request.
+    fn victim(
+        &self,
+        conns: &HashMap<u64, Entry>,
+        active_only: bool,
+        now: Instant,
+        busy_after: Duration,
+    ) -> Option<u64> {
         let waiting = if active_only {
             None
         } else {
@@ -379,12 +439,20 @@ impl Peer {
         };
         waiting
             .or_else(|| self.opening.first().copied())
-            .or_else(|| self.idle.first().map(|&(_, id)| id))
             .or_else(|| {
-                self.busy
-                    .first()
-                    .filter(|(since, _)| now.duration_since(*since) >= busy_after)
-                    .map(|&(_, id)| id)
+                let mut idle: Option<(Instant, u64)> = None;
+                let mut busy: Option<(Instant, u64)> = None;
+                for &id in &self.proven {
+                    let Some(e) = conns.get(&id) else { continue };
+                    let s = lock_state(&e.state);
+                    let slot = if s.busy { &mut busy } else { &mut idle };
+                    let key = (s.busy_or_idle_since, id);
+                    if slot.is_none_or(|k| key < k) {
+                        *slot = Some(key);
+                    }
+                }
+                idle.or(busy.filter(|&(since, _)| now.duration_since(since) >= busy_after))
+                    .map(|(_, id)| id)
             })
     }
 }
@@ -435,17 +503,17 @@ impl Inner {
     /// Picks a victim from the heaviest client that has one, and tells it to close; `false`
     /// when nothing may be evicted.
     fn evict_one(&mut self, active_only: bool, now: Instant, busy_after: Duration) -> bool {
-        let victim = self
-            .load
-            .iter()
-            .rev()
-            .find_map(|(_, ip)| self.peers.get(ip)?.victim(active_only, now, busy_after));
+        let victim = self.load.iter().rev().find_map(|(_, ip)| {
+            self.peers
+                .get(ip)?
+                .victim(&self.conns, active_only, now, busy_after)
+        });
         let Some(id) = victim else {
             return false;
         };
         self.reclass(id, Class::Evicting);
         if let Some(e) = self.conns.get(&id) {
-            e.evict.notify_one();
+            decide(&e.state, Decision::Close(CloseReason::Evicted));
         }
         self.evicting += 1;
         true
@@ -455,8 +523,6 @@ impl Inner {
 /// Every open connection of one server, with the eviction policy.
 #[derive(Debug)]
 pub struct Registry {
-    /// The phase deadlines, for deciding whether a phase change must wake the watchdog.
-    timeouts: PhaseTimeouts,
     limit: usize,
     active_limit: usize,
     busy_evictable_after: Duration,
@@ -479,7 +545,6 @@ impl Registry {
         let active_limit = limits.max_active_connections.clamp(1, limit);
         metrics.set_limits(limit, active_limit);
         Arc::new(Self {
-            timeouts: PhaseTimeouts::from(limits),
             limit,
             active_limit,
             busy_evictable_after: limits.busy_evictable_after,
@@ -518,13 +583,30 @@ impl Registry {
         }
         let id = g.next_id;
         g.next_id += 1;
-        let evict = Arc::new(Notify::new());
+        let phase = if tls {
+            Phase::Handshake
+        } else {
+            Phase::FirstByte
+        };
+        let state = Arc::new(Mutex::new(State {
+            phase,
+            since: now,
+            busy: false,
+            busy_or_idle_since: now,
+            filed_active: false,
+            watchdog_wakes: 0,
+            body_done: false,
+            read_while_serving: false,
+            close: None,
+            stop: false,
+            task: None,
+        }));
         g.conns.insert(
             id,
             Entry {
                 peer,
                 class: Class::Waiting,
-                evict: Arc::clone(&evict),
+                state: Arc::clone(&state),
             },
         );
         let p = g.peers.entry(peer).or_default();
@@ -534,25 +616,11 @@ impl Registry {
         let handshakes = Arc::clone(&p.handshakes);
         g.set_load(peer, open - 1, open);
         self.publish(g);
-        let phase = if tls {
-            Phase::Handshake
-        } else {
-            Phase::FirstByte
-        };
         Some(Admitted {
             conn: Arc::new(Conn {
                 id,
                 registry: Arc::clone(self),
-                state: Mutex::new(State {
-                    phase,
-                    since: now,
-                    armed: None,
-                    wakes: 0,
-                    body_done: false,
-                    read_while_serving: false,
-                }),
-                changed: Notify::new(),
-                evict,
+                state,
                 handshakes,
             }),
             reason: CloseReason::Closed,
@@ -578,12 +646,10 @@ impl Registry {
         true
     }
 
-    fn busy(&self, id: u64, since: Instant) {
-        self.lock().reclass(id, Class::Busy(since));
-    }
-
-    fn idle(&self, id: u64, since: Instant) {
-        self.lock().reclass(id, Class::Idle(since));
+    /// The connection's first request is being answered: from now on its own state says
+    /// whether it is idle or busy.
+    fn file_active(&self, id: u64) {
+        self.lock().reclass(id, Class::Proven);
     }
 
     fn remove(&self, id: u64, reason: CloseReason) {
@@ -623,6 +689,20 @@ impl Registry {
                 return;
             }
             gone.await;
+        }
+    }
+
+    /// The server stops: every open connection finishes the request it is answering (if any)
+    /// and closes ([`Conn::watch`]).
+    pub fn stop_all(&self) {
+        let states: Vec<_> = self
+            .lock()
+            .conns
+            .values()
+            .map(|e| Arc::clone(&e.state))
+            .collect();
+        for s in states {
+            decide(&s, Decision::Stop);
         }
     }
 
@@ -949,21 +1029,90 @@ mod tests {
             (c.watchdog(&Limits::default()).await, start.elapsed())
         });
         tokio::task::yield_now().await;
-        // A keep-alive scraper's requests, each moving the phase four times: the deadlines
-        // only move later than the one the watchdog waits for, so it is not woken.
+        // A keep-alive scraper's requests, each moving the phase four times: none wakes it.
         for _ in 0..100 {
             serve_one(&t);
             tokio::task::yield_now().await;
         }
-        assert_eq!(t.conn.lock().wakes, 0);
-        // A phase whose deadline is earlier than the one waited for still wakes it, and the
-        // deadline is exact: idle, then a request head's first byte 60 s later.
+        assert_eq!(t.conn.lock().watchdog_wakes, 0);
+        // Idle for 60 s: it looks again once per cap (the shortest timeout that can follow),
+        // and a request head's first byte then still gets its exact deadline.
+        let cap = PhaseTimeouts::from(&limits).cap(Phase::Idle);
+        assert_eq!(cap, limits.header_read_timeout);
         tokio::time::sleep(Duration::from_secs(60)).await;
         t.conn.read_some();
         let (reason, after) = watch.await.unwrap();
         assert_eq!(reason, CloseReason::HeaderTimeout);
         assert_eq!(after, Duration::from_secs(60) + limits.header_read_timeout);
-        assert_eq!(t.conn.lock().wakes, 1);
+        let wakes = t.conn.lock().watchdog_wakes;
+        // One per cap, and one at the first-byte deadline it slept towards at the start.
+        let most =
+            (Duration::from_secs(60) + limits.header_read_timeout).as_secs() / cap.as_secs() + 1;
+        assert!(
+            (1..=most).contains(&wakes),
+            "{wakes} wake-ups, at most {most}"
+        );
+    }
+
+    #[test]
+    fn no_phase_that_can_follow_has_a_deadline_before_the_watchdogs_wake_up() {
+        let limits = Limits {
+            handshake_timeout: Duration::from_secs(7),
+            first_byte_timeout: Duration::from_secs(1),
+            header_read_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(3),
+            idle_timeout: Duration::from_secs(9),
+            ..Limits::default()
+        };
+        let t = PhaseTimeouts::from(&limits);
+        // Which phase may follow which (Conn::handshake_done, read_some, request_started,
+        // quiet), and the closure of that relation.
+        let next = |p: Phase| match p {
+            Phase::Handshake => vec![Phase::FirstByte],
+            Phase::FirstByte => vec![Phase::Head],
+            Phase::Head => vec![Phase::Serving],
+            Phase::Serving => vec![Phase::Idle, Phase::Head],
+            Phase::Idle => vec![Phase::Head],
+        };
+        let all = [
+            Phase::Handshake,
+            Phase::FirstByte,
+            Phase::Head,
+            Phase::Serving,
+            Phase::Idle,
+        ];
+        for p in all {
+            let mut seen = Vec::new();
+            let mut todo = next(p);
+            while let Some(q) = todo.pop() {
+                if !seen.contains(&q) {
+                    seen.push(q);
+                    todo.extend(next(q));
+                }
+            }
+            let shortest = seen.iter().map(|&q| t.of(q).0).min().unwrap();
+            assert_eq!(t.cap(p), shortest, "{p:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_stop_a_connection_is_told_once_and_its_deadlines_still_hold() {
+        let limits = Limits::default();
+        let (reg, _) = registry(8);
+        let t = reg.admit(ip(1), false).unwrap();
+        serve_one(&t);
+        let start = Instant::now();
+        reg.stop_all();
+        assert_eq!(t.conn.watch(&limits).await, Decision::Stop);
+        assert_eq!(
+            t.conn.watch(&limits).await,
+            Decision::Close(CloseReason::IdleTimeout)
+        );
+        assert_eq!(start.elapsed(), limits.idle_timeout);
+        // Before its first byte, a stop closes it at once.
+        let u = reg.admit(ip(1), false).unwrap();
+        reg.stop_all();
+        assert_eq!(u.conn.watchdog(&limits).await, CloseReason::Shutdown);
     }
 
     #[tokio::test(start_paused = true)]

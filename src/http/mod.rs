@@ -20,26 +20,27 @@ pub mod metrics;
 mod routes;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, Request, StatusCode};
 use axum::response::Response;
-use axum::Router;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use conn::{Conn, Registry};
+use conn::{Conn, Decision, Registry};
 use io::{Tracked, TrackedBody};
 pub use limits::Limits;
 pub use metrics::{CloseReason, HttpMetrics, RejectReason};
 use routes::plain;
 pub use routes::{
-    accepts_gzip, accepts_gzip_in, router, router_with, AppState, HttpOptions, CONTENT_TYPE,
-    PROBE_PATHS,
+    accepts_gzip, accepts_gzip_in, app_with, router, router_with, App, AppState, HttpOptions,
+    CONTENT_TYPE, PROBE_PATHS,
 };
 
 use crate::web::auth::Verdict;
@@ -64,21 +65,22 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Serves `router` on `listener` with default [`Limits`] and no web configuration, until
-/// `shutdown` resolves, then finishes in-flight requests.
+/// Serves `router` (an `axum::Router` or an [`App`]) on `listener` with default [`Limits`] and no
+/// web configuration, until `shutdown` resolves, then finishes in-flight requests.
 ///
 /// # Errors
 /// None at present (accept errors are logged and retried); the type is kept for callers.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    router: impl Into<App>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = Arc::new(HttpMetrics::default());
     serve_with(listener, router, Limits::default(), None, metrics, shutdown).await
 }
 
-/// Serves `router` on `listener` applying `limits` and, when given, the web configuration
+/// Serves `router` (an `axum::Router` or an [`App`]) on `listener` applying `limits` and, when
+/// given, the web configuration
 /// (TLS, basic auth, rate limit, headers) until `shutdown` resolves; then lets open
 /// connections finish their current request. Connection figures go to `metrics`.
 ///
@@ -86,12 +88,13 @@ pub async fn serve(
 /// None at present (accept errors are logged and retried); the type is kept for callers.
 pub async fn serve_with(
     listener: TcpListener,
-    router: Router,
+    router: impl Into<App>,
     limits: Limits,
     web: Option<Arc<WebSecurity>>,
     metrics: Arc<HttpMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let app = Arc::new(router.into());
     let stop = CancellationToken::new();
     if let Some(w) = &web {
         // The files are re-read by a thread of their own, never on this loop.
@@ -124,13 +127,12 @@ pub async fn serve_with(
             continue;
         };
         let ctx = Ctx {
-            router: router.clone(),
+            app: Arc::clone(&app),
             limits: Arc::clone(&limits),
             web: web.clone(),
             tls,
             metrics: Arc::clone(&metrics),
             peer,
-            stop: stop.clone(),
         };
         tokio::spawn(async move {
             let mut admitted = admitted;
@@ -138,19 +140,19 @@ pub async fn serve_with(
         });
     }
     stop.cancel();
+    registry.stop_all();
     registry.drained().await;
     Ok(())
 }
 
 /// What one connection's tasks share.
 struct Ctx {
-    router: Router,
+    app: Arc<App>,
     limits: Arc<Limits>,
     web: Option<Arc<WebSecurity>>,
     tls: Option<Arc<rustls::ServerConfig>>,
     metrics: Arc<HttpMetrics>,
     peer: SocketAddr,
-    stop: CancellationToken,
 }
 
 /// The byte stream after the first byte arrived (and the TLS handshake, if any).
@@ -215,7 +217,6 @@ async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> Clos
             Err(reason) => return reason,
         },
         reason = conn.watchdog(&ctx.limits) => return reason,
-        () = ctx.stop.cancelled() => return CloseReason::Shutdown,
     };
     match stream {
         Stream::Plain(s) => Box::pin(serve_http1(s, conn, ctx, false)).await,
@@ -231,28 +232,26 @@ where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let Ctx {
-        router,
+        app,
         limits,
         web,
         tls: _,
         metrics,
         peer,
-        stop,
     } = ctx;
-    let request_timeout = limits.request_timeout;
+    let per_conn = Arc::new(PerConn {
+        app: App::clone(&app),
+        request_timeout: limits.request_timeout,
+        web,
+        metrics,
+        client: peer.ip(),
+        client_cert,
+    });
     let service_conn = Arc::clone(conn);
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         service_conn.request_started();
         let done = Arc::clone(&service_conn);
-        let work = handle(
-            router.clone(),
-            request_timeout,
-            web.clone(),
-            Arc::clone(&metrics),
-            peer.ip(),
-            client_cert,
-            req,
-        );
+        let work = handle(Arc::clone(&per_conn), req);
         async move {
             let response = work.await;
             Ok::<_, Infallible>(response.map(|b| TrackedBody::new(b, done)))
@@ -267,6 +266,7 @@ where
     let mut stopping = false;
     loop {
         tokio::select! {
+            biased;
             r = http.as_mut() => return match r {
                 Ok(()) if stopping => CloseReason::Shutdown,
                 Ok(()) => CloseReason::Closed,
@@ -275,24 +275,39 @@ where
                     CloseReason::Error
                 }
             },
-            reason = conn.watchdog(&limits) => return reason,
-            () = stop.cancelled(), if !stopping => {
-                stopping = true;
-                http.as_mut().graceful_shutdown();
-            }
+            decision = conn.watch(&limits) => match decision {
+                Decision::Close(reason) => return reason,
+                Decision::Stop => {
+                    stopping = true;
+                    http.as_mut().graceful_shutdown();
+                }
+            },
         }
     }
 }
 
-async fn handle(
-    router: Router,
+/// What one connection's requests need. Held once per connection and cloned per request: a
+/// reference count no other connection touches. (The server-wide handles, shared by every
+/// connection, would have their counts bounce between CPUs on every scrape.)
+struct PerConn {
+    app: App,
     request_timeout: Duration,
     web: Option<Arc<WebSecurity>>,
     metrics: Arc<HttpMetrics>,
     client: IpAddr,
     client_cert: bool,
-    req: Request<hyper::body::Incoming>,
-) -> Response {
+}
+
+async fn handle(per_conn: Arc<PerConn>, req: Request<hyper::body::Incoming>) -> Response {
+    let PerConn {
+        app,
+        request_timeout,
+        web,
+        metrics,
+        client,
+        client_cert,
+    } = &*per_conn;
+    let (client, client_cert) = (*client, *client_cert);
     // The settings in force for this request: a password revoked since the connection opened
     // no longer works on it.
     let active: Option<Arc<Active>> = web.as_ref().map(|w| w.current());
@@ -336,14 +351,29 @@ async fn handle(
                 }
             }
         }
-        match router.oneshot(req.map(axum::body::Body::new)).await {
+        if let Some(r) = app.direct_metrics(&req) {
+            return r;
+        }
+        match app
+            .router
+            .clone()
+            .oneshot(req.map(axum::body::Body::new))
+            .await
+        {
             Ok(r) => r,
             Err(never) => match never {},
         }
     };
-    let mut response = match tokio::time::timeout(request_timeout, work).await {
-        Ok(r) => r,
-        Err(_) => plain(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
+    // Most answers (`/metrics` above all) are ready at the first poll: the timer is only set
+    // for one that is not, so the common case does not register and cancel a timer.
+    let mut work = std::pin::pin!(work);
+    let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+    let mut response = match first {
+        Poll::Ready(r) => r,
+        Poll::Pending => match tokio::time::timeout(*request_timeout, work).await {
+            Ok(r) => r,
+            Err(_) => plain(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
+        },
     };
     if let Some(a) = &active {
         for (k, v) in &a.headers {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -66,17 +66,56 @@ pub fn router(state: AppState) -> Router {
 
 /// Builds the router with `opts`.
 pub fn router_with(state: AppState, opts: HttpOptions) -> Router {
-    Router::new()
+    app_with(state, opts).router
+}
+
+/// What [`super::serve_with`] serves: a router, and, from [`app_with`], the `/metrics`
+/// endpoint answered without it. A scrape is the one request served thousands of times a
+/// second; the router's per-request machinery (cloning the route, boxing the handler's future,
+/// request extensions) cost about as much as the rest of the exporter's work per scrape.
+#[derive(Debug, Clone)]
+pub struct App {
+    pub(super) router: Router,
+    metrics: Option<Shared>,
+}
+
+impl From<Router> for App {
+    fn from(router: Router) -> Self {
+        App {
+            router,
+            metrics: None,
+        }
+    }
+}
+
+impl App {
+    /// The answer to `GET /metrics` without the router, when this app has one.
+    pub(super) fn direct_metrics<B>(&self, req: &axum::http::Request<B>) -> Option<Response> {
+        let sh = self.metrics.as_ref()?;
+        (req.method() == Method::GET && req.uri().path() == "/metrics")
+            .then(|| metrics_response(sh, req.headers()))
+    }
+}
+
+/// The router with `opts`, and `GET /metrics` answered directly (the same answer, without
+/// the router's machinery).
+pub fn app_with(state: AppState, opts: HttpOptions) -> App {
+    let shared = Shared {
+        app: state,
+        opts: Arc::new(opts),
+        in_flight: Arc::new(AtomicUsize::new(0)),
+    };
+    let router = Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/", get(index))
         .fallback(not_found)
-        .with_state(Shared {
-            app: state,
-            opts: Arc::new(opts),
-            in_flight: Arc::new(AtomicUsize::new(0)),
-        })
+        .with_state(shared.clone());
+    App {
+        router,
+        metrics: Some(shared),
+    }
 }
 
 /// A `/metrics` response slot, given back when the response body is dropped (sent or not).
@@ -93,18 +132,20 @@ impl ScrapeSlot {
     fn take(counter: &Arc<AtomicUsize>, limit: usize) -> Option<ScrapeSlot> {
         counter
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (limit == 0 || n < limit).then_some(n + 1)
+                (n < limit).then_some(n + 1)
             })
             .ok()
             .map(|_| ScrapeSlot(Arc::clone(counter)))
     }
 }
 
-/// A body of one or two byte chunks that holds its scrape slot until dropped.
+/// A body of one or two byte chunks that holds its scrape slot (with
+/// `--max-concurrent-scrapes`) until dropped.
 #[derive(Debug)]
 struct SlotBody {
-    chunks: std::collections::VecDeque<Bytes>,
-    _slot: ScrapeSlot,
+    /// Sent front to back; taken as sent.
+    chunks: [Option<Bytes>; 2],
+    _slot: Option<ScrapeSlot>,
 }
 
 impl http_body::Body for SlotBody {
@@ -115,19 +156,16 @@ impl http_body::Body for SlotBody {
         mut self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        std::task::Poll::Ready(
-            self.chunks
-                .pop_front()
-                .map(|c| Ok(http_body::Frame::data(c))),
-        )
+        let next = self.chunks.iter_mut().find_map(Option::take);
+        std::task::Poll::Ready(next.map(|c| Ok(http_body::Frame::data(c))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty()
+        self.chunks.iter().all(Option::is_none)
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.chunks.iter().map(|c| c.len() as u64).sum())
+        http_body::SizeHint::with_exact(self.chunks.iter().flatten().map(|c| c.len() as u64).sum())
     }
 }
 
@@ -137,17 +175,29 @@ async fn not_found() -> (StatusCode, &'static str) {
 
 // The request itself, not a `HeaderMap` extractor: that one clones every header per scrape.
 async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Response {
+    metrics_response(&sh, req.headers())
+}
+
+/// The answer to a scrape with these request headers.
+fn metrics_response(sh: &Shared, headers: &header::HeaderMap) -> Response {
     let st = &sh.app;
-    let headers = req.headers();
     let published = st.published.borrow().clone();
     let Some(p) = published else {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "no sample taken yet\n");
     };
-    let Some(slot) = ScrapeSlot::take(&sh.in_flight, sh.opts.max_concurrent_scrapes) else {
-        return plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many concurrent scrapes (--max-concurrent-scrapes)\n",
-        );
+    // Without a limit, no slot is counted (a shared counter touched twice per scrape).
+    let limit = sh.opts.max_concurrent_scrapes;
+    let slot = match limit {
+        0 => None,
+        _ => match ScrapeSlot::take(&sh.in_flight, limit) {
+            Some(slot) => Some(slot),
+            None => {
+                return plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many concurrent scrapes (--max-concurrent-scrapes)\n",
+                )
+            }
+        },
     };
     st.metrics.count_scrape();
     // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3).
@@ -157,8 +207,8 @@ async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Respo
             .iter()
             .filter_map(|v| v.to_str().ok()),
     );
-    let mut chunks = std::collections::VecDeque::with_capacity(2);
-    chunks.push_back(if gzip {
+    let mut chunks = [None, None];
+    chunks[0] = Some(if gzip {
         p.gzip_body().clone()
     } else {
         p.body.clone()
@@ -170,7 +220,7 @@ async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Respo
         );
         // With gzip, a second gzip member: a multi-member stream is one gzip body (RFC 1952),
         // and the published body stays compressed once per sample.
-        chunks.push_back(if gzip {
+        chunks[1] = Some(if gzip {
             gzip_member(text.as_bytes())
         } else {
             Bytes::from(text)

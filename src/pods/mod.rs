@@ -15,8 +15,8 @@
 //! - [`procfs`] and [`cgroup`]: a GPU process's PID → its pod UID and container id, from
 //!   `/proc/<pid>/cgroup` under `--path.procfs`.
 //! - [`usage`]: pure, NVML's per-process readings + owners + directory → per-container usage.
-//! - [`fake`] and [`fake_cri`]: the fake kubelet's assignments, pod-resources and CRI servers,
-//!   and proc tree, for running all of it without a cluster.
+//! - The fake kubelet and container runtime, for running all of it without a cluster, are test
+//!   doubles in [`crate::testing`].
 //!
 //! The rest of the pipeline sees only the plain data below.
 
@@ -26,8 +26,6 @@ pub mod cri_proto;
 pub mod cri_refresher;
 pub mod directory;
 pub mod dra;
-pub mod fake;
-pub mod fake_cri;
 mod grpc;
 pub mod kubelet;
 pub mod mapping;

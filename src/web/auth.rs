@@ -32,7 +32,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::sync::{watch, Semaphore};
 
-use super::RateLimiter;
+use super::ratelimit::RateLimiter;
 
 /// bcrypt runs allowed in parallel.
 pub const MAX_CONCURRENT_VERIFICATIONS: usize = 2;

@@ -3,7 +3,7 @@
 //! client-certificate policy.
 //!
 //! Go's `RequestClientCert`/`RequireAnyClientCert` accept any certificate without checking its
-//! chain; rustls has no such verifier, so [`AnyClientCert`] is one (it still checks the handshake
+//! chain; rustls has no such verifier, so `AnyClientCert` is one (it still checks the handshake
 //! signature, so the client must hold the key). `client_allowed_sans` wraps whichever verifier
 //! is in use and rejects a certificate none of whose SANs is listed.
 

@@ -13,11 +13,11 @@ use gpu_exporter::gpu::scenario::{self, Scenario};
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
-use gpu_exporter::pods::fake::Assignments;
 use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
+use gpu_exporter::testing::fake_kubelet::Assignments;
 pub use self_metrics::SelfMetrics;
 use tokio::sync::watch;
 

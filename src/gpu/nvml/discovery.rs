@@ -7,10 +7,14 @@ use std::sync::Arc;
 use crate::gpu::{Device, GpuIdentity, MigInstance, SourceError, Value};
 
 use super::api::{self, ApiError, NvmlApi};
+use super::call::text;
 use super::convert::{self, StaticFact};
-use super::lifecycle::{GpuState, Ready};
-use super::read::text;
-use super::{NvmlError, NvmlSource};
+use super::error::NvmlError;
+use super::events;
+use super::nvlink::Links;
+use super::processes::ProcessTracker;
+use super::state::{GpuState, Ready};
+use super::NvmlSource;
 
 impl<A: NvmlApi> NvmlSource<A> {
     pub(super) fn discover(&self, ready: &mut Ready<A>) -> Result<Vec<Device>, SourceError> {
@@ -80,7 +84,13 @@ impl<A: NvmlApi> NvmlSource<A> {
         ready.gpus = found;
         devices.sort_by_key(|d| d.identity.index);
 
-        self.ensure_events(ready);
+        let mut gpus: Vec<(String, A::Device)> = ready
+            .gpus
+            .iter()
+            .map(|(uuid, g)| (uuid.clone(), g.handle.clone()))
+            .collect();
+        gpus.sort_by(|a, b| a.0.cmp(&b.0));
+        events::ensure(&ready.api, gpus, &mut ready.events, &self.xids);
         Ok(devices)
     }
 
@@ -137,8 +147,8 @@ impl<A: NvmlApi> NvmlSource<A> {
             prev_gpm: None,
             prev_mig_gpm: HashMap::new(),
             prev_nvlink: None,
-            procs: super::processes::ProcessTracker::default(),
-            links: super::nvlink::Links::default(),
+            procs: ProcessTracker::default(),
+            links: Links::default(),
             mig_stale: false,
         }
     }

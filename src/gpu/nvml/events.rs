@@ -17,8 +17,6 @@ use std::time::Duration;
 use crate::gpu::XidEvent;
 
 use super::api::{ApiError, EventWait, NvmlApi};
-use super::lifecycle::Ready;
-use super::NvmlSource;
 
 /// How long the event thread waits per `nvmlEventSetWait` call (bounds shutdown latency).
 const EVENT_WAIT_MS: u32 = 500;
@@ -151,55 +149,53 @@ fn pump_events<A: NvmlApi>(mut w: Watch<A>, queue: &XidQueue, stop: &AtomicBool)
     }
 }
 
-impl<A: NvmlApi> NvmlSource<A> {
-    /// Starts the event thread for the discovered GPUs, unless one runs for exactly them.
-    pub(super) fn ensure_events(&self, ready: &mut Ready<A>) {
-        let mut uuids: Vec<String> = ready.gpus.keys().cloned().collect();
-        uuids.sort();
-        let current = ready
-            .events
-            .as_ref()
-            .is_some_and(|t| t.uuids == uuids && !t.thread.is_finished());
-        if current || uuids.is_empty() {
+/// Starts the event thread for `gpus` (UUID and handle, sorted by UUID) into `slot`, unless the
+/// one there runs for exactly them; the thread queues XIDs into `xids`.
+pub(super) fn ensure<A: NvmlApi>(
+    api: &Arc<A>,
+    gpus: Vec<(String, A::Device)>,
+    slot: &mut Option<EventThread>,
+    xids: &Arc<XidQueue>,
+) {
+    let current = slot
+        .as_ref()
+        .is_some_and(|t| gpus.iter().map(|(u, _)| u).eq(&t.uuids) && !t.thread.is_finished());
+    if current || gpus.is_empty() {
+        return;
+    }
+    *slot = None; // stops the old thread
+    let (uuids, handles): (Vec<String>, Vec<A::Device>) = gpus.into_iter().unzip();
+    let events = match api.xid_events(&handles) {
+        Ok((events, skipped)) => {
+            log_skipped(&uuids, &skipped);
+            events
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot create an NVML event set; XIDs are not recorded until the next discovery");
             return;
         }
-        ready.events = None; // stops the old thread
-        let (uuids, handles): (Vec<String>, Vec<A::Device>) = uuids
-            .into_iter()
-            .filter_map(|u| ready.gpus.get(&u).map(|g| (u, g.handle.clone())))
-            .unzip();
-        let events = match ready.api.xid_events(&handles) {
-            Ok((events, skipped)) => {
-                log_skipped(&uuids, &skipped);
-                events
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot create an NVML event set; XIDs are not recorded until the next discovery");
-                return;
-            }
-        };
-        let watch = Watch {
-            api: Arc::clone(&ready.api),
-            handles,
-            uuids: uuids.clone(),
-            events,
-        };
-        let stop = Arc::new(AtomicBool::new(false));
-        let (q, s) = (Arc::clone(&self.xids), Arc::clone(&stop));
-        match std::thread::Builder::new()
-            .name("nvml-events".into())
-            .spawn(move || pump_events(watch, &q, &s))
-        {
-            Ok(thread) => {
-                ready.events = Some(EventThread {
-                    uuids,
-                    stop,
-                    thread,
-                });
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot start the NVML event thread; XIDs are not recorded")
-            }
+    };
+    let watch = Watch {
+        api: Arc::clone(api),
+        handles,
+        uuids: uuids.clone(),
+        events,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (q, s) = (Arc::clone(xids), Arc::clone(&stop));
+    match std::thread::Builder::new()
+        .name("nvml-events".into())
+        .spawn(move || pump_events(watch, &q, &s))
+    {
+        Ok(thread) => {
+            *slot = Some(EventThread {
+                uuids,
+                stop,
+                thread,
+            });
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the NVML event thread; XIDs are not recorded")
         }
     }
 }

@@ -1,52 +1,18 @@
-//! NVML's lifecycle inside [`NvmlSource`]: the source's state (not initialised yet, or ready
-//! with its GPUs), and initialisation retried with backoff while the library or the driver is
-//! missing.
+//! NVML's lifecycle inside [`NvmlSource`]: initialisation retried with backoff while the
+//! library or the driver is missing, into the ready state (`state`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::gpu::{GpuIdentity, Reading, Value};
+use crate::gpu::Value;
 
 use super::api::NvmlApi;
-use super::convert::{self, NvlinkCounter, StaticFact};
-use super::events::EventThread;
-use super::read::text;
-use super::{InitError, NvmlSource};
-
-pub(super) enum State<A: NvmlApi> {
-    Pending {
-        error: InitError,
-        delay: Duration,
-        next_attempt: Instant,
-        attempts: u64,
-    },
-    Ready(Box<Ready<A>>),
-}
-
-pub(super) struct Ready<A: NvmlApi> {
-    pub(super) api: Arc<A>,
-    pub(super) system: Vec<(StaticFact, Reading)>,
-    pub(super) gpus: HashMap<String, GpuState<A>>,
-    pub(super) events: Option<EventThread>,
-}
-
-pub(super) struct GpuState<A: NvmlApi> {
-    pub(super) handle: A::Device,
-    pub(super) identity: GpuIdentity,
-    pub(super) statics: Vec<(StaticFact, Reading)>,
-    pub(super) gpm: bool,
-    pub(super) mig: Vec<(u32, A::Device)>,
-    pub(super) prev_gpm: Option<A::GpmSample>,
-    pub(super) prev_mig_gpm: HashMap<u32, A::GpmSample>,
-    pub(super) prev_nvlink: Option<NvlinkCounter>,
-    pub(super) procs: super::processes::ProcessTracker,
-    /// Per-link NVLink state (active links, previous counters, cached error counters).
-    pub(super) links: super::nvlink::Links,
-    /// A MIG handle answered "invalid argument" or "not found" this tick: the instances were
-    /// destroyed or recreated, and the handles must be enumerated again.
-    pub(super) mig_stale: bool,
-}
+use super::call::text;
+use super::convert::{self, StaticFact};
+use super::error::InitError;
+use super::state::{Ready, State};
+use super::NvmlSource;
 
 impl<A: NvmlApi> NvmlSource<A> {
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, State<A>> {

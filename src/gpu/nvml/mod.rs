@@ -1,34 +1,39 @@
 //! The NVML backend: real NVIDIA GPUs through `libnvidia-ml.so.1`.
 //!
-//! Layers, top to bottom:
-//! - [`NvmlSource`] implements [`GpuSource`]. Its work is split by job:
-//!   - `lifecycle`: the source's state, and NVML initialisation retried with backoff when the
-//!     driver is not there yet;
-//!   - `discovery`: enumerating GPUs (identity and static facts read once per GPU, MIG
-//!     instances re-enumerated every discovery);
-//!   - `read`: one tick of one device: one batched field-values call plus the few calls that
-//!     have no field id, GPM deltas across ticks, GPU loss;
-//!   - `nvlink`: the per-link NVLink fields (dcgm-exporter's link entities), with the error
-//!     counters on their own cadence;
-//!   - `events`: the XID event thread;
-//!   - `processes`: per-process readings (processes, memory, utilisation sample windows).
-//! - [`convert`]: pure mapping from DCGM fields to NVML calls and units.
-//! - [`api::NvmlApi`]: the narrow seam, one method per NVML call; [`real::RealNvml`] is the
-//!   only code that touches `nvml-wrapper` (over `ffi`, the raw calls it lacks),
-//!   [`fake::FakeNvml`] an in-memory GPU fleet for tests, [`counting::Counting`] counts calls.
+//! Layers, top to bottom; each file imports only from the layers below it (checked by
+//! `scripts/import-cycles.py`):
+//! 1. [`NvmlSource`] (this file) implements [`GpuSource`]; `lifecycle` (NVML initialisation
+//!    retried with backoff while the driver is not there yet) and `discovery` (enumerating GPUs:
+//!    identity and static facts read once per GPU, MIG instances every discovery, the XID event
+//!    thread started for them) add methods to it, and nothing below names it.
+//! 2. `read`: one tick of one device: one batched field-values call plus the few calls that have
+//!    no field id, GPM deltas across ticks, GPU loss; it works on a `state::GpuState`.
+//! 3. `state`: the source's state (pending with its retry schedule, or ready with its GPUs),
+//!    made of what each reader below keeps between ticks.
+//! 4. The readers with their own state: `nvlink` (the per-link NVLink fields, dcgm-exporter's
+//!    link entities, error counters on their own cadence), `processes` (per-process readings,
+//!    utilisation sample windows), `events` (the XID event thread and its queue).
+//! 5. `call`: what an NVML answer means to a reader (GPU lost, stale MIG handle, text); `error`:
+//!    [`InitError`] and [`NvmlError`].
+//! 6. [`convert`]: pure mapping from DCGM fields to NVML calls and units.
+//! 7. [`api::NvmlApi`]: the narrow seam, one method per NVML call; [`real::RealNvml`] is the
+//!    only code that touches `nvml-wrapper` (over `ffi`, the raw calls it lacks),
+//!    [`FakeNvml`](crate::testing::fake_nvml::FakeNvml) an in-memory GPU fleet for tests, [`counting::Counting`] counts calls.
 
 pub mod api;
+mod call;
 pub mod convert;
 pub mod counting;
 mod discovery;
+mod error;
 mod events;
-pub mod fake;
 mod ffi;
 mod lifecycle;
 mod nvlink;
 mod processes;
 mod read;
 pub mod real;
+mod state;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -37,51 +42,12 @@ use std::time::{Duration, Instant};
 use crate::catalog::Field;
 use crate::gpu::{Device, DeviceSample, FieldError, GpuProcess, GpuSource, SourceError, XidEvent};
 
-use api::{ApiError, NvmlApi};
+use api::NvmlApi;
+use call::Lost;
 use convert::Plan;
+pub use error::{InitError, NvmlError};
 use events::XidQueue;
-use lifecycle::State;
-use read::Lost;
-
-/// Why NVML could not be initialised. The text says what is missing.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InitError {
-    /// The library could not be loaded.
-    #[error("cannot load libnvidia-ml.so.1 ({detail}): the NVIDIA driver is not installed on this node, or its libraries are not mounted into the container (run with the NVIDIA container runtime)")]
-    LibraryNotFound {
-        /// The loader's message.
-        detail: String,
-    },
-    /// The library loaded but the kernel driver is not running.
-    #[error("libnvidia-ml.so.1 loaded but the NVIDIA kernel driver is not loaded (NVML_ERROR_DRIVER_NOT_LOADED); waiting for the driver")]
-    DriverNotLoaded,
-    /// No permission to talk to the driver.
-    #[error("NVML initialisation was refused (NVML_ERROR_NO_PERMISSION): the process cannot open /dev/nvidiactl and /dev/nvidia*")]
-    NoPermission,
-    /// Anything else.
-    #[error("NVML initialisation failed: {0}")]
-    Failed(String),
-}
-
-/// Errors of this module, as the `cause` of a [`SourceError`].
-#[derive(Debug, thiserror::Error)]
-pub enum NvmlError {
-    /// NVML is not initialised (yet); initialisation is retried with backoff.
-    #[error("NVML is not initialised")]
-    NotInitialised(#[source] InitError),
-    /// An NVML call failed.
-    #[error("{call}")]
-    Call {
-        /// The C function.
-        call: &'static str,
-        /// What it returned.
-        #[source]
-        cause: ApiError,
-    },
-    /// The device was not found by the last discovery.
-    #[error("GPU {0} is not among the discovered devices")]
-    Unknown(String),
-}
+use state::State;
 
 /// How NVML initialisation is retried while it fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +71,7 @@ impl Default for RetryPolicy {
 type InitFn<A> = dyn Fn() -> Result<A, InitError> + Send + Sync;
 
 /// The NVML-backed [`GpuSource`], generic over the low-level API so it runs against
-/// [`fake::FakeNvml`] in tests. Construct the real one with [`NvmlSource::real`].
+/// [`FakeNvml`](crate::testing::fake_nvml::FakeNvml) in tests. Construct the real one with [`NvmlSource::real`].
 pub struct NvmlSource<A: NvmlApi> {
     init: Box<InitFn<A>>,
     retry: RetryPolicy,
@@ -182,6 +148,22 @@ impl<A: NvmlApi> NvmlSource<A> {
             .wait_timeout_while(items, timeout, |v| v.len() < n)
             .unwrap_or_else(PoisonError::into_inner);
         items.len() >= n
+    }
+
+    /// How often the per-link NVLink error counters are re-read (default
+    /// `nvlink::DEFAULT_ERROR_PERIOD`, 30 s); the ticks in between serve the last values.
+    /// `Duration::ZERO` reads them every tick.
+    #[must_use]
+    pub fn with_link_error_period(mut self, period: Duration) -> Self {
+        self.link_error_period = period;
+        self
+    }
+}
+
+impl NvmlSource<real::RealNvml> {
+    /// The NVML source over the real library, retrying initialisation per `retry`.
+    pub fn real(retry: RetryPolicy) -> Self {
+        NvmlSource::new(real::RealNvml::init, retry)
     }
 }
 
@@ -271,7 +253,28 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
     }
 
     fn processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
-        self.read_processes(device)
+        let mut state = self.lock();
+        let State::Ready(ready) = &mut *state else {
+            return Err(FieldError::Failed);
+        };
+        let api = Arc::clone(&ready.api);
+        let g = ready
+            .gpus
+            .get_mut(&device.identity.uuid)
+            .ok_or(FieldError::Failed)?;
+        let result = processes::read(
+            &*api,
+            &g.handle,
+            &g.mig,
+            &mut g.procs,
+            &mut g.mig_stale,
+            device,
+        );
+        if std::mem::take(&mut g.mig_stale) {
+            tracing::info!(gpu = device.identity.index, uuid = %device.identity.uuid, "a MIG device handle is no longer valid (instances destroyed or recreated); re-enumerating at the next tick");
+            self.rediscover.store(true, Ordering::Relaxed);
+        }
+        result
     }
 
     fn wants_rediscovery(&self) -> bool {

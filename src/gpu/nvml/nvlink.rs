@@ -21,8 +21,8 @@ use crate::catalog::Field;
 use crate::gpu::{FieldError, LinkSample, Reading, Value};
 
 use super::api::{ApiError, FieldNum, FieldRequest, FieldValue, NvlinkErrorCounter, NvmlApi};
+use super::call::{check, Lost};
 use super::convert::{self, NvlinkCounter};
-use super::read::{check, Lost};
 
 /// How often the set of active links is re-read.
 pub const STATE_PERIOD: Duration = Duration::from_secs(60);
@@ -241,15 +241,4 @@ fn refresh_states<A: NvmlApi>(api: &A, h: &A::Device, links: &mut Links) -> Resu
         links.active = active;
     }
     Ok(())
-}
-
-impl<A: NvmlApi> super::NvmlSource<A> {
-    /// How often the per-link NVLink error counters are re-read (default
-    /// [`DEFAULT_ERROR_PERIOD`]); the ticks in between serve the last values. `Duration::ZERO`
-    /// reads them every tick.
-    #[must_use]
-    pub fn with_link_error_period(mut self, period: Duration) -> Self {
-        self.link_error_period = period;
-        self
-    }
 }

@@ -28,12 +28,10 @@
 //! clients run concurrently.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::api::{ApiError, NvmlApi, ProcessInfo, ProcessUtilSample};
-use super::lifecycle::{GpuState, State};
-use super::NvmlSource;
+use super::call::is_stale;
 use crate::gpu::{Device, FieldError, GpuProcess, ProcessUtilization};
 
 /// A cursor this far ahead of the wall clock means the clock was stepped back.
@@ -134,18 +132,20 @@ fn list<A: NvmlApi>(
 /// this tick, as the handles may name other instances now.
 pub(super) fn read<A: NvmlApi>(
     api: &A,
-    g: &mut GpuState<A>,
+    gpu: &A::Device,
+    mig: &[(u32, A::Device)],
+    tracker: &mut ProcessTracker,
+    mig_stale: &mut bool,
     device: &Device,
 ) -> Result<Vec<GpuProcess>, FieldError> {
-    let tracker = &mut g.procs;
     if device.mig_enabled {
         let mut out = Vec::new();
-        for (gi, handle) in &g.mig {
+        for (gi, handle) in mig {
             let procs = match list(api, handle, tracker) {
                 Ok(p) => p,
                 Err(e) => {
-                    if super::read::is_stale(&e) {
-                        g.mig_stale = true;
+                    if is_stale(&e) {
+                        *mig_stale = true;
                     }
                     return Err(field_error(&e));
                 }
@@ -161,14 +161,14 @@ pub(super) fn read<A: NvmlApi>(
         }
         return Ok(out);
     }
-    let procs = list(api, &g.handle, tracker).map_err(|e| field_error(&e))?;
+    let procs = list(api, gpu, tracker).map_err(|e| field_error(&e))?;
     let util = if tracker.util_unsupported {
         None
     } else {
         if tracker.cursor_us > now_us().saturating_add(CLOCK_STEP_US) {
             tracker.cursor_us = 0;
         }
-        match api.process_utilization(&g.handle, tracker.cursor_us) {
+        match api.process_utilization(gpu, tracker.cursor_us) {
             Ok(samples) => {
                 let (by_pid, cursor) = fold_samples(&samples, tracker.cursor_us);
                 tracker.cursor_us = cursor;
@@ -196,28 +196,6 @@ pub(super) fn read<A: NvmlApi>(
                 .map(|u| u.get(&p.pid).copied().unwrap_or_default()),
         })
         .collect())
-}
-
-impl<A: NvmlApi> NvmlSource<A> {
-    /// [`crate::gpu::GpuSource::processes`] for NVML.
-    pub(super) fn read_processes(&self, device: &Device) -> Result<Vec<GpuProcess>, FieldError> {
-        let mut state = self.lock();
-        let State::Ready(ready) = &mut *state else {
-            return Err(FieldError::Failed);
-        };
-        let api = Arc::clone(&ready.api);
-        let g = ready
-            .gpus
-            .get_mut(&device.identity.uuid)
-            .ok_or(FieldError::Failed)?;
-        let result = read(&*api, g, device);
-        if std::mem::take(&mut g.mig_stale) {
-            tracing::info!(gpu = device.identity.index, uuid = %device.identity.uuid, "a MIG device handle is no longer valid (instances destroyed or recreated); re-enumerating at the next tick");
-            self.rediscover
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        result
-    }
 }
 
 #[cfg(test)]
@@ -281,9 +259,9 @@ mod tests {
 
     use super::super::api::MemoryInfo;
     use super::super::counting::Counting;
-    use super::super::fake::{FakeGpu, FakeMig, FakeNvml};
-    use super::super::RetryPolicy;
+    use super::super::{NvmlSource, RetryPolicy};
     use crate::gpu::GpuSource;
+    use crate::testing::fake_nvml::{FakeGpu, FakeMig, FakeNvml};
 
     fn source<A: NvmlApi + Clone>(api: &A) -> NvmlSource<A> {
         let a = api.clone();

@@ -9,20 +9,10 @@ use crate::catalog::Field;
 use crate::gpu::{Device, DeviceSample, FieldError, InstanceSample, Reading, Value};
 
 use super::api::{self, ApiError, FieldRequest, GpmMetric, MemoryInfo, NvmlApi};
+use super::call::{check, is_stale, Lost};
 use super::convert::{self, NvlinkCounter, Plan, StaticFact};
-use super::lifecycle::GpuState;
-use super::NvmlError;
-
-/// A device read aborted because the GPU fell off the bus.
-pub(super) struct Lost;
-
-/// Passes a call result through, aborting the device read on `GpuLost`.
-pub(super) fn check<T>(r: Result<T, ApiError>) -> Result<Result<T, ApiError>, Lost> {
-    match r {
-        Err(ApiError::GpuLost) => Err(Lost),
-        other => Ok(other),
-    }
-}
+use super::error::NvmlError;
+use super::state::GpuState;
 
 /// Calls `f` once and keeps its result for the other fields the same call serves.
 fn once<T: Clone>(
@@ -38,10 +28,6 @@ fn once<T: Clone>(
 fn int(r: Result<u32, ApiError>) -> Reading {
     r.map(|v| Value::Int(i64::from(v)))
         .map_err(|e| convert::field_error(&e))
-}
-
-pub(super) fn text(r: Result<String, ApiError>) -> Reading {
-    r.map(Value::Text).map_err(|e| convert::field_error(&e))
 }
 
 /// Reads one device. `Err(Lost)` when any call says the GPU fell off the bus.
@@ -146,12 +132,6 @@ fn field_values<A: NvmlApi>(
         return Err(Lost);
     }
     Ok(Ok(fv))
-}
-
-/// Whether an error from a MIG handle (or a GPU instance id) means the instance behind it was
-/// destroyed or recreated since discovery.
-pub(super) fn is_stale(e: &ApiError) -> bool {
-    matches!(e, ApiError::InvalidArgument | ApiError::NotFound)
 }
 
 /// The distinct GPM metrics the plans ask for, sorted.

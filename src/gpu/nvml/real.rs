@@ -1,4 +1,4 @@
-//! [`RealNvml`]: the [`NvmlApi`] over `nvml-wrapper`. The only module (with [`super::ffi`])
+//! [`RealNvml`]: the [`NvmlApi`] over `nvml-wrapper`. The only module (with `ffi`)
 //! that names `nvml_wrapper`.
 
 use std::sync::Arc;
@@ -15,8 +15,8 @@ use super::api::{
     Registered, XidReport,
 };
 use super::convert::FieldIdScheme;
+use super::error::InitError;
 use super::ffi::{self, api_error};
-use super::{InitError, NvmlSource, RetryPolicy};
 
 /// NVML through `libnvidia-ml.so.1`. The library handle lives for the rest of the process
 /// (NVML is initialised once; `nvmlShutdown` is never needed by an exporter).
@@ -53,13 +53,6 @@ impl RealNvml {
             nvml: Box::leak(Box::new(nvml)),
             scheme,
         })
-    }
-}
-
-impl NvmlSource<RealNvml> {
-    /// The NVML source over the real library, retrying initialisation per `retry`.
-    pub fn real(retry: RetryPolicy) -> Self {
-        NvmlSource::new(RealNvml::init, retry)
     }
 }
 

@@ -1,19 +1,19 @@
 //! A fake container runtime: the CRI `RuntimeService` (runtime v1) answering `Version`,
 //! `ListPodSandbox` and `ListContainers` from a [`RuntimeSnapshot`] (usually
-//! [`super::fake::Assignments::runtime_snapshot`]), honouring the request filters as a real
+//! [`super::fake_kubelet::Assignments::runtime_snapshot`]), honouring the request filters as a real
 //! runtime does. Served by `fake-kubelet --cri-socket`, and by tests on temporary sockets. Every
 //! other CRI call answers `Unimplemented`, as the vendored proto has only these three.
 
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::cri_proto::runtime_service_server::{RuntimeService, RuntimeServiceServer};
-use super::cri_proto::{
+use crate::pods::cri_proto::runtime_service_server::{RuntimeService, RuntimeServiceServer};
+use crate::pods::cri_proto::{
     Container, ContainerFilter, ListContainersRequest, ListContainersResponse,
     ListPodSandboxRequest, ListPodSandboxResponse, PodSandbox, PodSandboxFilter, VersionRequest,
     VersionResponse,
 };
-use super::directory::RuntimeSnapshot;
+use crate::pods::directory::RuntimeSnapshot;
 
 /// The fake runtime: answers from whatever snapshot is current on its `watch` channel.
 #[derive(Debug, Clone)]
