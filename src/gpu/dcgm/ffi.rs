@@ -9,7 +9,9 @@
 use std::ffi::CString;
 use std::sync::Arc;
 
-use super::{DcgmError, Entity, EntityGroup, LatestValue, MetricGroup, MigEntity, RawValue};
+use super::types::{
+    status, DcgmError, Entity, EntityGroup, LatestValue, MetricGroup, MigEntity, RawValue,
+};
 
 type Handle = usize; // dcgmHandle_t is uintptr_t
 type Return = i32; // dcgmReturn_t is an enum
@@ -248,7 +250,7 @@ impl std::fmt::Debug for DcgmLibrary {
 }
 
 fn check(call: &'static str, code: Return) -> Result<(), DcgmError> {
-    if code == super::status::OK {
+    if code == status::OK {
         Ok(())
     } else {
         Err(DcgmError::Call { call, code })
@@ -320,7 +322,7 @@ impl DcgmLibrary {
     ) -> Result<Connection, DcgmError> {
         let addr = CString::new(address).map_err(|_| DcgmError::Call {
             call: "dcgmConnect_v2",
-            code: super::status::BADPARAM,
+            code: status::BADPARAM,
         })?;
         let mut params = ConnectV2Params {
             version: CONNECT_V2_PARAMS_VERSION2,
@@ -412,7 +414,7 @@ impl Connection {
         else {
             return Err(DcgmError::Call {
                 call: "dcgmEntitiesGetLatestValues",
-                code: super::status::BADPARAM,
+                code: status::BADPARAM,
             });
         };
         // SAFETY: `values` holds entities × fields versioned entries, as the call writes.
@@ -457,7 +459,7 @@ impl Connection {
 fn c_string(call: &'static str, s: &str) -> Result<CString, DcgmError> {
     CString::new(s).map_err(|_| DcgmError::Call {
         call,
-        code: super::status::BADPARAM,
+        code: status::BADPARAM,
     })
 }
 
@@ -515,7 +517,7 @@ impl Connection {
         let cname = c_string("dcgmFieldGroupCreate", name)?;
         let n = i32::try_from(fields.len()).map_err(|_| DcgmError::Call {
             call: "dcgmFieldGroupCreate",
-            code: super::status::BADPARAM,
+            code: status::BADPARAM,
         })?;
         let mut id: FieldGroupId = 0;
         // SAFETY: `n` field ids, a NUL-terminated name and an id slot, live for the call.

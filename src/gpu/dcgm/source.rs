@@ -78,7 +78,7 @@ pub struct DcgmMetrics {
     pub reads: Counter<u64, AtomicU64>,
     /// Reconnections after a lost or failed connection.
     pub reconnects: Counter<u64, AtomicU64>,
-    /// Failures by reason (see [`ERROR_REASONS`]).
+    /// Failures by reason: `connect`, `connection_lost`, `entities`, `watch`, `read`.
     pub errors: PromFamily<Vec<(String, String)>, Counter<u64, AtomicU64>>,
     /// 1 for each field DCGM does not serve now, by field and reason.
     pub fields_refused: PromFamily<Vec<(String, String)>, Gauge<i64, AtomicI64>>,
