@@ -157,7 +157,7 @@ impl Conn {
     /// Polled on each of the connection task's wake-ups (several per request), so it is cheap:
     /// one lock of this connection's own state and a look at one timer. Phase changes do not
     /// reset the timer: it fires at the current phase's deadline or after
-    /// [`PhaseTimeouts::cap`], whichever comes first, and is then set again. No phase that can
+    /// `PhaseTimeouts::cap`, whichever comes first, and is then set again. No phase that can
     /// follow has a shorter timeout than that cap, so no deadline passes unseen, and a
     /// keep-alive connection answering requests back to back never touches its timer.
     pub async fn watch(&self, limits: &Limits) -> Decision {
