@@ -244,4 +244,29 @@ mod tests {
         assert_eq!(l.max_connections, 1000);
         assert_eq!(flags.wanted_connections(), 1000);
     }
+
+    #[test]
+    fn an_explicit_limit_past_the_descriptor_limit_is_refused_with_what_to_change() {
+        assert_eq!(check_max_connections(896, Some(1024)), Ok(()));
+        assert_eq!(check_max_connections(1_000_000, None), Ok(()));
+        let e = check_max_connections(10_000, Some(1024)).unwrap_err();
+        assert!(
+            e.contains("10000 connections need 10128 file descriptors"),
+            "{e}"
+        );
+        assert!(e.contains("RLIMIT_NOFILE) is 1024"), "{e}");
+        assert!(e.contains("--http-max-connections to at most 896"), "{e}");
+        assert!(check_max_connections(897, Some(1024)).is_err());
+    }
+
+    #[test]
+    fn the_default_cap_follows_the_descriptor_limit() {
+        assert_eq!(connections_for_fd_limit(Some(1024)), 1024 - 128);
+        assert_eq!(connections_for_fd_limit(Some(100)), 64);
+        assert_eq!(
+            connections_for_fd_limit(Some(1 << 20)),
+            MAX_CONNECTIONS_CEILING
+        );
+        assert_eq!(connections_for_fd_limit(None), MAX_CONNECTIONS_CEILING);
+    }
 }
