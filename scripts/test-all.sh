@@ -21,6 +21,21 @@ cargo fmt --all --check
 log "cargo clippy"
 cargo clippy --all-targets -- -D warnings
 
+log "no import circle among src/ files"
+# The check itself must see a circle when there is one.
+circle="$(mktemp -d)"
+mkdir -p "$circle/a"
+printf 'pub mod a;\npub struct Top;\n' > "$circle/lib.rs"
+printf 'pub mod b;\nuse crate::Top;\npub struct A(Top);\n' > "$circle/a/mod.rs"
+printf 'use super::A;\npub struct B;\n' > "$circle/a/b.rs"
+printf 'use crate::a::b::B;\n' >> "$circle/lib.rs"
+if python3 scripts/import-cycles.py "$circle" >/dev/null; then
+  echo "scripts/import-cycles.py missed the circle lib.rs -> a/b.rs -> a/mod.rs -> lib.rs" >&2
+  exit 1
+fi
+rm -rf "$circle"
+python3 scripts/import-cycles.py
+
 log "cargo test"
 cargo test --all-targets
 cargo test --doc
