@@ -7,7 +7,7 @@ An edge A -> B means that A's non-test code names an item of B: through `use cra
 module only re-exports (`pub use b::X` in a/mod.rs) is followed to the file that defines it, so
 a child that uses its parent's re-export of a sibling depends on the sibling, not on the parent.
 Comments, string literals and `#[cfg(test)]` modules are left out, and so are the binaries
-(src/main.rs, src/bin/): they sit on top of the library.
+(src/main.rs and its src/main/ modules, src/bin/): they sit on top of the library.
 
 Usage: scripts/import-cycles.py [--edges] [SRC_DIR]
   prints each circle (strongly connected set of files, with one cycle through it) and exits 1
@@ -123,7 +123,7 @@ class Crate:
                     continue
                 path = os.path.join(root, name)
                 rel = os.path.relpath(path, src)
-                if rel == "main.rs" or rel.startswith("bin" + os.sep):
+                if rel == "main.rs" or rel.startswith(("bin" + os.sep, "main" + os.sep)):
                     continue
                 parts = rel[:-3].split(os.sep)
                 if parts == ["lib"]:
