@@ -9,6 +9,7 @@
 //! of DCGM entities to ours ([`plan`]), reconnection and the `gpu_exporter_dcgm_*` self-metrics.
 
 pub mod ffi;
+pub mod metrics;
 pub mod plan;
 pub mod source;
 
