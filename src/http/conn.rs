@@ -35,6 +35,7 @@ mod registry;
 mod state;
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 
@@ -43,7 +44,7 @@ use tokio::time::Instant;
 
 pub use handshake::HandshakeIo;
 pub use registry::{Registry, MAX_HANDSHAKES_PER_CLIENT, MAX_PENDING_EVICTIONS};
-use state::{lock_state, State};
+use state::{lock_state, PollClock, State};
 pub use state::{Decision, Phase, PhaseTimeouts};
 
 use super::limits::Limits;
@@ -63,11 +64,37 @@ pub struct Conn {
     state: Arc<Mutex<State>>,
     /// The client's TLS handshake slots.
     handshakes: Arc<Semaphore>,
+    /// The response body has been handed to hyper, and the connection has not yet been found
+    /// quiet since (see [`Conn::quiet`]). Outside the state's lock: hyper waits for input many
+    /// times between requests, and each wait reads this flag alone.
+    body_done: AtomicBool,
+    /// The time for phase changes within one poll of the connection's task.
+    clock: PollClock,
 }
 
 impl Conn {
     fn lock(&self) -> MutexGuard<'_, State> {
         lock_state(&self.state)
+    }
+
+    /// A number that tells this connection from those opened just before and after it (to
+    /// spread per-connection work over shared counters).
+    pub fn shard(&self) -> usize {
+        // Only the low bits matter to the modulo taken by the user.
+        self.id as usize
+    }
+
+    /// Polls `f` as the connection's task: the phase changes made within one poll share one
+    /// reading of the clock (see `PollClock`).
+    pub fn poll_timed<F: std::future::Future>(
+        &self,
+        f: std::pin::Pin<&mut F>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<F::Output> {
+        self.clock.begin();
+        let r = f.poll(cx);
+        self.clock.end();
+        r
     }
 
     /// The current phase.
@@ -90,7 +117,7 @@ impl Conn {
     pub fn handshake_done(&self) {
         let mut s = self.lock();
         if s.phase == Phase::Handshake {
-            s.enter(Phase::FirstByte);
+            s.enter(Phase::FirstByte, self.clock.now());
         }
     }
 
@@ -99,7 +126,7 @@ impl Conn {
         let mut s = self.lock();
         match s.phase {
             Phase::FirstByte | Phase::Idle => {
-                s.enter(Phase::Head);
+                s.enter(Phase::Head, self.clock.now());
             }
             Phase::Serving => s.read_while_serving = true,
             Phase::Handshake | Phase::Head => {}
@@ -109,11 +136,11 @@ impl Conn {
     /// A complete request head was read and is being answered. Only a connection's first
     /// request is reported to the registry; later ones change this connection's state alone.
     pub fn request_started(&self) {
+        self.body_done.store(false, Ordering::Relaxed);
         let mut s = self.lock();
-        s.body_done = false;
         s.read_while_serving = false;
         s.busy = true;
-        s.busy_or_idle_since = s.enter(Phase::Serving);
+        s.busy_or_idle_since = s.enter(Phase::Serving, self.clock.now());
         let first = !std::mem::replace(&mut s.filed_active, true);
         drop(s);
         if first {
@@ -123,14 +150,19 @@ impl Conn {
 
     /// hyper has taken the whole response body.
     pub fn body_done(&self) {
-        self.lock().body_done = true;
+        self.body_done.store(true, Ordering::Relaxed);
     }
 
     /// hyper flushed its output or waits for input: if the response is complete, the
     /// connection is between requests.
     pub(super) fn quiet(&self) {
+        // The connection's own task calls this and the two above: no ordering to keep.
+        if !self.body_done.load(Ordering::Relaxed) {
+            return;
+        }
         let mut s = self.lock();
-        if s.phase != Phase::Serving || !s.body_done {
+        self.body_done.store(false, Ordering::Relaxed);
+        if s.phase != Phase::Serving {
             return;
         }
         let next = if s.read_while_serving {
@@ -139,28 +171,26 @@ impl Conn {
             Phase::Idle
         };
         s.busy = false;
-        s.busy_or_idle_since = s.enter(next);
-    }
-
-    /// Resolves when the connection must close: its phase's deadline passed, it was evicted
-    /// or the server stops ([`CloseReason::Shutdown`]).
-    pub async fn watchdog(&self, limits: &Limits) -> CloseReason {
-        match self.watch(limits).await {
-            Decision::Close(reason) => reason,
-            Decision::Stop => CloseReason::Shutdown,
+        s.busy_or_idle_since = s.enter(next, self.clock.now());
+        // At stop, the watchdog closes the connection once its answer is out.
+        let task = if s.stop { s.task.take() } else { None };
+        drop(s);
+        if let Some(t) = task {
+            t.wake();
         }
     }
 
-    /// Resolves with what the connection must do: close (a phase's deadline passed, or it was
-    /// evicted), or finish its request and close (the server stops: said once).
+    /// Resolves when the connection must close, with the reason: its phase's deadline passed,
+    /// it was evicted, or the server stops ([`CloseReason::Shutdown`]: at once, unless a request
+    /// is being answered; then once the answer is out, as hyper's graceful shutdown does).
     ///
-    /// Polled on each of the connection task's wake-ups (several per request), so it is cheap:
-    /// one lock of this connection's own state and a look at one timer. Phase changes do not
-    /// reset the timer: it fires at the current phase's deadline or after
-    /// `PhaseTimeouts::cap`, whichever comes first, and is then set again. No phase that can
-    /// follow has a shorter timeout than that cap, so no deadline passes unseen, and a
-    /// keep-alive connection answering requests back to back never touches its timer.
-    pub async fn watch(&self, limits: &Limits) -> Decision {
+    /// It runs in a task of its own beside the connection's, and wakes only for its timer or a
+    /// decision. Phase changes do not reset the timer: it fires at the current phase's
+    /// deadline or after `PhaseTimeouts::cap`, whichever comes first, and is then set again.
+    /// No phase that can follow has a shorter timeout than that cap, so no deadline passes
+    /// unseen, and a keep-alive connection answering requests back to back never touches its
+    /// timer.
+    pub async fn watchdog(&self, limits: &Limits) -> CloseReason {
         let timeouts = PhaseTimeouts::from(limits);
         let timer = tokio::time::sleep_until(Instant::now());
         let mut timer = std::pin::pin!(timer);
@@ -173,7 +203,7 @@ impl Conn {
                 (s.since + timeout, reason, timeouts.cap(s.phase))
             };
             if now >= deadline {
-                return Decision::Close(reason);
+                return reason;
             }
             timer.as_mut().reset(deadline.min(now + cap));
             tokio::select! {
@@ -184,16 +214,16 @@ impl Conn {
         }
     }
 
-    /// Resolves with the next decision made for this connection from outside (evicted, or
-    /// the server stops); [`Decision::Stop`] is given once.
-    fn decision(&self) -> impl std::future::Future<Output = Decision> + '_ {
+    /// Resolves with the reason to close decided from outside: evicted, or the server stops
+    /// and no request is being answered.
+    fn decision(&self) -> impl std::future::Future<Output = CloseReason> + '_ {
         std::future::poll_fn(move |cx| {
             let mut s = self.lock();
             if let Some(reason) = s.close {
-                return Poll::Ready(Decision::Close(reason));
+                return Poll::Ready(reason);
             }
-            if std::mem::take(&mut s.stop) {
-                return Poll::Ready(Decision::Stop);
+            if s.stop && s.phase != Phase::Serving {
+                return Poll::Ready(CloseReason::Shutdown);
             }
             if !s.task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 s.task = Some(cx.waker().clone());
@@ -214,6 +244,8 @@ impl Registry {
                 registry: Arc::clone(self),
                 state: r.state,
                 handshakes: r.handshakes,
+                body_done: AtomicBool::new(false),
+                clock: PollClock::new(Instant::now()),
             }),
             reason: CloseReason::Closed,
         })
@@ -353,23 +385,47 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn at_stop_a_connection_is_told_once_and_its_deadlines_still_hold() {
+    async fn at_stop_a_connection_closes_once_its_answer_is_out_and_its_deadline_still_holds() {
         let limits = Limits::default();
         let (reg, _) = registry(8);
-        let t = reg.admit(ip(1), false).unwrap();
-        serve_one(&t);
+        // Between requests: at once.
+        let idle = reg.admit(ip(1), false).unwrap();
+        serve_one(&idle);
+        // Before its first byte: at once.
+        let fresh = reg.admit(ip(1), false).unwrap();
+        // Answering a request: once the answer is flushed.
+        let busy = reg.admit(ip(1), false).unwrap();
+        assert!(busy.conn.activate());
+        busy.conn.read_some();
+        busy.conn.request_started();
+        let c = Arc::clone(&busy.conn);
+        let watch = tokio::spawn(async move {
+            let start = Instant::now();
+            (c.watchdog(&Limits::default()).await, start.elapsed())
+        });
+        tokio::task::yield_now().await;
+        reg.stop_all();
+        assert_eq!(idle.conn.watchdog(&limits).await, CloseReason::Shutdown);
+        assert_eq!(fresh.conn.watchdog(&limits).await, CloseReason::Shutdown);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!watch.is_finished());
+        busy.conn.body_done();
+        busy.conn.quiet();
+        let (reason, after) = watch.await.unwrap();
+        assert_eq!(reason, CloseReason::Shutdown);
+        assert_eq!(after, Duration::from_secs(1));
+        // One whose answer never gets out still meets its write deadline.
+        let stuck = reg.admit(ip(1), false).unwrap();
+        assert!(stuck.conn.activate());
+        stuck.conn.read_some();
+        stuck.conn.request_started();
         let start = Instant::now();
         reg.stop_all();
-        assert_eq!(t.conn.watch(&limits).await, Decision::Stop);
         assert_eq!(
-            t.conn.watch(&limits).await,
-            Decision::Close(CloseReason::IdleTimeout)
+            stuck.conn.watchdog(&limits).await,
+            CloseReason::WriteTimeout
         );
-        assert_eq!(start.elapsed(), limits.idle_timeout);
-        // Before its first byte, a stop closes it at once.
-        let u = reg.admit(ip(1), false).unwrap();
-        reg.stop_all();
-        assert_eq!(u.conn.watchdog(&limits).await, CloseReason::Shutdown);
+        assert_eq!(start.elapsed(), limits.write_timeout);
     }
 
     #[tokio::test(start_paused = true)]

@@ -77,21 +77,21 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
 
 /// A response body that tells its [`Conn`] when hyper has taken all of it.
 #[derive(Debug)]
-pub struct TrackedBody {
-    inner: axum::body::Body,
+pub struct TrackedBody<B> {
+    inner: B,
     conn: Arc<Conn>,
 }
 
-impl TrackedBody {
+impl<B> TrackedBody<B> {
     /// Wraps `inner`.
-    pub fn new(inner: axum::body::Body, conn: Arc<Conn>) -> Self {
+    pub fn new(inner: B, conn: Arc<Conn>) -> Self {
         Self { inner, conn }
     }
 }
 
-impl http_body::Body for TrackedBody {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
+impl<B: http_body::Body + Unpin> http_body::Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -113,7 +113,7 @@ impl http_body::Body for TrackedBody {
     }
 }
 
-impl Drop for TrackedBody {
+impl<B> Drop for TrackedBody<B> {
     fn drop(&mut self) {
         self.conn.body_done();
     }

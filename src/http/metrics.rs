@@ -4,7 +4,7 @@
 //! [`Collector`] into the sampler's body.
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -125,10 +125,20 @@ struct Scope {
     scope: &'static str,
 }
 
+/// How many parts the scrape counter is kept in (see [`HttpMetrics::count_scrape`]).
+pub const SCRAPE_SHARDS: usize = 8;
+
+/// One part of a counter, alone on its cache line (two lines: the CPU may fetch in pairs).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard(AtomicU64);
+
 /// The HTTP server's figures. Counters only grow; the gauges are the server's current state.
 #[derive(Debug)]
 pub struct HttpMetrics {
-    scrapes: Counter,
+    /// Scrapes served, in parts: each connection counts into one ([`SCRAPE_SHARDS`]), so that
+    /// two CPUs serving scrapes rarely take the same cache line from each other.
+    scrapes: [Shard; SCRAPE_SHARDS],
     open: tokio::sync::watch::Sender<u64>,
     active: Gauge<u64, AtomicU64>,
     limit: Gauge<u64, AtomicU64>,
@@ -140,7 +150,7 @@ pub struct HttpMetrics {
 impl Default for HttpMetrics {
     fn default() -> Self {
         Self {
-            scrapes: Counter::default(),
+            scrapes: Default::default(),
             open: tokio::sync::watch::Sender::new(0),
             active: Gauge::default(),
             limit: Gauge::default(),
@@ -152,14 +162,20 @@ impl Default for HttpMetrics {
 }
 
 impl HttpMetrics {
-    /// Counts a `/metrics` request served.
-    pub fn count_scrape(&self) {
-        self.scrapes.inc();
+    /// Counts a `/metrics` request served, into part `shard` (taken modulo
+    /// [`SCRAPE_SHARDS`]; a connection keeps to one).
+    pub fn count_scrape(&self, shard: usize) {
+        self.scrapes[shard % SCRAPE_SHARDS]
+            .0
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// `/metrics` requests served so far.
     pub fn scrapes(&self) -> u64 {
-        self.scrapes.get()
+        self.scrapes
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Sets the number of open connections, and of those past their first byte.
@@ -265,6 +281,30 @@ impl Collector for HttpMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scrapes_counted_into_any_part_from_any_thread_add_up() {
+        let m = std::sync::Arc::new(HttpMetrics::default());
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let m = std::sync::Arc::clone(&m);
+                std::thread::spawn(move || {
+                    for i in 0..1000 {
+                        m.count_scrape(t * 1000 + i);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(m.scrapes(), 4000);
+        let mut text = String::new();
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(m));
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("gpu_exporter_scrapes_total 4000\n"), "{text}");
+    }
 
     #[test]
     fn reasons_are_listed_once_in_label_order() {

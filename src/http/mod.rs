@@ -22,6 +22,7 @@ mod routes;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -33,15 +34,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use conn::{Conn, Decision, Registry};
+use conn::{Conn, Registry};
 use io::{Tracked, TrackedBody};
 pub use limits::Limits;
 pub use metrics::{CloseReason, HttpMetrics, RejectReason};
-use routes::plain;
 pub use routes::{
     accepts_gzip, accepts_gzip_in, app_with, router, router_with, App, AppState, HttpOptions,
     CONTENT_TYPE, PROBE_PATHS,
 };
+use routes::{plain, AnyBody};
 
 use crate::web::auth::Verdict;
 use crate::web::{Active, WebSecurity};
@@ -227,7 +228,44 @@ async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> Clos
     }
 }
 
+/// Serves HTTP/1 on `io` in a task of its own, and watches it from this one: a deadline that
+/// passes, an eviction or a stop (once no request is being answered) aborts that task. The
+/// watchdog is polled only when its timer fires or a decision is made for the connection,
+/// not on each of the connection's wake-ups (several per request).
 async fn serve_http1<I>(io: I, conn: &Arc<Conn>, ctx: Ctx, client_cert: bool) -> CloseReason
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = Arc::clone(&ctx.limits);
+    let mut task = AbortOnDrop(tokio::spawn(http1(io, Arc::clone(conn), ctx, client_cert)));
+    let task = &mut task.0;
+    tokio::select! {
+        biased;
+        ended = &mut *task => ended.unwrap_or_else(|e| {
+            tracing::warn!("an HTTP connection's task failed: {e}");
+            CloseReason::Error
+        }),
+        reason = conn.watchdog(&limits) => {
+            task.abort();
+            // Its socket is closed once the task is gone, before the connection is counted
+            // closed.
+            let _ = task.await;
+            reason
+        }
+    }
+}
+
+/// A task that ends with its handle: a connection's HTTP task never outlives its watchdog.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The HTTP/1 connection itself, until the client closes it or it fails.
+async fn http1<I>(io: I, conn: Arc<Conn>, ctx: Ctx, client_cert: bool) -> CloseReason
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -246,49 +284,34 @@ where
         metrics,
         client: peer.ip(),
         client_cert,
+        shard: conn.shard(),
     });
-    let service_conn = Arc::clone(conn);
+    let service_conn = Arc::clone(&conn);
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         service_conn.request_started();
-        let done = Arc::clone(&service_conn);
-        let work = handle(Arc::clone(&per_conn), req);
-        async move {
-            let response = work.await;
-            Ok::<_, Infallible>(response.map(|b| TrackedBody::new(b, done)))
+        Answering {
+            answer: per_conn.answer(req),
+            conn: Some(Arc::clone(&service_conn)),
         }
     });
     let http = hyper::server::conn::http1::Builder::new()
         // Deadlines are the watchdog's (hyper's header timer would also run while idle).
         .header_read_timeout(None)
         .max_buf_size(limits.max_header_bytes.max(8192))
-        .serve_connection(TokioIo::new(Tracked::new(io, Arc::clone(conn))), service);
+        .serve_connection(TokioIo::new(Tracked::new(io, Arc::clone(&conn))), service);
     let mut http = std::pin::pin!(http);
-    let mut stopping = false;
-    loop {
-        tokio::select! {
-            biased;
-            r = http.as_mut() => return match r {
-                Ok(()) if stopping => CloseReason::Shutdown,
-                Ok(()) => CloseReason::Closed,
-                Err(e) => {
-                    tracing::debug!(%peer, "HTTP connection ended: {e}");
-                    CloseReason::Error
-                }
-            },
-            decision = conn.watch(&limits) => match decision {
-                Decision::Close(reason) => return reason,
-                Decision::Stop => {
-                    stopping = true;
-                    http.as_mut().graceful_shutdown();
-                }
-            },
+    match std::future::poll_fn(|cx| conn.poll_timed(http.as_mut(), cx)).await {
+        Ok(()) => CloseReason::Closed,
+        Err(e) => {
+            tracing::debug!(%peer, "HTTP connection ended: {e}");
+            CloseReason::Error
         }
     }
 }
 
-/// What one connection's requests need. Held once per connection and cloned per request: a
-/// reference count no other connection touches. (The server-wide handles, shared by every
-/// connection, would have their counts bounce between CPUs on every scrape.)
+/// What one connection's requests need. Held once per connection: a reference count no other
+/// connection touches. (The server-wide handles, shared by every connection, would have their
+/// counts bounce between CPUs on every scrape.)
 struct PerConn {
     app: App,
     request_timeout: Duration,
@@ -296,89 +319,188 @@ struct PerConn {
     metrics: Arc<HttpMetrics>,
     client: IpAddr,
     client_cert: bool,
+    /// The part of the scrape counter this connection counts into.
+    shard: usize,
 }
 
-async fn handle(per_conn: Arc<PerConn>, req: Request<hyper::body::Incoming>) -> Response {
-    let PerConn {
-        app,
-        request_timeout,
-        web,
-        metrics,
-        client,
-        client_cert,
-    } = &*per_conn;
-    let (client, client_cert) = (*client, *client_cert);
-    // The settings in force for this request: a password revoked since the connection opened
-    // no longer works on it.
-    let active: Option<Arc<Active>> = web.as_ref().map(|w| w.current());
-    let probe = PROBE_PATHS.contains(&req.uri().path());
-    let work = async {
-        if let Some(a) = active.as_ref().filter(|_| !probe) {
-            if a.client_cert_required && !client_cert {
-                metrics.count_rejected(RejectReason::Unauthorized);
-                return plain(
-                    StatusCode::FORBIDDEN,
-                    "client certificate required (only /health and /ready answer without one)\n",
-                );
-            }
-            if a.rate_limit.as_ref().is_some_and(|r| !r.allow(client)) {
-                metrics.count_rejected(RejectReason::RateLimit);
-                return plain(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n");
-            }
-            if let Some(auth) = &a.auth {
-                let given = req
-                    .headers()
-                    .get(header::AUTHORIZATION)
-                    .map(HeaderValue::as_bytes);
-                match auth.check(given, client).await {
-                    Verdict::Allowed => {}
-                    Verdict::Denied => {
-                        metrics.count_rejected(RejectReason::Unauthorized);
-                        let mut r = plain(StatusCode::UNAUTHORIZED, "unauthorized\n");
-                        r.headers_mut().insert(
-                            header::WWW_AUTHENTICATE,
-                            HeaderValue::from_static("Basic realm=\"gpu-exporter\""),
-                        );
-                        return r;
-                    }
-                    Verdict::Throttled => {
-                        metrics.count_rejected(RejectReason::AuthThrottled);
-                        return plain(
-                            StatusCode::TOO_MANY_REQUESTS,
-                            "too many failed logins from this client\n",
-                        );
-                    }
-                }
-            }
-        }
-        if let Some(r) = app.direct_metrics(&req) {
-            return r;
-        }
-        match app
-            .router
-            .clone()
-            .oneshot(req.map(axum::body::Body::new))
-            .await
-        {
-            Ok(r) => r,
-            Err(never) => match never {},
-        }
-    };
-    // Most answers (`/metrics` above all) are ready at the first poll: the timer is only set
-    // for one that is not, so the common case does not register and cancel a timer.
-    let mut work = std::pin::pin!(work);
-    let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
-    let mut response = match first {
-        Poll::Ready(r) => r,
-        Poll::Pending => match tokio::time::timeout(*request_timeout, work).await {
-            Ok(r) => r,
-            Err(_) => plain(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
-        },
-    };
-    if let Some(a) = &active {
+/// The answer to one request: ready when the service is called (a scrape, a refusal, a login
+/// whose verdict is cached), or the work that produces it (the router's routes, a login to
+/// check with bcrypt), boxed and bounded by the request timeout.
+///
+/// A ready answer keeps nothing of the request: it is dropped before hyper reads on, so the
+/// connection's read buffer is free again and is reused for the next request rather than
+/// replaced (hyper reads ahead while an answer is pending, into a buffer the request's headers
+/// still share).
+enum Answer {
+    Ready(Option<Response<AnyBody>>),
+    Later(Pin<Box<dyn Future<Output = Response<AnyBody>> + Send>>),
+}
+
+/// The future hyper polls for a response: the [`Answer`], with its body tracked for the
+/// connection's phases.
+struct Answering {
+    answer: Answer,
+    conn: Option<Arc<Conn>>,
+}
+
+impl Future for Answering {
+    type Output = Result<Response<TrackedBody<AnyBody>>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let response = match &mut this.answer {
+            Answer::Ready(r) => r.take(),
+            Answer::Later(work) => Some(std::task::ready!(work.as_mut().poll(cx))),
+        };
+        let (Some(response), Some(conn)) = (response, this.conn.take()) else {
+            unreachable!("hyper polls a response future only until it is ready")
+        };
+        Poll::Ready(Ok(response.map(|b| TrackedBody::new(b, conn))))
+    }
+}
+
+/// What the web configuration's checks say of a request before it is answered.
+enum Gate {
+    Pass,
+    Refused(Response<AnyBody>),
+    /// Credentials to check with bcrypt (or a check of the same ones to wait for).
+    CheckLogin,
+}
+
+/// A short text/plain answer that ends a request.
+fn refusal(status: StatusCode, body: &'static str) -> Response<AnyBody> {
+    plain(status, body).map(AnyBody::from)
+}
+
+/// The web configuration's extra headers, on every answer.
+#[inline]
+fn finish(mut response: Response<AnyBody>, active: Option<&Active>) -> Response<AnyBody> {
+    if let Some(a) = active {
         for (k, v) in &a.headers {
             response.headers_mut().insert(k.clone(), v.clone());
         }
     }
     response
+}
+
+impl PerConn {
+    fn answer(self: &Arc<Self>, req: Request<hyper::body::Incoming>) -> Answer {
+        // The settings in force for this request: a password revoked since the connection
+        // opened no longer works on it.
+        let active: Option<Arc<Active>> = self.web.as_ref().map(|w| w.current());
+        if let Some(a) = active.as_deref() {
+            if !PROBE_PATHS.contains(&req.uri().path()) {
+                match self.gate(a, &req) {
+                    Gate::Pass => {}
+                    Gate::Refused(r) => return Answer::Ready(Some(finish(r, Some(a)))),
+                    Gate::CheckLogin => return self.later(active, req, true),
+                }
+            }
+        }
+        if let Some(r) = self.app.direct_metrics(&req, self.shard) {
+            drop(req);
+            return Answer::Ready(Some(finish(r, active.as_deref())));
+        }
+        self.later(active, req, false)
+    }
+
+    /// The checks that need no waiting, in order: client certificate, rate limit, cached
+    /// login verdict.
+    fn gate(&self, a: &Active, req: &Request<hyper::body::Incoming>) -> Gate {
+        if a.client_cert_required && !self.client_cert {
+            self.metrics.count_rejected(RejectReason::Unauthorized);
+            return Gate::Refused(refusal(
+                StatusCode::FORBIDDEN,
+                "client certificate required (only /health and /ready answer without one)\n",
+            ));
+        }
+        if a.rate_limit.as_ref().is_some_and(|r| !r.allow(self.client)) {
+            self.metrics.count_rejected(RejectReason::RateLimit);
+            return Gate::Refused(refusal(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate limit exceeded\n",
+            ));
+        }
+        let Some(auth) = &a.auth else {
+            return Gate::Pass;
+        };
+        match auth.check_now(authorization(req)) {
+            None => Gate::CheckLogin,
+            Some(v) => self.refusal_for(v).map_or(Gate::Pass, Gate::Refused),
+        }
+    }
+
+    /// The answer to a login refused (counted), or `None` when it is allowed.
+    fn refusal_for(&self, v: Verdict) -> Option<Response<AnyBody>> {
+        match v {
+            Verdict::Allowed => None,
+            Verdict::Denied => {
+                self.metrics.count_rejected(RejectReason::Unauthorized);
+                let mut r = refusal(StatusCode::UNAUTHORIZED, "unauthorized\n");
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Basic realm=\"gpu-exporter\""),
+                );
+                Some(r)
+            }
+            Verdict::Throttled => {
+                self.metrics.count_rejected(RejectReason::AuthThrottled);
+                Some(refusal(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many failed logins from this client\n",
+                ))
+            }
+        }
+    }
+
+    /// The answer that is not ready at once: the login checked first when `check_login`,
+    /// then the route; all of it within the request timeout.
+    fn later(
+        self: &Arc<Self>,
+        active: Option<Arc<Active>>,
+        req: Request<hyper::body::Incoming>,
+        check_login: bool,
+    ) -> Answer {
+        let me = Arc::clone(self);
+        Answer::Later(Box::pin(async move {
+            let work = async {
+                let auth = active.as_ref().and_then(|a| a.auth.as_ref());
+                if let Some(auth) = auth.filter(|_| check_login) {
+                    let v = auth.check(authorization(&req), me.client).await;
+                    if let Some(r) = me.refusal_for(v) {
+                        return r;
+                    }
+                }
+                me.route(req).await
+            };
+            let response = match tokio::time::timeout(me.request_timeout, work).await {
+                Ok(r) => r,
+                Err(_) => refusal(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
+            };
+            finish(response, active.as_deref())
+        }))
+    }
+
+    async fn route(&self, req: Request<hyper::body::Incoming>) -> Response<AnyBody> {
+        if let Some(r) = self.app.direct_metrics(&req, self.shard) {
+            return r;
+        }
+        match self
+            .app
+            .router
+            .clone()
+            .oneshot(req.map(axum::body::Body::new))
+            .await
+        {
+            Ok(r) => r.map(AnyBody::from),
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// The request's `Authorization` header value.
+fn authorization<B>(req: &Request<B>) -> Option<&[u8]> {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes)
 }

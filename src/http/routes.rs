@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -17,7 +17,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::metrics::HttpMetrics;
+use super::metrics::{HttpMetrics, SCRAPE_SHARDS};
 use crate::sampler::Published;
 
 /// The content type of Prometheus text format 0.0.4.
@@ -52,6 +52,93 @@ struct Shared {
     app: AppState,
     opts: Arc<HttpOptions>,
     in_flight: Arc<AtomicUsize>,
+    headers: Arc<ScrapeHeaders>,
+    /// The published sample as scrapes take it.
+    latest: Arc<Latest>,
+}
+
+/// The published sample as scrapes take it, in [`SCRAPE_SHARDS`] parts; each connection keeps
+/// to one. A part keeps the sample it took last and looks at the shared one's version, a plain
+/// read, before each scrape; only a new sample is taken from the channel. (The channel's lock
+/// and the sample's reference count are shared by every scrape: two CPUs taking the same
+/// cache line from each other on each scrape cost more than the rest of the scrape's own
+/// work.) The first scrape of a new sample hands it to the other parts too, so none keeps an
+/// old one alive for long.
+#[derive(Debug)]
+struct Latest([Part; SCRAPE_SHARDS]);
+
+/// One part, alone on its cache line (two lines: the CPU may fetch in pairs).
+#[derive(Debug)]
+#[repr(align(128))]
+struct Part(Mutex<Taken>);
+
+#[derive(Debug)]
+struct Taken {
+    rx: watch::Receiver<Option<Arc<Published>>>,
+    sample: Option<Arc<Published>>,
+}
+
+impl Taken {
+    /// Takes the channel's sample if it changed since; whether it did. A closed channel (in
+    /// tests) is read each time.
+    fn refresh(&mut self) -> bool {
+        if matches!(self.rx.has_changed(), Ok(false)) {
+            return false;
+        }
+        self.sample = self.rx.borrow_and_update().clone();
+        true
+    }
+}
+
+impl Latest {
+    fn new(rx: &watch::Receiver<Option<Arc<Published>>>) -> Self {
+        Latest(std::array::from_fn(|_| {
+            let mut rx = rx.clone();
+            let sample = rx.borrow_and_update().clone();
+            Part(Mutex::new(Taken { rx, sample }))
+        }))
+    }
+
+    /// What `f` makes of the latest sample, taken through part `shard`.
+    fn with<T>(&self, shard: usize, f: impl FnOnce(Option<&Published>) -> T) -> T {
+        let shard = shard % SCRAPE_SHARDS;
+        let mut part = lock(&self.0[shard]);
+        if part.refresh() {
+            // The others, unless busy (then they take it at their next scrape).
+            for (i, other) in self.0.iter().enumerate() {
+                if i != shard {
+                    if let Ok(mut o) = other.0.try_lock() {
+                        o.refresh();
+                    }
+                }
+            }
+        }
+        f(part.sample.as_deref())
+    }
+}
+
+fn lock(part: &Part) -> std::sync::MutexGuard<'_, Taken> {
+    part.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The headers of a scrape's answer, built once: a copy of a small map costs a fraction of
+/// filling one (each insert hashes its name and probes).
+#[derive(Debug)]
+struct ScrapeHeaders {
+    identity: header::HeaderMap,
+    gzip: header::HeaderMap,
+}
+
+impl ScrapeHeaders {
+    fn new() -> Self {
+        let identity = header::HeaderMap::from_iter([
+            (header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE)),
+            (header::VARY, HeaderValue::from_static("Accept-Encoding")),
+        ]);
+        let mut gzip = identity.clone();
+        gzip.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        Self { identity, gzip }
+    }
 }
 
 /// The paths the kubelet probes. They say nothing but whether the exporter works, so they
@@ -89,21 +176,30 @@ impl From<Router> for App {
 }
 
 impl App {
-    /// The answer to `GET /metrics` without the router, when this app has one.
-    pub(super) fn direct_metrics<B>(&self, req: &axum::http::Request<B>) -> Option<Response> {
+    /// The answer to `GET /metrics` without the router, when this app has one. `shard`: the
+    /// part of the scrape counter the connection counts into ([`HttpMetrics::count_scrape`]).
+    #[inline]
+    pub(super) fn direct_metrics<B>(
+        &self,
+        req: &axum::http::Request<B>,
+        shard: usize,
+    ) -> Option<Response<AnyBody>> {
         let sh = self.metrics.as_ref()?;
         (req.method() == Method::GET && req.uri().path() == "/metrics")
-            .then(|| metrics_response(sh, req.headers()))
+            .then(|| metrics_response(sh, req.headers(), shard))
     }
 }
 
 /// The router with `opts`, and `GET /metrics` answered directly (the same answer, without
 /// the router's machinery).
 pub fn app_with(state: AppState, opts: HttpOptions) -> App {
+    let latest = Arc::new(Latest::new(&state.published));
     let shared = Shared {
         app: state,
         opts: Arc::new(opts),
         in_flight: Arc::new(AtomicUsize::new(0)),
+        headers: Arc::new(ScrapeHeaders::new()),
+        latest,
     };
     let router = Router::new()
         .route("/metrics", get(metrics))
@@ -139,10 +235,56 @@ impl ScrapeSlot {
     }
 }
 
+/// A response body: a scrape's chunks, sent as they are, or any other body (boxed).
+#[derive(Debug)]
+pub(super) enum AnyBody {
+    /// A scrape's answer.
+    Scrape(SlotBody),
+    /// The router's and the refusals' answers.
+    Boxed(axum::body::Body),
+}
+
+impl From<axum::body::Body> for AnyBody {
+    fn from(b: axum::body::Body) -> Self {
+        AnyBody::Boxed(b)
+    }
+}
+
+impl http_body::Body for AnyBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        match self.get_mut() {
+            AnyBody::Scrape(b) => std::pin::Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(|never| match never {}))),
+            AnyBody::Boxed(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AnyBody::Scrape(b) => b.is_end_stream(),
+            AnyBody::Boxed(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            AnyBody::Scrape(b) => b.size_hint(),
+            AnyBody::Boxed(b) => b.size_hint(),
+        }
+    }
+}
+
 /// A body of one or two byte chunks that holds its scrape slot (with
 /// `--max-concurrent-scrapes`) until dropped.
 #[derive(Debug)]
-struct SlotBody {
+pub(super) struct SlotBody {
     /// Sent front to back; taken as sent.
     chunks: [Option<Bytes>; 2],
     _slot: Option<ScrapeSlot>,
@@ -175,15 +317,31 @@ async fn not_found() -> (StatusCode, &'static str) {
 
 // The request itself, not a `HeaderMap` extractor: that one clones every header per scrape.
 async fn metrics(State(sh): State<Shared>, req: axum::extract::Request) -> Response {
-    metrics_response(&sh, req.headers())
+    metrics_response(&sh, req.headers(), 0).map(axum::body::Body::new)
 }
 
 /// The answer to a scrape with these request headers.
-fn metrics_response(sh: &Shared, headers: &header::HeaderMap) -> Response {
+fn metrics_response(sh: &Shared, headers: &header::HeaderMap, shard: usize) -> Response<AnyBody> {
     let st = &sh.app;
-    let published = st.published.borrow().clone();
-    let Some(p) = published else {
-        return plain(StatusCode::SERVICE_UNAVAILABLE, "no sample taken yet\n");
+    // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3). The
+    // one line Prometheus sends, `gzip`, needs no parsing.
+    let encodings = headers.get_all(header::ACCEPT_ENCODING);
+    let mut lines = encodings.iter();
+    let gzip = match (lines.next(), lines.next()) {
+        (Some(v), None) if v.as_bytes() == b"gzip" => true,
+        _ => accepts_gzip_in(encodings.iter().filter_map(|v| v.to_str().ok())),
+    };
+    let body = sh.latest.with(shard, |p| {
+        p.map(|p| {
+            if gzip {
+                p.gzip_body().clone()
+            } else {
+                p.body.clone()
+            }
+        })
+    });
+    let Some(body) = body else {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "no sample taken yet\n").map(AnyBody::from);
     };
     // Without a limit, no slot is counted (a shared counter touched twice per scrape).
     let limit = sh.opts.max_concurrent_scrapes;
@@ -196,23 +354,12 @@ fn metrics_response(sh: &Shared, headers: &header::HeaderMap) -> Response {
                     StatusCode::SERVICE_UNAVAILABLE,
                     "too many concurrent scrapes (--max-concurrent-scrapes)\n",
                 )
+                .map(AnyBody::from)
             }
         },
     };
-    st.metrics.count_scrape();
-    // Several `Accept-Encoding` lines are one comma-separated list (RFC 9110 §5.3).
-    let gzip = accepts_gzip_in(
-        headers
-            .get_all(header::ACCEPT_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok()),
-    );
-    let mut chunks = [None, None];
-    chunks[0] = Some(if gzip {
-        p.gzip_body().clone()
-    } else {
-        p.body.clone()
-    });
+    st.metrics.count_scrape(shard);
+    let mut chunks = [Some(body), None];
     if sh.opts.exporter_metrics {
         let text = crate::process_metrics::render(
             &crate::process_metrics::read(),
@@ -226,16 +373,15 @@ fn metrics_response(sh: &Shared, headers: &header::HeaderMap) -> Response {
             Bytes::from(text)
         });
     }
-    let mut response = Response::new(axum::body::Body::new(SlotBody {
+    let mut response = Response::new(AnyBody::Scrape(SlotBody {
         chunks,
         _slot: slot,
     }));
-    let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-    if gzip {
-        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-    }
-    h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    *response.headers_mut() = if gzip {
+        sh.headers.gzip.clone()
+    } else {
+        sh.headers.identity.clone()
+    };
     response
 }
 
@@ -349,4 +495,50 @@ pub(super) fn plain(status: StatusCode, body: &'static str) -> Response {
         body,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(text: &'static str) -> Arc<Published> {
+        Arc::new(Published::new(
+            Bytes::from_static(text.as_bytes()),
+            Instant::now(),
+            1,
+            None,
+        ))
+    }
+
+    fn body(latest: &Latest, shard: usize) -> Option<Bytes> {
+        latest.with(shard, |p| p.map(|p| p.body.clone()))
+    }
+
+    #[test]
+    fn every_part_serves_the_newest_sample_and_none_keeps_an_old_one() {
+        let (tx, rx) = watch::channel(None);
+        let latest = Latest::new(&rx);
+        assert_eq!(body(&latest, 0), None);
+        let first = sample("first\n");
+        tx.send_replace(Some(Arc::clone(&first)));
+        // Each part sees the new sample on its next scrape, whichever part saw it first.
+        for shard in 0..SCRAPE_SHARDS {
+            assert_eq!(body(&latest, shard).as_deref(), Some(&b"first\n"[..]));
+        }
+        // The channel and every part share one sample.
+        assert_eq!(Arc::strong_count(&first), 2 + SCRAPE_SHARDS);
+        tx.send_replace(Some(sample("second\n")));
+        // The first scrape of the new sample, through part 3, takes it into every part; the
+        // old one is left to this test alone.
+        assert_eq!(body(&latest, 3).as_deref(), Some(&b"second\n"[..]));
+        assert_eq!(Arc::strong_count(&first), 1);
+        for shard in (0..SCRAPE_SHARDS).rev() {
+            assert_eq!(body(&latest, shard).as_deref(), Some(&b"second\n"[..]));
+        }
+        // Shards past the count wrap around.
+        assert_eq!(
+            body(&latest, SCRAPE_SHARDS + 3).as_deref(),
+            Some(&b"second\n"[..])
+        );
+    }
 }

@@ -3,6 +3,7 @@
 //! into it): the phase and since when, what was decided from outside, and each phase's deadline.
 //! The bottom layer of `http::conn`: it names neither the connection nor the registry.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -42,15 +43,14 @@ pub(super) struct State {
     /// Times the watch's timer fired (it is set for at most [`PhaseTimeouts::cap`], so that no
     /// phase change has to reset it).
     pub(super) watchdog_wakes: u64,
-    /// The response body has been handed to hyper (`Serving` only).
-    pub(super) body_done: bool,
     /// Bytes of a next request arrived while serving (pipelining or a slow trickle).
     pub(super) read_while_serving: bool,
-    /// Decided from outside (see [`Conn::watch`](super::Conn::watch)): close (evicted), or shut
-    /// down gracefully.
+    /// Decided from outside (see [`Conn::watchdog`](super::Conn::watchdog)): close (evicted),
+    /// or shut down gracefully (kept: it closes the connection once no request is answered).
     pub(super) close: Option<CloseReason>,
     pub(super) stop: bool,
-    /// The connection's task, woken when one of those is decided.
+    /// The watchdog's task, woken when one of those is decided (and, at stop, when an answer
+    /// is out).
     pub(super) task: Option<std::task::Waker>,
 }
 
@@ -65,7 +65,6 @@ impl State {
             busy_or_idle_since: now,
             filed_active: false,
             watchdog_wakes: 0,
-            body_done: false,
             read_while_serving: false,
             close: None,
             stop: false,
@@ -73,16 +72,17 @@ impl State {
         }
     }
 
-    /// Moves to `phase` now; returns the instant. The watchdog is not told: it never sleeps
-    /// past the earliest deadline a phase change could bring (see [`PhaseTimeouts::cap`]).
-    pub(super) fn enter(&mut self, phase: Phase) -> Instant {
+    /// Moves to `phase` at `now`; returns it. The watchdog is not told: it never sleeps past
+    /// the earliest deadline a phase change could bring (see [`PhaseTimeouts::cap`]).
+    pub(super) fn enter(&mut self, phase: Phase, now: Instant) -> Instant {
         self.phase = phase;
-        self.since = Instant::now();
-        self.since
+        self.since = now;
+        now
     }
 }
 
-/// What a connection must do ([`Conn::watch`](super::Conn::watch)).
+/// What is decided for a connection from outside ([`Conn::watchdog`](super::Conn::watchdog)
+/// acts on it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// The server is shutting down: finish the request in flight, then close.
@@ -164,6 +164,29 @@ impl PhaseTimeouts {
 mod tests {
     use super::*;
 
+    #[tokio::test(start_paused = true)]
+    async fn the_changes_of_one_poll_share_one_reading_and_others_read_the_clock() {
+        let clock = PollClock::new(Instant::now());
+        let step = Duration::from_millis(1500);
+        // Outside a poll: the clock itself.
+        let a = clock.now();
+        tokio::time::advance(step).await;
+        assert_eq!(clock.now(), a + step);
+        // In a poll: the first reading, however late the later changes come.
+        tokio::time::advance(step).await;
+        clock.begin();
+        let first = clock.now();
+        assert_eq!(first, a + 2 * step);
+        tokio::time::advance(step).await;
+        assert_eq!(clock.now(), first);
+        clock.end();
+        // The next poll reads again.
+        clock.begin();
+        assert_eq!(clock.now(), a + 3 * step);
+        clock.end();
+        assert_eq!(clock.now(), a + 3 * step);
+    }
+
     #[test]
     fn no_phase_that_can_follow_has_a_deadline_before_the_watchdogs_wake_up() {
         let limits = Limits {
@@ -202,6 +225,56 @@ mod tests {
             }
             let shortest = seen.iter().map(|&q| t.of(q).0).min().unwrap();
             assert_eq!(t.cap(p), shortest, "{p:?}");
+        }
+    }
+}
+
+/// The time of the phase changes made in one poll of the connection's task: the clock is read
+/// at the first change of a poll and that reading serves the others. (A request arriving whole
+/// changes the phase three times in one poll, and a clock read costs about as much as the rest
+/// of a change; the readings of one poll lie microseconds apart.) Outside a poll (the opening
+/// stage, tests) each change reads the clock.
+#[derive(Debug)]
+pub(super) struct PollClock {
+    base: Instant,
+    /// [`Self::IDLE`] outside a poll, [`Self::UNREAD`] in one before its first reading, else
+    /// the reading as nanoseconds after `base`, plus one. Only the connection's task writes it.
+    at: AtomicU64,
+}
+
+impl PollClock {
+    const IDLE: u64 = u64::MAX;
+    const UNREAD: u64 = 0;
+
+    pub(super) fn new(base: Instant) -> Self {
+        Self {
+            base,
+            at: AtomicU64::new(Self::IDLE),
+        }
+    }
+
+    /// A poll of the connection's task begins.
+    pub(super) fn begin(&self) {
+        self.at.store(Self::UNREAD, Ordering::Relaxed);
+    }
+
+    /// The poll ended.
+    pub(super) fn end(&self) {
+        self.at.store(Self::IDLE, Ordering::Relaxed);
+    }
+
+    /// Now, as this poll reads it.
+    pub(super) fn now(&self) -> Instant {
+        match self.at.load(Ordering::Relaxed) {
+            Self::IDLE => Instant::now(),
+            Self::UNREAD => {
+                let now = Instant::now();
+                let nanos = u64::try_from(now.saturating_duration_since(self.base).as_nanos())
+                    .unwrap_or(Self::IDLE - 2);
+                self.at.store(nanos + 1, Ordering::Relaxed);
+                now
+            }
+            at => self.base + Duration::from_nanos(at - 1),
         }
     }
 }
