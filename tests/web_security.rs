@@ -1169,7 +1169,13 @@ async fn a_half_sent_client_hello_flood_from_the_scrapers_address_does_not_delay
         }
     })
     .await
-    .expect("the flood's connections were not all taken in");
+    .unwrap_or_else(|_| {
+        panic!(
+            "the flood's connections were not all taken in: active {} open {}",
+            server.metrics.http.active(),
+            server.metrics.http.open()
+        )
+    });
     // The scrape completes, well within its deadline (a correctness bound: it must not wait
     // behind the flood's handshakes; unhindered it takes milliseconds).
     let started = std::time::Instant::now();

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use conn::{Conn, Registry};
-use io::{Tracked, TrackedBody};
+use io::{Stream, Tracked, TrackedBody};
 pub use limits::Limits;
 pub use metrics::{CloseReason, HttpMetrics, RejectReason};
 pub use routes::{
@@ -156,12 +156,6 @@ struct Ctx {
     peer: SocketAddr,
 }
 
-/// The byte stream after the first byte arrived (and the TLS handshake, if any).
-enum Stream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<conn::HandshakeIo>>),
-}
-
 /// Whether the TLS client presented a certificate (verified in the handshake).
 fn has_client_cert(s: &tokio_rustls::server::TlsStream<conn::HandshakeIo>) -> bool {
     s.get_ref()
@@ -219,13 +213,11 @@ async fn serve_connection(stream: TcpStream, conn: &Arc<Conn>, ctx: Ctx) -> Clos
         },
         reason = conn.watchdog(&ctx.limits) => return reason,
     };
-    match stream {
-        Stream::Plain(s) => Box::pin(serve_http1(s, conn, ctx, false)).await,
-        Stream::Tls(s) => {
-            let cert = has_client_cert(&s);
-            Box::pin(serve_http1(*s, conn, ctx, cert)).await
-        }
-    }
+    let cert = match &stream {
+        Stream::Plain(_) => false,
+        Stream::Tls(s) => has_client_cert(s),
+    };
+    Box::pin(serve_http1(stream, conn, ctx, cert)).await
 }
 
 /// Serves HTTP/1 on `io` in a task of its own, and watches it from this one: a deadline that
@@ -289,10 +281,7 @@ where
     let service_conn = Arc::clone(&conn);
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         service_conn.request_started();
-        Answering {
-            answer: per_conn.answer(req),
-            conn: Some(Arc::clone(&service_conn)),
-        }
+        per_conn.answer(req, &service_conn)
     });
     let http = hyper::server::conn::http1::Builder::new()
         // Deadlines are the watchdog's (hyper's header timer would also run while idle).
@@ -323,40 +312,38 @@ struct PerConn {
     shard: usize,
 }
 
-/// The answer to one request: ready when the service is called (a scrape, a refusal, a login
-/// whose verdict is cached), or the work that produces it (the router's routes, a login to
-/// check with bcrypt), boxed and bounded by the request timeout.
+/// A response whose body tells the connection when hyper has taken all of it.
+type TrackedResponse = Response<TrackedBody<AnyBody>>;
+
+/// The answer to one request, as hyper polls it: ready when the service is called (a scrape,
+/// a refusal, a login whose verdict is cached), or the work that produces it (the router's
+/// routes, a login to check with bcrypt), boxed and bounded by the request timeout.
 ///
 /// A ready answer keeps nothing of the request: it is dropped before hyper reads on, so the
 /// connection's read buffer is free again and is reused for the next request rather than
 /// replaced (hyper reads ahead while an answer is pending, into a buffer the request's headers
 /// still share).
 enum Answer {
-    Ready(Option<Response<AnyBody>>),
-    Later(Pin<Box<dyn Future<Output = Response<AnyBody>> + Send>>),
+    Ready(Option<TrackedResponse>),
+    Later(Pin<Box<dyn Future<Output = TrackedResponse> + Send>>),
 }
 
-/// The future hyper polls for a response: the [`Answer`], with its body tracked for the
-/// connection's phases.
-struct Answering {
-    answer: Answer,
-    conn: Option<Arc<Conn>>,
-}
-
-impl Future for Answering {
-    type Output = Result<Response<TrackedBody<AnyBody>>, Infallible>;
+impl Future for Answer {
+    type Output = Result<TrackedResponse, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let response = match &mut this.answer {
-            Answer::Ready(r) => r.take(),
-            Answer::Later(work) => Some(std::task::ready!(work.as_mut().poll(cx))),
-        };
-        let (Some(response), Some(conn)) = (response, this.conn.take()) else {
-            unreachable!("hyper polls a response future only until it is ready")
-        };
-        Poll::Ready(Ok(response.map(|b| TrackedBody::new(b, conn))))
+        match self.get_mut() {
+            Answer::Ready(r) => Poll::Ready(Ok(r
+                .take()
+                .expect("hyper polls a response future only until it is ready"))),
+            Answer::Later(work) => work.as_mut().poll(cx).map(Ok),
+        }
     }
+}
+
+/// `response` with its body tracked for `conn`'s phases.
+fn tracked(response: Response<AnyBody>, conn: &Arc<Conn>) -> TrackedResponse {
+    response.map(|b| TrackedBody::new(b, Arc::clone(conn)))
 }
 
 /// What the web configuration's checks say of a request before it is answered.
@@ -373,18 +360,15 @@ fn refusal(status: StatusCode, body: &'static str) -> Response<AnyBody> {
 }
 
 /// The web configuration's extra headers, on every answer.
-#[inline]
-fn finish(mut response: Response<AnyBody>, active: Option<&Active>) -> Response<AnyBody> {
-    if let Some(a) = active {
-        for (k, v) in &a.headers {
-            response.headers_mut().insert(k.clone(), v.clone());
-        }
+fn finish(mut response: Response<AnyBody>, active: &Active) -> Response<AnyBody> {
+    for (k, v) in &active.headers {
+        response.headers_mut().insert(k.clone(), v.clone());
     }
     response
 }
 
 impl PerConn {
-    fn answer(self: &Arc<Self>, req: Request<hyper::body::Incoming>) -> Answer {
+    fn answer(self: &Arc<Self>, req: Request<hyper::body::Incoming>, conn: &Arc<Conn>) -> Answer {
         // The settings in force for this request: a password revoked since the connection
         // opened no longer works on it.
         let active: Option<Arc<Active>> = self.web.as_ref().map(|w| w.current());
@@ -392,16 +376,20 @@ impl PerConn {
             if !PROBE_PATHS.contains(&req.uri().path()) {
                 match self.gate(a, &req) {
                     Gate::Pass => {}
-                    Gate::Refused(r) => return Answer::Ready(Some(finish(r, Some(a)))),
-                    Gate::CheckLogin => return self.later(active, req, true),
+                    Gate::Refused(r) => return Answer::Ready(Some(tracked(finish(r, a), conn))),
+                    Gate::CheckLogin => return self.later(active, req, true, conn),
                 }
             }
         }
         if let Some(r) = self.app.direct_metrics(&req, self.shard) {
             drop(req);
-            return Answer::Ready(Some(finish(r, active.as_deref())));
+            let r = match active.as_deref() {
+                None => r,
+                Some(a) => finish(r, a),
+            };
+            return Answer::Ready(Some(tracked(r, conn)));
         }
-        self.later(active, req, false)
+        self.later(active, req, false, conn)
     }
 
     /// The checks that need no waiting, in order: client certificate, rate limit, cached
@@ -460,8 +448,10 @@ impl PerConn {
         active: Option<Arc<Active>>,
         req: Request<hyper::body::Incoming>,
         check_login: bool,
+        conn: &Arc<Conn>,
     ) -> Answer {
         let me = Arc::clone(self);
+        let conn = Arc::clone(conn);
         Answer::Later(Box::pin(async move {
             let work = async {
                 let auth = active.as_ref().and_then(|a| a.auth.as_ref());
@@ -477,7 +467,11 @@ impl PerConn {
                 Ok(r) => r,
                 Err(_) => refusal(StatusCode::SERVICE_UNAVAILABLE, "request timed out\n"),
             };
-            finish(response, active.as_deref())
+            let response = match active.as_deref() {
+                None => response,
+                Some(a) => finish(response, a),
+            };
+            tracked(response, &conn)
         }))
     }
 
