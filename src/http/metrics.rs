@@ -178,10 +178,11 @@ impl HttpMetrics {
             .sum()
     }
 
-    /// Sets the number of open connections, and of those past their first byte.
+    /// Sets the number of open connections, and of those past their first byte. Both are set
+    /// before the watchers of [`HttpMetrics::watch_open`] wake, so one woken reads both new.
     pub fn set_open(&self, open: usize, active: usize) {
-        self.open.send_replace(open as u64);
         self.active.set(active as u64);
+        self.open.send_replace(open as u64);
     }
 
     /// Open connections past their first byte.

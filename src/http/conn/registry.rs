@@ -250,12 +250,13 @@ impl Registry {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Releases the lock and publishes the counts.
+    /// Publishes the counts, then releases the lock. Published under the lock, so two changes
+    /// never publish in the reverse of their order (a stale count left standing).
     fn publish(&self, g: MutexGuard<'_, Inner>) {
         let (open, active) = (g.conns.len(), g.active);
-        drop(g);
-        self.open.send_replace(open);
         self.metrics.set_open(open, active);
+        self.open.send_replace(open);
+        drop(g);
     }
 
     /// Registers a new connection from `peer`, evicting another one when the limit is reached.
