@@ -14,7 +14,10 @@ What it measures, in one run:
 - the limit: benches/static_server.rs serving the exact body gpu-exporter returned, from memory;
 - the peer: Debian's prometheus-node-exporter with its default collectors.
 Every wrk run uses the same threads, connections and duration; each is run without and with
-`Accept-Encoding: gzip` (what Prometheus sends). The results replace the part of
+`Accept-Encoding: gzip` (what Prometheus sends). gpu-exporter and the limit are measured in
+turns, several rounds (`--rounds`): the median run of each is reported, and gpu-exporter's ratio
+to the limit is the median of the per-turn ratios (on a shared 2-vCPU VM one run can be off by
+10 % or more either way; two runs in a row see the same drift). The results replace the part of
 BENCHMARKS.md between the `load:begin` and `load:end` markers (or print, with --print-only).
 """
 
@@ -181,6 +184,8 @@ def main():
     ap.add_argument("--connections", type=int, nargs="+", default=[64, 1],
                     help="wrk connection counts (default 64 1)")
     ap.add_argument("--threads", type=int, default=1, help="wrk threads (default 1)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of gpu-exporter and the limit, in turns; the median is reported (default 3)")
     ap.add_argument("--idle", type=int, default=60, help="seconds of idle sampling measured (default 60)")
     ap.add_argument("--starts", type=int, default=5, help="startup-to-ready measurements (default 5)")
     ap.add_argument("--pods-per-gpu", type=int, default=25, help="default 25 (200 pods)")
@@ -280,8 +285,19 @@ def run(args, work, procs, exporter, kubelet, static):
             ("prometheus-node-exporter", f"http://127.0.0.1:{node_port}/metrics", ne),
         ]
         for conns in args.connections:
-            for name, url, proc in targets:
-                results.append(measure(args, name, url, proc, conns, gzip, ours, idle_cpu_per_s))
+            # gpu-exporter and the limit in turns, so both see the same drift of the machine.
+            rounds = {name: [] for name, _, _ in targets[:2]}
+            for _ in range(args.rounds):
+                for name, url, proc in targets[:2]:
+                    rounds[name].append(measure(args, name, url, proc, conns, gzip, ours, idle_cpu_per_s))
+            mine, limit = (rounds[name] for name, _, _ in targets[:2])
+            ratios = [a["rps"] / b["rps"] for a, b in zip(mine, limit)]
+            r = median_run(mine)
+            r.update(ratio=statistics.median(ratios), all_ratios=ratios)
+            results.append(r)
+            results.append(median_run(limit))
+            name, url, proc = targets[2]
+            results.append(measure(args, name, url, proc, conns, gzip, ours, idle_cpu_per_s))
     after_mem = memory_kib(ours.pid)
     for p in (kl, ours):
         if p.poll() is not None:
@@ -318,6 +334,15 @@ def measure(args, name, url, proc, conns, gzip, ours, idle_cpu_per_s):
     return r
 
 
+def median_run(runs):
+    """The run with the median requests/s (the lower middle one for an even count), with the
+    requests/s of all of them."""
+    ordered = sorted(runs, key=lambda r: r["rps"])
+    r = dict(ordered[(len(ordered) - 1) // 2])
+    r["all_rps"] = [x["rps"] for x in runs]
+    return r
+
+
 def report(args, pods, series, body_len, gz_len, ne_body_len, starts, ticks, tick_cpu_ms, tick_wall_ms,
            idle_cpu_per_s, idle_mem, after_mem, ne_mem_idle, results):
     mib = lambda kib: f"{kib / 1024:.1f} MiB"
@@ -330,7 +355,10 @@ def report(args, pods, series, body_len, gz_len, ne_body_len, starts, ticks, tic
                f"({gz_len / 1024:.1f} KiB gzipped). "
                f"node-exporter body: {ne_body_len / 1024:.1f} KiB. wrk: {args.threads} thread, "
                f"{args.duration} s per run after a 2 s warm-up, on the same machine (wrk and the "
-               f"server share the CPUs).\n")
+               f"server share the CPUs). gpu-exporter and the limit: {args.rounds} runs each, in turns; "
+               f"the median run is shown, and every run's requests/s below the table. For gpu-exporter, "
+               f"\"vs limit\" is the median of the per-turn ratios (each run against the limit's run "
+               f"right after it, so both saw the same state of the machine).\n")
     out.append("| target | encoding | connections | requests/s | vs limit | p50 | p99 | CPU s / 1,000 scrapes | errors |")
     out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     limit = {(r["gzip"], r["conns"]): r["rps"] for r in results if r["name"] == "static-body limit"}
@@ -338,8 +366,17 @@ def report(args, pods, series, body_len, gz_len, ne_body_len, starts, ticks, tic
         cpu = r.get("cpu_net_s", r["cpu_s"]) / r["requests"] * 1000
         enc = "gzip" if r["gzip"] else "identity"
         out.append(f"| {r['name']} | {enc} | {r['conns']} | {r['rps']:,.0f} | "
-                   f"{r['rps'] / limit[(r['gzip'], r['conns'])]:.2f}x "
+                   f"{r.get('ratio', r['rps'] / limit[(r['gzip'], r['conns'])]):.2f}x "
                    f"| {r['p50_ms']:.3f} ms | {r['p99_ms']:.3f} ms | {cpu:.3f} | {r['errors']} |")
+    out.append("")
+    for r in results:
+        if "all_rps" in r:
+            enc = "gzip" if r["gzip"] else "identity"
+            runs = ", ".join(f"{x:,.0f}" for x in r["all_rps"])
+            line = f"- {r['name']}, {enc}, {r['conns']} connections: {runs} requests/s"
+            if "all_ratios" in r:
+                line += " (per turn, vs the limit's run beside it: " + ", ".join(f"{x:.2f}x" for x in r["all_ratios"]) + ")"
+            out.append(line)
     ours_after = after_mem
     ne_after = [r for r in results if r["name"] == "prometheus-node-exporter"][-1]["mem"]
     out.append("")
