@@ -184,8 +184,8 @@ def main():
     ap.add_argument("--connections", type=int, nargs="+", default=[64, 1],
                     help="wrk connection counts (default 64 1)")
     ap.add_argument("--threads", type=int, default=1, help="wrk threads (default 1)")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="runs of gpu-exporter and the limit, in turns; the median is reported (default 3)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="runs of gpu-exporter and the limit, in turns; the median is reported (default 5)")
     ap.add_argument("--idle", type=int, default=60, help="seconds of idle sampling measured (default 60)")
     ap.add_argument("--starts", type=int, default=5, help="startup-to-ready measurements (default 5)")
     ap.add_argument("--pods-per-gpu", type=int, default=25, help="default 25 (200 pods)")

@@ -3,7 +3,7 @@
 # missing, builds the release binaries and the static-body server, then runs benches/load.py,
 # which rewrites the load section of BENCHMARKS.md. Pass load.py's options through, e.g.
 #   benches/load.sh --duration 5 --print-only
-# Run it on an otherwise idle machine; it takes about 8 minutes with the defaults.
+# Run it on an otherwise idle machine; it takes about 11 minutes with the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
