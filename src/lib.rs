@@ -25,8 +25,8 @@
 //!   prometheus-client registry, its 0.0.4 encoding, collector helpers); imports nothing from
 //!   the crate. Each module defines and updates its own families (`http::metrics`,
 //!   `sampler::metrics`, `pods::refresher`, `pods::cri_refresher`, `pods::usage`, `hpc`,
-//!   `reload`, `web::metrics`); `main.rs` registers them into one registry, which the sampler
-//!   encodes into every body.
+//!   `reload`, `web::metrics`); [`exporter_metrics`] registers them all, in body order, into
+//!   the one registry the sampler encodes into every body (`main.rs` and the tests build it).
 //! - [`process_metrics`]: the standard `process_*` series (`--enable-exporter-metrics`).
 //! - [`http`]: `/metrics`, `/health`, `/ready` (routes); per-phase connection deadlines and
 //!   eviction at the connection limits (conn, io, limits), so that floods never lock the scraper
@@ -40,11 +40,12 @@
 //! - [`testing`]: test doubles (fake kubelet, container runtime and NVML) for the tests, the
 //!   `fake-kubelet` binary and the simulated fleet's processes; never used on a real node.
 //!
-//! `main.rs` is the only composition root; it also registers every module's self-metric
-//! collectors, once, into the one registry the sampler encodes.
+//! `main.rs` is the only composition root; it builds [`exporter_metrics::ExporterMetrics`]
+//! once and hands each module its own families.
 
 pub mod catalog;
 pub mod config;
+pub mod exporter_metrics;
 pub mod fsread;
 pub mod godur;
 pub mod gpu;

@@ -10,28 +10,25 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use gpu_exporter::config::{Args, Backend, Config};
+use gpu_exporter::exporter_metrics::ExporterMetrics;
 use gpu_exporter::gpu::dcgm::source::{DcgmOptions, DcgmSource};
 use gpu_exporter::gpu::dcgm::DcgmLibrary;
 use gpu_exporter::gpu::GpuSource;
-use gpu_exporter::hpc::{HpcJobs, HpcMetrics, HpcWatcher};
-use gpu_exporter::http::{self, AppState, HttpMetrics};
+use gpu_exporter::hpc::{HpcJobs, HpcWatcher};
+use gpu_exporter::http::{self, AppState};
 use gpu_exporter::pods::cri::CriClient;
-use gpu_exporter::pods::cri_refresher::{CriMetrics, CriOptions, CriRefresher};
+use gpu_exporter::pods::cri_refresher::{CriOptions, CriRefresher};
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
 use gpu_exporter::pods::kubelet::KubeletPodResources;
 use gpu_exporter::pods::mapping::MappingOptions;
 use gpu_exporter::pods::procfs::ProcRoot;
-use gpu_exporter::pods::refresher::{PodResourcesMetrics, Refresher, RefresherOptions};
-use gpu_exporter::pods::usage::ProcessMetrics;
+use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::Attribution;
-use gpu_exporter::reload::{CatalogReloader, Hangup, ReloadMetrics};
-use gpu_exporter::sampler::{
-    AttributionMetrics, SampleMetrics, Sampler, SamplerMetrics, SamplerOptions,
-};
-use gpu_exporter::self_metrics::{CounterOnceNonZero, Registry};
+use gpu_exporter::reload::{CatalogReloader, Hangup};
+use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::shutdown_signal;
 use gpu_exporter::supervise::Essential;
-use gpu_exporter::web::{WebMetrics, WebSecurity};
+use gpu_exporter::web::WebSecurity;
 
 #[path = "main/startup.rs"]
 mod startup;
@@ -199,7 +196,7 @@ async fn serve<S: GpuSource>(
         }
     }
     let shutdown = CancellationToken::new();
-    let metrics = SelfMetrics::register(log_write_errors, &*source);
+    let metrics = ExporterMetrics::new(log_write_errors, |r| source.register_metrics(r));
     let mut essential = Essential::new();
     let web = match &config.args.web_config_file {
         Some(p) => Some(Arc::new(
@@ -257,7 +254,7 @@ async fn serve<S: GpuSource>(
         rediscover_every: Duration::from_secs(60).max(config.interval),
         build: config.build_options(),
     };
-    let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, metrics.sampler.clone());
+    let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, metrics.sampler());
     // The devices found, for the pod refresher (kubelet device ids) and the HPC watcher (which
     // mapping files to read).
     let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
@@ -359,7 +356,11 @@ async fn serve<S: GpuSource>(
             poll_ms = every.as_millis() as u64,
             "HPC job labels from --hpc-job-mapping-dir"
         );
-        let watcher = HpcWatcher::new(dir.clone(), Arc::clone(&metrics.hpc), inventory_rx.clone());
+        let watcher = HpcWatcher::new(
+            dir.clone(),
+            Arc::clone(&metrics.hpc_jobs),
+            inventory_rx.clone(),
+        );
         // Reading a local directory has no call timeout: one poll period bounds the wait.
         sampler = sampler.with_first_answer("hpc", watcher.answered(), every);
         essential.spawn(
@@ -431,63 +432,6 @@ async fn serve<S: GpuSource>(
     }
     shutdown.cancel();
     Ok(())
-}
-
-/// Every module's own `gpu_exporter_*` families: each module defines and updates its own; they
-/// are registered here, once, into the one registry the sampler encodes into each body, in the
-/// order they appear in it.
-struct SelfMetrics {
-    sampler: SamplerMetrics,
-    reload: Arc<ReloadMetrics>,
-    http: Arc<HttpMetrics>,
-    pod_resources: Arc<PodResourcesMetrics>,
-    cri: Arc<CriMetrics>,
-    hpc: Arc<HpcMetrics>,
-    web: Arc<WebMetrics>,
-}
-
-impl SelfMetrics {
-    fn register(log_write_errors: Arc<AtomicU64>, source: &impl GpuSource) -> Self {
-        let samples = Arc::new(SampleMetrics::default());
-        let attribution = Arc::new(AttributionMetrics::default());
-        let processes = Arc::new(ProcessMetrics::default());
-        let reload = Arc::new(ReloadMetrics::default());
-        let http = Arc::new(HttpMetrics::default());
-        let pod_resources = Arc::new(PodResourcesMetrics::default());
-        let cri = Arc::new(CriMetrics::default());
-        let hpc = Arc::new(HpcMetrics::default());
-        let web = Arc::new(WebMetrics::default());
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(Arc::clone(&samples)));
-        registry.register_collector(Box::new(Arc::clone(&reload)));
-        registry.register_collector(Box::new(Arc::clone(&http)));
-        registry.register_collector(Box::new(CounterOnceNonZero::new(
-            "gpu_exporter_log_write_errors",
-            "Writes of log lines to stderr that failed (the lines are lost; absent until the first).",
-            log_write_errors,
-        )));
-        registry.register_collector(Box::new(Arc::clone(&pod_resources)));
-        registry.register_collector(Box::new(Arc::clone(&cri)));
-        registry.register_collector(Box::new(Arc::clone(&processes)));
-        registry.register_collector(Box::new(Arc::clone(&hpc)));
-        registry.register_collector(Box::new(Arc::clone(&attribution)));
-        registry.register_collector(Box::new(Arc::clone(&web)));
-        source.register_metrics(&mut registry);
-        Self {
-            sampler: SamplerMetrics {
-                samples,
-                attribution,
-                processes,
-                registry: Arc::new(registry),
-            },
-            reload,
-            http,
-            pod_resources,
-            cri,
-            hpc,
-            web,
-        }
-    }
 }
 
 /// The HTTP limits from the flags, the soft file descriptor limit raised towards the hard one

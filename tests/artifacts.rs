@@ -18,11 +18,8 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 use serde_yaml::Value as Yaml;
 
-#[path = "common/self_metrics.rs"]
-mod self_metrics;
-
 use gpu_exporter::catalog;
-use self_metrics::SelfMetrics;
+use gpu_exporter::exporter_metrics::ExporterMetrics as SelfMetrics;
 
 /// The dashboard schema version of Grafana 11.6, the one the pinned grafana-foundation-sdk build
 /// (scripts/gen-dashboards.py) writes; older ones are migrated on import, which rewrites panels

@@ -4,12 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-#[path = "common/self_metrics.rs"]
-mod self_metrics;
-
 use gpu_exporter::catalog::{self, Catalog};
+use gpu_exporter::exporter_metrics::ExporterMetrics as SelfMetrics;
 use gpu_exporter::reload::CatalogReloader;
-use self_metrics::SelfMetrics;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 

@@ -8,17 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[path = "common/self_metrics.rs"]
-mod self_metrics;
-
 use bytes::Bytes;
+use gpu_exporter::exporter_metrics::ExporterMetrics as SelfMetrics;
 use gpu_exporter::http::{self, AppState, Limits};
 use gpu_exporter::sampler::Published;
 use gpu_exporter::web::{WebConfigState, WebSecurity};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use self_metrics::SelfMetrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;

@@ -2,13 +2,16 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod binary;
-pub mod self_metrics;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_exporter::catalog::{self, Catalog};
 use gpu_exporter::config::GpuIdType;
+/// The exporter's own families exactly as `main.rs` builds them (one registry, every module's
+/// collector in body order), under the name the tests use.
+#[allow(unused_imports)]
+pub use gpu_exporter::exporter_metrics::ExporterMetrics as SelfMetrics;
 use gpu_exporter::gpu::scenario::{self, Scenario};
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::GpuSource;
@@ -18,7 +21,6 @@ use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
 use gpu_exporter::testing::fake_kubelet::Assignments;
-pub use self_metrics::SelfMetrics;
 use tokio::sync::watch;
 
 pub const INTERVAL: Duration = Duration::from_secs(10);
