@@ -631,8 +631,8 @@ async fn a_hanging_kubelet_times_out_while_the_sampler_keeps_publishing() {
     let (outcome, _refresher) = pending.await.unwrap();
     assert_eq!(outcome, RefreshOutcome::Dropped { reason: "timeout" });
     let state = p.metrics.pod_resources.state();
-    assert!(!state.up);
-    assert_eq!(state.errors.get("timeout"), Some(&1));
+    assert!(!state.health.up);
+    assert_eq!(state.health.errors.get("timeout"), Some(&1));
     let body = String::from_utf8(p.sampler.tick().await.body.to_vec()).unwrap();
     assert!(body.contains("gpu_exporter_pod_resources_up 0\n"));
     assert!(body.contains("gpu_exporter_pod_resources_errors_total{reason=\"timeout\"} 1\n"));
@@ -835,12 +835,18 @@ async fn fake_kubelet_binary_killed_and_restarted_labels_come_back() {
         "{outcome:?}"
     );
     let state = p.metrics.pod_resources.state();
-    assert!(!state.up);
-    assert_eq!(state.errors.values().sum::<u64>(), 1, "{:?}", state.errors);
-    assert!(
-        state.errors.contains_key("unavailable") || state.errors.contains_key("socket_missing"),
+    assert!(!state.health.up);
+    assert_eq!(
+        state.health.errors.values().sum::<u64>(),
+        1,
         "{:?}",
-        state.errors
+        state.health.errors
+    );
+    assert!(
+        state.health.errors.contains_key("unavailable")
+            || state.health.errors.contains_key("socket_missing"),
+        "{:?}",
+        state.health.errors
     );
     // Within the TTL the last answer stays in use.
     let body = p.body().await;
@@ -1185,12 +1191,12 @@ async fn last_good_answer_is_kept_until_the_ttl_then_labels_are_dropped() {
         "labels dropped after the TTL"
     );
     let s = metrics.state();
-    assert_eq!(s.errors.get("unavailable"), Some(&3));
+    assert_eq!(s.health.errors.get("unavailable"), Some(&3));
     assert_eq!(s.allocated_entities, 0);
     // The kubelet answers again: labels are back.
     assert_eq!(r.refresh_once().await, RefreshOutcome::Fresh);
     assert_eq!(rx.borrow().holders_of(key).len(), 1);
-    assert!(metrics.state().up);
+    assert!(metrics.state().health.up);
 }
 
 #[tokio::test(start_paused = true)]

@@ -853,7 +853,7 @@ async fn the_last_answer_is_kept_until_the_ttl_then_dropped() {
     );
     assert_eq!(r.next_delay(), Duration::from_millis(500));
     assert!(rx.borrow().is_available(), "kept within the TTL");
-    assert!(!metrics.cri.state().up);
+    assert!(!metrics.cri.state().health.up);
     tokio::time::advance(Duration::from_secs(19)).await;
     assert!(matches!(
         r.refresh_once().await,
@@ -870,7 +870,7 @@ async fn the_last_answer_is_kept_until_the_ttl_then_dropped() {
     assert!(!rx.borrow().is_available(), "dropped after the TTL");
     let s = metrics.cri.state();
     assert_eq!((s.pods, s.containers), (0, 0));
-    assert_eq!(s.errors["unavailable"], 3);
+    assert_eq!(s.health.errors["unavailable"], 3);
 }
 
 /// Reports each listing on a channel, always with the same answer.

@@ -21,6 +21,7 @@
 //! The rest of the pipeline sees only the plain data below.
 
 pub mod cgroup;
+pub mod client_health;
 pub mod cri;
 pub mod cri_proto;
 pub mod cri_refresher;

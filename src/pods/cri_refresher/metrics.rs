@@ -2,12 +2,12 @@
 //! refresher, rendered only when it runs. A [`Collector`] over the latest state: the runtime's
 //! last listing is a snapshot, replaced as a whole.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::pods::client_health::{ClientHealth, HealthFamilies};
 use crate::pods::cri::CriError;
-use crate::self_metrics::{self, Collector, DescriptorEncoder, Num, Reason};
+use crate::self_metrics::{self, Collector, DescriptorEncoder, Num};
 
 /// The container-runtime client's health.
 #[derive(Debug, Default)]
@@ -18,14 +18,9 @@ pub struct CriMetrics {
 /// A copy of [`CriMetrics`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CriState {
-    /// Whether the CRI client runs (the families are rendered only then).
-    pub enabled: bool,
-    /// Whether the last listing succeeded.
-    pub up: bool,
-    /// Unix time of the last successful listing (0: never).
-    pub last_success_seconds: f64,
-    /// Failed listings by reason.
-    pub errors: BTreeMap<&'static str, u64>,
+    /// The listings: whether the client runs (the families are rendered only then), the last
+    /// one's result, failures by reason.
+    pub health: ClientHealth,
     /// Pods in the published answer.
     pub pods: u64,
     /// Containers in the published answer.
@@ -39,21 +34,17 @@ impl CriMetrics {
 
     /// Turns the families on.
     pub fn enable(&self) {
-        self.lock().enabled = true;
+        self.lock().health.enabled = true;
     }
 
     /// Records a successful listing at `unix_seconds`.
     pub fn record_success(&self, unix_seconds: f64) {
-        let mut s = self.lock();
-        s.up = true;
-        s.last_success_seconds = unix_seconds;
+        self.lock().health.record_success(unix_seconds);
     }
 
     /// Records a failed listing.
     pub fn record_failure(&self, reason: &'static str) {
-        let mut s = self.lock();
-        s.up = false;
-        *s.errors.entry(reason).or_default() += 1;
+        self.lock().health.record_failure(reason);
     }
 
     /// Records the size of what was published.
@@ -69,35 +60,29 @@ impl CriMetrics {
     }
 }
 
+const HEALTH: HealthFamilies = HealthFamilies {
+    up: (
+        "gpu_exporter_cri_up",
+        "Whether the last container runtime (CRI) listing succeeded (1) or failed (0).",
+    ),
+    last_success: (
+        "gpu_exporter_cri_last_success_timestamp_seconds",
+        "Unix time of the last successful container runtime (CRI) listing (0: never).",
+    ),
+    errors: (
+        "gpu_exporter_cri_errors",
+        "Failed container runtime (CRI) listings, by reason.",
+    ),
+    reasons: CriError::REASONS,
+};
+
 impl Collector for CriMetrics {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let s = self.state();
-        if !s.enabled {
+        if !s.health.enabled {
             return Ok(());
         }
-        self_metrics::gauge1(
-            &mut e,
-            "gpu_exporter_cri_up",
-            "Whether the last container runtime (CRI) listing succeeded (1) or failed (0).",
-            Num::Int(i64::from(s.up)),
-        )?;
-        self_metrics::gauge1(
-            &mut e,
-            "gpu_exporter_cri_last_success_timestamp_seconds",
-            "Unix time of the last successful container runtime (CRI) listing (0: never).",
-            Num::Float(s.last_success_seconds),
-        )?;
-        self_metrics::counter(
-            &mut e,
-            "gpu_exporter_cri_errors",
-            "Failed container runtime (CRI) listings, by reason.",
-            CriError::REASONS.iter().map(|&reason| {
-                (
-                    Reason { reason },
-                    s.errors.get(reason).copied().unwrap_or(0),
-                )
-            }),
-        )?;
+        s.health.encode(&mut e, &HEALTH)?;
         self_metrics::gauge1(
             &mut e,
             "gpu_exporter_cri_pods",

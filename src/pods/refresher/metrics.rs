@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::pods::client_health::{ClientHealth, HealthFamilies};
 use crate::pods::dra::Unresolved;
 use crate::pods::AttributionError;
 use crate::self_metrics::{self, Collector, DescriptorEncoder, Num, Reason};
@@ -19,14 +20,9 @@ pub struct PodResourcesMetrics {
 /// A copy of [`PodResourcesMetrics`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PodResourcesState {
-    /// Whether Kubernetes mode is on (the families are rendered only then).
-    pub enabled: bool,
-    /// Whether the last `List` call succeeded.
-    pub up: bool,
-    /// Unix time of the last successful call (0: never).
-    pub last_success_seconds: f64,
-    /// Failed calls by reason.
-    pub errors: BTreeMap<&'static str, u64>,
+    /// The `List` calls: whether Kubernetes mode is on (the families are rendered only then),
+    /// the last one's result, failures by reason.
+    pub health: ClientHealth,
     /// GPU device ids in the last good reply that matched no local GPU or MIG instance.
     pub unknown_devices: u64,
     /// GPUs and MIG instances with at least one holder in the published attribution.
@@ -44,21 +40,17 @@ impl PodResourcesMetrics {
 
     /// Turns the families on (Kubernetes mode).
     pub fn enable(&self) {
-        self.lock().enabled = true;
+        self.lock().health.enabled = true;
     }
 
     /// Records a successful call at `unix_seconds`.
     pub fn record_success(&self, unix_seconds: f64) {
-        let mut s = self.lock();
-        s.up = true;
-        s.last_success_seconds = unix_seconds;
+        self.lock().health.record_success(unix_seconds);
     }
 
     /// Records a failed call.
     pub fn record_failure(&self, reason: &'static str) {
-        let mut s = self.lock();
-        s.up = false;
-        *s.errors.entry(reason).or_default() += 1;
+        self.lock().health.record_failure(reason);
     }
 
     /// Turns the DRA family on (`--kubernetes-enable-dra`).
@@ -84,33 +76,29 @@ impl PodResourcesMetrics {
     }
 }
 
+const HEALTH: HealthFamilies = HealthFamilies {
+    up: (
+        "gpu_exporter_pod_resources_up",
+        "Whether the last kubelet pod-resources List call succeeded (1) or failed (0).",
+    ),
+    last_success: (
+        "gpu_exporter_pod_resources_last_success_timestamp_seconds",
+        "Unix time of the last successful kubelet pod-resources List call (0: never).",
+    ),
+    errors: (
+        "gpu_exporter_pod_resources_errors",
+        "Failed kubelet pod-resources List calls, by reason.",
+    ),
+    reasons: AttributionError::REASONS,
+};
+
 impl Collector for PodResourcesMetrics {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let s = self.state();
-        if !s.enabled {
+        if !s.health.enabled {
             return Ok(());
         }
-        let n = |m: &BTreeMap<&'static str, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-        self_metrics::gauge1(
-            &mut e,
-            "gpu_exporter_pod_resources_up",
-            "Whether the last kubelet pod-resources List call succeeded (1) or failed (0).",
-            Num::Int(i64::from(s.up)),
-        )?;
-        self_metrics::gauge1(
-            &mut e,
-            "gpu_exporter_pod_resources_last_success_timestamp_seconds",
-            "Unix time of the last successful kubelet pod-resources List call (0: never).",
-            Num::Float(s.last_success_seconds),
-        )?;
-        self_metrics::counter(
-            &mut e,
-            "gpu_exporter_pod_resources_errors",
-            "Failed kubelet pod-resources List calls, by reason.",
-            AttributionError::REASONS
-                .iter()
-                .map(|&reason| (Reason { reason }, n(&s.errors, reason))),
-        )?;
+        s.health.encode(&mut e, &HEALTH)?;
         self_metrics::gauge1(
             &mut e,
             "gpu_exporter_pod_resources_unknown_devices",
@@ -130,7 +118,10 @@ impl Collector for PodResourcesMetrics {
                 "Devices of NVIDIA's DRA driver (gpu.nvidia.com) in the last kubelet reply that resolve to no local GPU or MIG instance, by reason (no_match, unrecognised_name); they get no pod labels.",
                 Unresolved::REASONS
                     .iter()
-                    .map(|&reason| (Reason { reason }, Num::count(n(&s.dra_unresolved, reason)))),
+                    .map(|&reason| {
+                        let n = s.dra_unresolved.get(reason).copied().unwrap_or(0);
+                        (Reason { reason }, Num::count(n))
+                    }),
             )?;
         }
         Ok(())
