@@ -22,6 +22,8 @@
 
 #[path = "../tests/common/cstandin.rs"]
 mod cstandin;
+#[path = "../tests/common/dcgm_hostengine.rs"]
+mod dcgm_hostengine;
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -30,17 +32,17 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
+use dcgm_hostengine::{hostengine, PROF};
 use gpu_exporter::catalog;
 use gpu_exporter::config::BUILTIN_COUNTERS;
 use gpu_exporter::gpu::dcgm::source::{DcgmOptions, DcgmSource};
-use gpu_exporter::gpu::dcgm::{DcgmLibrary, Entity, EntityGroup};
+use gpu_exporter::gpu::dcgm::DcgmLibrary;
 use gpu_exporter::gpu::scenario::Scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
-use gpu_exporter::gpu::{Device, GpuSource};
+use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::sampler::fields_to_read;
 
 const PROFILES: [&str; 2] = ["4xA100-80GB-MIG", "8xA100-80GB-7xMIG"];
-const PROF: [u16; 5] = [1001, 1004, 1005, 1009, 1010];
 
 fn library() -> PathBuf {
     cstandin::build(
@@ -59,49 +61,6 @@ fn sim(profile: &str) -> SimulatedSource {
 /// A hostengine holding a value for every entity of `devices` and profiling field; DCGM's GPU
 /// ids are NVML's reversed and its GPU instance entity ids are unrelated to the GI ids, as in
 /// the tests.
-fn hostengine(devices: &[Device], dir: &Path) -> (PathBuf, Vec<Entity>) {
-    let mut conf = BTreeMap::new();
-    let n = devices.len();
-    conf.insert("gpus".to_owned(), n.to_string());
-    conf.insert(
-        "metricgroup.0".to_owned(),
-        "1 0 1001 1002 1003 1004 1005".to_owned(),
-    );
-    conf.insert("metricgroup.1".to_owned(), "2 0 1009 1010".to_owned());
-    let mut entities = Vec::new();
-    let mut mig = 0;
-    for (i, d) in devices.iter().enumerate() {
-        let id = u32::try_from(n - 1 - i).expect("few GPUs");
-        conf.insert(format!("uuid.{id}"), d.identity.uuid.clone());
-        entities.push(Entity {
-            group: EntityGroup::Gpu,
-            id,
-        });
-        for f in PROF {
-            conf.insert(format!("value.1.{id}.{f}"), format!("0.{id}{f}"));
-        }
-        for inst in &d.instances {
-            let entity = 100 + mig;
-            conf.insert(
-                format!("mig.{mig}"),
-                format!("{id} {entity} {}", inst.gi_id),
-            );
-            entities.push(Entity {
-                group: EntityGroup::GpuInstance,
-                id: entity,
-            });
-            for f in PROF {
-                conf.insert(format!("value.4.{entity}.{f}"), format!("0.{entity}{f}"));
-            }
-            mig += 1;
-        }
-    }
-    let text: String = conf.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
-    let path = dir.join("hostengine.conf");
-    std::fs::write(&path, text).expect("write the stand-in configuration");
-    (path, entities)
-}
-
 fn counters(path: &Path) -> BTreeMap<String, u64> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -134,7 +93,7 @@ fn bench(c: &mut Criterion) {
         }
         // Setup, not a measurement: wait for the reader thread's first read.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while source.metrics().reads.get() < 1 {
+        while source.metrics().reads() < 1 {
             assert!(Instant::now() < deadline, "the reader never read");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -149,7 +108,7 @@ fn bench(c: &mut Criterion) {
             .filter(|(f, r)| f.is_profiling() && r.is_ok())
             .count();
         let calls = counters(&status);
-        let reads = source.metrics().reads.get();
+        let reads = source.metrics().reads();
         eprintln!(
             "{profile}: {} entities, {served} profiling readings served per tick; DCGM calls after {reads} read(s): {calls:?}",
             entities.len()

@@ -74,7 +74,11 @@ fn main() -> std::process::ExitCode {
         }
     };
     let log_write_errors = init_logging(args.log_format, args.debug);
-    match runtime.block_on(run(args, hup, log_write_errors)) {
+    let ran = runtime.block_on(run(args, hup, log_write_errors));
+    // A blocking task still inside a driver or library call (NVML, DCGM) does not hold the
+    // exit: give them a second, then go.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match ran {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -104,7 +108,7 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
                 // DCGM's library (an image without it under the GPU Operator's standalone DCGM)
                 // NVML alone serves, as before -r had an effect.
                 let opts = DcgmOptions::new(&address, config.interval);
-                match DcgmLibrary::open(&opts.library) {
+                match DcgmLibrary::load(&opts.library) {
                     Ok(lib) => {
                         let source = DcgmSource::start(source, lib, opts)
                             .context("-r / --remote-hostengine-info")?;

@@ -49,6 +49,16 @@ impl Config {
                 });
             }
         }
+        if args
+            .remote_hostengine_info
+            .as_deref()
+            .is_some_and(|a| a.trim().is_empty())
+        {
+            // An empty value (a templated `DCGM_REMOTE_HOSTENGINE_INFO=""`) names no hostengine:
+            // DCGM would refuse it (DCGM_ST_BADPARAM) at every retry.
+            args.remote_hostengine_info = None;
+            notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO is empty: no DCGM hostengine is read; NVML alone serves (the DCGM_FI_PROF_* series of GPUs before Hopper stay absent)".to_owned());
+        }
         for (value, flag) in [
             (&mut args.web_read_timeout, "--web-read-timeout"),
             (&mut args.web_write_timeout, "--web-write-timeout"),

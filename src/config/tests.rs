@@ -64,6 +64,28 @@ fn container_labels_need_a_socket_outside_kubernetes_and_are_ignored_with_k() {
 }
 
 #[test]
+fn an_empty_remote_hostengine_address_means_none_with_a_notice() {
+    // `-r ""` (or DCGM_REMOTE_HOSTENGINE_INFO="") names no hostengine: DCGM refuses it with
+    // DCGM_ST_BADPARAM, so retrying it would be a loop for ever. NVML alone, and one notice.
+    for flag in [&["-r", ""][..], &["--remote-hostengine-info= "][..]] {
+        let c = Config::resolve(go(flag)).unwrap();
+        assert_eq!(c.args.remote_hostengine_info, None, "{flag:?}");
+        let said: Vec<&String> = c
+            .notices
+            .iter()
+            .filter(|n| n.contains("DCGM_REMOTE_HOSTENGINE_INFO is empty"))
+            .collect();
+        assert_eq!(said.len(), 1, "{flag:?}: {:?}", c.notices);
+    }
+    let c = Config::resolve(go(&["-r", "nvidia-dcgm:5555"])).unwrap();
+    assert_eq!(
+        c.args.remote_hostengine_info.as_deref(),
+        Some("nvidia-dcgm:5555")
+    );
+    assert!(c.notices.iter().all(|n| !n.contains("is empty")));
+}
+
+#[test]
 fn container_runtime_socket_maps_onto_the_endpoint() {
     let c = Config::resolve(go(&["--container-runtime-socket", "/run/crio/crio.sock"])).unwrap();
     assert_eq!(c.args.container_runtime_endpoint, "/run/crio/crio.sock");

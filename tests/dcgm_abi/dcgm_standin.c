@@ -31,12 +31,26 @@
  *                                   read: the others are DCGM_ST_NOT_WATCHED
  *   refuse.<fieldId> = 1            the field reads DCGM_FP64_NOT_SUPPORTED, status
  *                                   DCGM_ST_NOT_SUPPORTED
- * Calls are counted in the file named by DCGM_STANDIN_STATUS (key = count), when set.
+ *   skip.<entityGroup>.<entityId> = 1   dcgmEntitiesGetLatestValues leaves the entries of that
+ *                                   entity untouched (a library that does not fill every entry)
+ * Faults:
+ *   fail.<call> = <code>            the named entry point (e.g. dcgmGroupCreate,
+ *                                   dcgmFieldGroupCreate, dcgmWatchFields, dcgmConnect_v2,
+ *                                   dcgmInit) returns the code without doing anything
+ *   delay.<call> = <ms>             the named entry point sleeps that long first, whatever its
+ *                                   timeout says (a slow hostengine, a library that ignores its
+ *                                   connect timeout)
+ * The hostengine's tables hold 64 entity groups, 64 field groups and 64 watches (a full table:
+ * DCGM_ST_MAX_LIMIT), and an entity group at most 64 entities (DCGM_GROUP_MAX_ENTITIES).
+ * Calls are counted in the file named by DCGM_STANDIN_STATUS (key = count), when set, beside
+ * `live.groups` and `live.field_groups`: the entity and field groups the hostengine holds now.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define API __attribute__((visibility("default")))
 
@@ -241,20 +255,18 @@ static const char *config(const char *key, char *buf, size_t len) {
     return found;
 }
 
-static void count(const char *call) {
+/* Sets `key` in the status file to `value`, or adds 1 to it when `add`. */
+static void status_put(const char *key, long value, int add) {
     const char *path = getenv("DCGM_STANDIN_STATUS");
     if (!path) return;
-    char buf[64];
-    char key[80];
-    snprintf(key, sizeof key, "%s", call);
     long n = 0;
     FILE *f = fopen(path, "r");
     char lines[64][96];
     int nlines = 0;
     if (f) {
         char line[96];
+        size_t k = strlen(key);
         while (nlines < 64 && fgets(line, sizeof line, f)) {
-            size_t k = strlen(key);
             if (strncmp(line, key, k) == 0 && line[k] == ' ') {
                 n = strtol(line + k + 3, NULL, 10);
                 continue;
@@ -263,13 +275,19 @@ static void count(const char *call) {
         }
         fclose(f);
     }
-    f = fopen(path, "w");
+    /* Written whole to a temporary file and renamed over the old one: a reader never sees
+     * half of it. */
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    f = fopen(tmp, "w");
     if (!f) return;
     for (int i = 0; i < nlines; i++) fputs(lines[i], f);
-    snprintf(buf, sizeof buf, "%ld", n + 1);
-    fprintf(f, "%s = %s\n", key, buf);
+    fprintf(f, "%s = %ld\n", key, add ? n + value : value);
     fclose(f);
+    rename(tmp, path);
 }
+
+static void count(const char *call) { status_put(call, 1, 1); }
 
 static int hostengine_up(void) {
     char buf[32];
@@ -282,6 +300,30 @@ static long config_long(const char *key, long fallback) {
     const char *v = config(key, buf, sizeof buf);
     return v ? strtol(v, NULL, 10) : fallback;
 }
+
+/* The fault configured for `call`: `delay.<call>` sleeps first; returns `fail.<call>`'s code, or
+ * DCGM_ST_OK. */
+static dcgmReturn_t fault(const char *call) {
+    char key[96];
+    snprintf(key, sizeof key, "delay.%s", call);
+    long ms = config_long(key, 0);
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+    }
+    snprintf(key, sizeof key, "fail.%s", call);
+    return (dcgmReturn_t)config_long(key, 0);
+}
+
+#define FAULT(call)                                                                                \
+    do {                                                                                           \
+        count(call);                                                                               \
+        dcgmReturn_t injected = fault(call);                                                       \
+        if (injected != DCGM_ST_OK) return injected;                                               \
+    } while (0)
+
+#define DCGM_GROUP_MAX_ENTITIES 64
 
 /* The hostengine's state: what its clients created, for the current epoch. */
 #define MAX_OBJECTS 64
@@ -311,6 +353,17 @@ static struct {
     long handle_epoch[MAX_OBJECTS];
 } he = {.epoch = -1, .next_id = 1};
 
+/* Writes how many entity and field groups the hostengine holds to the status file. */
+static void publish_live(void) {
+    long groups = 0, field_groups = 0;
+    for (int i = 0; i < MAX_OBJECTS; i++) {
+        groups += he.groups[i].id != 0;
+        field_groups += he.field_groups[i].id != 0;
+    }
+    status_put("live.groups", groups, 0);
+    status_put("live.field_groups", field_groups, 0);
+}
+
 /* Starts a new hostengine incarnation when the configured epoch changed. */
 static void sync_epoch(void) {
     long epoch = config_long("epoch", 0);
@@ -319,6 +372,7 @@ static void sync_epoch(void) {
     memset(he.field_groups, 0, sizeof he.field_groups);
     memset(he.watches, 0, sizeof he.watches);
     he.epoch = epoch;
+    publish_live();
 }
 
 /* Whether a call on `handle` reaches a live hostengine: DCGM_ST_OK or why not. */
@@ -408,20 +462,20 @@ static int group_of(unsigned short f, dcgmProfMetricGroupInfo_v2 *out) {
 static int is_profiling(unsigned short f) { return f >= 1001 && f <= 1099; }
 
 API dcgmReturn_t dcgmInit(void) {
-    count("dcgmInit");
+    FAULT("dcgmInit");
     initialised = 1;
     return DCGM_ST_OK;
 }
 
 API dcgmReturn_t dcgmShutdown(void) {
-    count("dcgmShutdown");
+    FAULT("dcgmShutdown");
     initialised = 0;
     return DCGM_ST_OK;
 }
 
 API dcgmReturn_t dcgmConnect_v2(const char *ipAddress, dcgmConnectV2Params_v2 *params,
                                 dcgmHandle_t *handle) {
-    count("dcgmConnect_v2");
+    FAULT("dcgmConnect_v2");
     if (!initialised) return DCGM_ST_UNINITIALIZED;
     if (!ipAddress || !params || !handle) return DCGM_ST_BADPARAM;
     if (params->version != dcgmConnectV2Params_version2) return DCGM_ST_VER_MISMATCH;
@@ -438,7 +492,7 @@ API dcgmReturn_t dcgmConnect_v2(const char *ipAddress, dcgmConnectV2Params_v2 *p
 }
 
 API dcgmReturn_t dcgmDisconnect(dcgmHandle_t handle) {
-    count("dcgmDisconnect");
+    FAULT("dcgmDisconnect");
     if (!handle) return DCGM_ST_BADPARAM;
     for (int i = 0; i < MAX_OBJECTS; i++)
         if (he.handles[i] == handle) he.handles[i] = 0;
@@ -447,7 +501,7 @@ API dcgmReturn_t dcgmDisconnect(dcgmHandle_t handle) {
 
 API dcgmReturn_t dcgmGetAllDevices(dcgmHandle_t handle, unsigned int gpuIdList[DCGM_MAX_NUM_DEVICES],
                                    int *count_out) {
-    count("dcgmGetAllDevices");
+    FAULT("dcgmGetAllDevices");
     if (!gpuIdList || !count_out) return DCGM_ST_BADPARAM;
     dcgmReturn_t st = live(handle);
     if (st != DCGM_ST_OK) return st;
@@ -482,11 +536,15 @@ API dcgmReturn_t dcgmEntitiesGetLatestValues(dcgmHandle_t handle, dcgmGroupEntit
                                              unsigned int fieldCount, unsigned int flags,
                                              dcgmFieldValue_v2 values[]) {
     (void)flags;
-    count("dcgmEntitiesGetLatestValues");
+    FAULT("dcgmEntitiesGetLatestValues");
     if (!entities || !fields || !values) return DCGM_ST_BADPARAM;
     dcgmReturn_t st = live(handle);
     if (st != DCGM_ST_OK) return st;
     for (unsigned int e = 0; e < entityCount; e++) {
+        char skip[64];
+        char skipbuf[16];
+        snprintf(skip, sizeof skip, "skip.%d.%u", entities[e].entityGroupId, entities[e].entityId);
+        if (config(skip, skipbuf, sizeof skipbuf)) continue;
         for (unsigned int f = 0; f < fieldCount; f++) {
             dcgmFieldValue_v2 *out = &values[e * fieldCount + f];
             if (out->version != dcgmFieldValue_version2) return DCGM_ST_VER_MISMATCH;
@@ -526,7 +584,7 @@ API dcgmReturn_t dcgmEntitiesGetLatestValues(dcgmHandle_t handle, dcgmGroupEntit
 
 API dcgmReturn_t dcgmGroupCreate(dcgmHandle_t handle, int type, const char *groupName,
                                  dcgmGpuGrp_t *groupId) {
-    count("dcgmGroupCreate");
+    FAULT("dcgmGroupCreate");
     if (!groupName || !groupId || (type != DCGM_GROUP_EMPTY && type != DCGM_GROUP_DEFAULT))
         return DCGM_ST_BADPARAM;
     dcgmReturn_t st = live(handle);
@@ -541,6 +599,7 @@ API dcgmReturn_t dcgmGroupCreate(dcgmHandle_t handle, int type, const char *grou
                 he.groups[i].members[he.groups[i].n++] = (dcgmGroupEntityPair_t){DCGM_FE_GPU, (unsigned int)g};
         }
         *groupId = he.groups[i].id;
+        publish_live();
         return DCGM_ST_OK;
     }
     return DCGM_ST_MAX_LIMIT;
@@ -548,19 +607,19 @@ API dcgmReturn_t dcgmGroupCreate(dcgmHandle_t handle, int type, const char *grou
 
 API dcgmReturn_t dcgmGroupAddEntity(dcgmHandle_t handle, dcgmGpuGrp_t groupId,
                                     dcgm_field_entity_group_t entityGroupId, dcgm_field_eid_t entityId) {
-    count("dcgmGroupAddEntity");
+    FAULT("dcgmGroupAddEntity");
     dcgmReturn_t st = live(handle);
     if (st != DCGM_ST_OK) return st;
     struct group *g = find_group(groupId);
     dcgmGroupEntityPair_t e = {entityGroupId, entityId};
     if (!g || !entity_exists(e)) return DCGM_ST_BADPARAM;
-    if (g->n >= MAX_MEMBERS) return DCGM_ST_MAX_LIMIT;
+    if (g->n >= DCGM_GROUP_MAX_ENTITIES) return DCGM_ST_MAX_LIMIT;
     g->members[g->n++] = e;
     return DCGM_ST_OK;
 }
 
 API dcgmReturn_t dcgmGroupDestroy(dcgmHandle_t handle, dcgmGpuGrp_t groupId) {
-    count("dcgmGroupDestroy");
+    FAULT("dcgmGroupDestroy");
     dcgmReturn_t st = live(handle);
     if (st != DCGM_ST_OK) return st;
     struct group *g = find_group(groupId);
@@ -568,12 +627,13 @@ API dcgmReturn_t dcgmGroupDestroy(dcgmHandle_t handle, dcgmGpuGrp_t groupId) {
     for (int w = 0; w < MAX_OBJECTS; w++)
         if (he.watches[w].group == groupId) memset(&he.watches[w], 0, sizeof he.watches[w]);
     memset(g, 0, sizeof *g);
+    publish_live();
     return DCGM_ST_OK;
 }
 
 API dcgmReturn_t dcgmFieldGroupCreate(dcgmHandle_t handle, int numFieldIds, const unsigned short *fieldIds,
                                       const char *fieldGroupName, dcgmFieldGrp_t *fieldGroupId) {
-    count("dcgmFieldGroupCreate");
+    FAULT("dcgmFieldGroupCreate");
     if (numFieldIds <= 0 || numFieldIds > MAX_MEMBERS || !fieldIds || !fieldGroupName || !fieldGroupId)
         return DCGM_ST_BADPARAM;
     dcgmReturn_t st = live(handle);
@@ -590,13 +650,14 @@ API dcgmReturn_t dcgmFieldGroupCreate(dcgmHandle_t handle, int numFieldIds, cons
         fg->n = numFieldIds;
         memcpy(fg->fields, fieldIds, sizeof(unsigned short) * (size_t)numFieldIds);
         *fieldGroupId = fg->id;
+        publish_live();
         return DCGM_ST_OK;
     }
     return DCGM_ST_MAX_LIMIT;
 }
 
 API dcgmReturn_t dcgmFieldGroupDestroy(dcgmHandle_t handle, dcgmFieldGrp_t fieldGroupId) {
-    count("dcgmFieldGroupDestroy");
+    FAULT("dcgmFieldGroupDestroy");
     dcgmReturn_t st = live(handle);
     if (st != DCGM_ST_OK) return st;
     struct field_group *fg = find_field_group(fieldGroupId);
@@ -604,6 +665,7 @@ API dcgmReturn_t dcgmFieldGroupDestroy(dcgmHandle_t handle, dcgmFieldGrp_t field
     for (int w = 0; w < MAX_OBJECTS; w++)
         if (he.watches[w].field_group == fieldGroupId) memset(&he.watches[w], 0, sizeof he.watches[w]);
     memset(fg, 0, sizeof *fg);
+    publish_live();
     return DCGM_ST_OK;
 }
 
@@ -640,7 +702,7 @@ static dcgmReturn_t profiling_check(const struct group *g, const struct field_gr
 
 API dcgmReturn_t dcgmWatchFields(dcgmHandle_t handle, dcgmGpuGrp_t groupId, dcgmFieldGrp_t fieldGroupId,
                                  long long updateFreq, double maxKeepAge, int maxKeepSamples) {
-    count("dcgmWatchFields");
+    FAULT("dcgmWatchFields");
     dcgmReturn_t st = live(handle);
     if (st != DCGM_ST_OK) return st;
     struct group *g = find_group(groupId);
@@ -666,7 +728,7 @@ API dcgmReturn_t dcgmWatchFields(dcgmHandle_t handle, dcgmGpuGrp_t groupId, dcgm
 }
 
 API dcgmReturn_t dcgmUnwatchFields(dcgmHandle_t handle, dcgmGpuGrp_t groupId, dcgmFieldGrp_t fieldGroupId) {
-    count("dcgmUnwatchFields");
+    FAULT("dcgmUnwatchFields");
     dcgmReturn_t st = live(handle);
     if (st != DCGM_ST_OK) return st;
     for (int w = 0; w < MAX_OBJECTS; w++)
@@ -678,7 +740,7 @@ API dcgmReturn_t dcgmUnwatchFields(dcgmHandle_t handle, dcgmGpuGrp_t groupId, dc
 }
 
 API dcgmReturn_t dcgmProfGetSupportedMetricGroups(dcgmHandle_t handle, dcgmProfGetMetricGroups_v3 *metricGroups) {
-    count("dcgmProfGetSupportedMetricGroups");
+    FAULT("dcgmProfGetSupportedMetricGroups");
     if (!metricGroups) return DCGM_ST_BADPARAM;
     if (metricGroups->version != dcgmProfGetMetricGroups_version3) return DCGM_ST_VER_MISMATCH;
     dcgmReturn_t st = live(handle);
@@ -696,7 +758,7 @@ API dcgmReturn_t dcgmProfGetSupportedMetricGroups(dcgmHandle_t handle, dcgmProfG
 }
 
 API dcgmReturn_t dcgmGetGpuInstanceHierarchy(dcgmHandle_t handle, dcgmMigHierarchy_v2 *hierarchy) {
-    count("dcgmGetGpuInstanceHierarchy");
+    FAULT("dcgmGetGpuInstanceHierarchy");
     if (!hierarchy) return DCGM_ST_BADPARAM;
     if (hierarchy->version != dcgmMigHierarchy_version2) return DCGM_ST_VER_MISMATCH;
     dcgmReturn_t st = live(handle);
@@ -717,7 +779,7 @@ API dcgmReturn_t dcgmGetGpuInstanceHierarchy(dcgmHandle_t handle, dcgmMigHierarc
 }
 
 API dcgmReturn_t dcgmGetDeviceAttributes(dcgmHandle_t handle, unsigned int gpuId, dcgmDeviceAttributes_v3 *attrs) {
-    count("dcgmGetDeviceAttributes");
+    FAULT("dcgmGetDeviceAttributes");
     if (!attrs) return DCGM_ST_BADPARAM;
     if (attrs->version != dcgmDeviceAttributes_version3) return DCGM_ST_VER_MISMATCH;
     dcgmReturn_t st = live(handle);

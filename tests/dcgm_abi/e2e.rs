@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::harness::{self, Exporter, Scrape, StandIn};
 use crate::node::{self, GPU0, GPU1};
@@ -122,6 +123,11 @@ impl Hostengine {
 
     fn set(&mut self, k: &str, v: &str) {
         self.conf.insert(k.to_owned(), v.to_owned());
+        self.write();
+    }
+
+    fn unset(&mut self, k: &str) {
+        self.conf.remove(k);
         self.write();
     }
 
@@ -443,4 +449,115 @@ fn a_csv_reload_that_drops_a_profiling_field_unwatches_it() {
         "the hostengine's counters: one unwatch, a second watch",
         |_| he.counter("dcgmUnwatchFields") >= 1 && he.counter("dcgmWatchFields") >= 2,
     );
+}
+
+#[test]
+fn a_failed_watch_destroys_what_it_made_so_the_profiling_series_come_back_when_the_fault_clears() {
+    // Issue 35 item 1: a field group the hostengine cannot make (its table full: -24) after the
+    // entity group was made. Each interval retries; none may leave its entity group behind
+    // (64 of them fill DCGM's table for good).
+    let nvml = StandIn::new(a100_node());
+    let mut he = Hostengine::a100s();
+    for (call, other) in [
+        ("dcgmFieldGroupCreate", "dcgmGroupCreate"),
+        ("dcgmGroupCreate", "dcgmFieldGroupCreate"),
+    ] {
+        he.set(&format!("fail.{call}"), "-24");
+        let exp = start(&nvml, &he, &csv("default-counters.csv"));
+        let before = he.counter(call);
+        let s = exp.wait_for(&format!("{call} failing at several intervals"), |s| {
+            he.counter(call) >= before + 5
+                && s.value("gpu_exporter_dcgm_errors_total", &[("reason", "watch")]) >= Some(5.0)
+        });
+        assert!(prof(&s).is_empty(), "{call}: {:?}", prof(&s));
+        assert_eq!(s.value("gpu_exporter_dcgm_connected", &[]), Some(1.0));
+        // Connected but watching nothing: said by its own gauge.
+        assert_eq!(s.value("gpu_exporter_dcgm_fields_watched", &[]), Some(0.0));
+        assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"]);
+        // The log names the status, not "an unknown DCGM status".
+        let logs = exp.logs();
+        assert!(
+            logs.contains(&format!("{call} returned DCGM_ST_MAX_LIMIT (-24)")),
+            "{logs}"
+        );
+        // The fault clears: the series come back, and the hostengine holds exactly the one
+        // entity group and the one field group of the watch in place.
+        he.unset(&format!("fail.{call}"));
+        let s = exp.wait_for(&format!("{call}: the profiling series back"), |s| {
+            has_all_prof(s, &expected(&PROF))
+        });
+        assert_eq!(s.value("gpu_exporter_dcgm_fields_watched", &[]), Some(5.0));
+        assert_eq!(
+            he.counter("live.groups"),
+            1,
+            "{call}: entity groups left behind"
+        );
+        assert_eq!(
+            he.counter("live.field_groups"),
+            1,
+            "{call}: field groups left behind"
+        );
+        assert!(he.counter(other) >= 1);
+    }
+}
+
+#[test]
+fn a_dcgm_that_never_answers_neither_delays_serving_nor_holds_sigterm() {
+    // Issue 35 item 2: dcgmInit or dcgmConnect_v2 blocking for a minute (a slow hostengine, a
+    // library that ignores its connect timeout). The exporter serves NVML's series at once and
+    // SIGTERM ends it without waiting for DCGM.
+    for call in ["dcgmInit", "dcgmConnect_v2"] {
+        let nvml = StandIn::new(a100_node());
+        let mut he = Hostengine::a100s();
+        he.set(&format!("delay.{call}"), "60000");
+        let mut exp = start(&nvml, &he, &csv("default-counters.csv"));
+        let (code, _) = exp.get("/health");
+        assert_eq!(code, 200, "{call}");
+        let s = exp.wait_for(&format!("{call} blocked: NVML's series"), |s| {
+            s.samples() >= 2 && gpus_with(s, "DCGM_FI_DEV_GPU_TEMP") == ["0", "1"]
+        });
+        assert_eq!(s.value("gpu_exporter_dcgm_connected", &[]), Some(0.0));
+        assert!(he.counter(call) >= 1, "{call} was never called");
+        // Two seconds is the aim (docs/reliability.md); the bound here leaves a loaded CI
+        // machine room while staying far below the minute DCGM holds on.
+        let (took, status) = exp
+            .terminate(Duration::from_secs(15))
+            .unwrap_or_else(|| panic!("{call}: SIGTERM waited for DCGM\n{}", exp.logs()));
+        assert!(status.success(), "{call}: {status:?}\n{}", exp.logs());
+        eprintln!("{call} blocked for 60 s: SIGTERM ended the exporter in {took:?}");
+    }
+}
+
+#[test]
+fn a_csv_reload_without_any_profiling_row_unwatches_them_all_and_clears_the_refusals() {
+    // Issue 35 item 3: the reader must see that no profiling field is wanted any more.
+    let nvml = StandIn::new(a100_node());
+    let mut he = Hostengine::a100s();
+    he.set("refusewatch.1005", "-36");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("counters.csv");
+    let full = std::fs::read_to_string(csv("default-counters.csv")).expect("the default CSV");
+    std::fs::write(&path, &full).expect("write the CSV");
+    let exp = start(&nvml, &he, &path);
+    exp.wait_for("profiling series and one refusal", |s| {
+        !prof(s).is_empty() && s.named("gpu_exporter_dcgm_fields_refused").count() == 1
+    });
+    let none: String = full
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("DCGM_FI_PROF_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(full.contains("DCGM_FI_PROF_") && !none.contains("DCGM_FI_PROF_"));
+    std::fs::write(&path, none).expect("rewrite the CSV");
+    let s = exp.wait_for("no profiling field watched, no refusal left", |s| {
+        prof(s).is_empty()
+            && s.named("gpu_exporter_dcgm_fields_refused").count() == 0
+            && s.value("gpu_exporter_dcgm_fields_watched", &[]) == Some(0.0)
+    });
+    assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"]);
+    exp.wait_for("the hostengine's groups destroyed", |_| {
+        he.counter("dcgmUnwatchFields") >= 1
+            && he.counter("live.groups") == 0
+            && he.counter("live.field_groups") == 0
+    });
 }

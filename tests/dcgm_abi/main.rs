@@ -9,6 +9,8 @@
 
 #[path = "../common/cstandin.rs"]
 mod cstandin;
+#[path = "../common/dcgm_hostengine.rs"]
+mod dcgm_hostengine;
 mod e2e;
 #[path = "../nvml_abi/harness.rs"]
 #[allow(dead_code)]
@@ -18,12 +20,26 @@ mod harness;
 mod node;
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
+use gpu_exporter::catalog::Field;
+use gpu_exporter::gpu::dcgm::source::{DcgmOptions, DcgmSource};
 use gpu_exporter::gpu::dcgm::{
     self, reading, status, DcgmLibrary, Entity, EntityGroup, LatestValue,
 };
-use gpu_exporter::gpu::{FieldError, Value};
+use gpu_exporter::gpu::scenario::Scenario;
+use gpu_exporter::gpu::sim::SimulatedSource;
+use gpu_exporter::gpu::{
+    Device, DeviceSample, FieldError, FieldGap, GpuSource, SourceError, Value, XidEvent,
+};
+
+/// The stand-in reads its configuration from the process environment: the tests of this
+/// process that load it in-process take turns.
+fn env_lock() -> MutexGuard<'static, ()> {
+    static ENV: Mutex<()> = Mutex::new(());
+    ENV.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Builds the stand-in once per test process; returns the library's path.
 fn library() -> &'static Path {
@@ -86,10 +102,9 @@ fn find(values: &[LatestValue], group: EntityGroup, id: u32, field: u16) -> Late
         .unwrap_or_else(|| panic!("no value for {group:?} {id} field {field}: {values:#?}"))
 }
 
-// One test: the stand-in reads its configuration from the process environment, which tests
-// running in parallel threads would share.
 #[test]
 fn the_real_dlopen_path_reads_what_the_hostengine_holds_and_survives_it_going_away() {
+    let _env = env_lock();
     let he = Hostengine::new(A100);
     std::env::set_var("DCGM_STANDIN_CONFIG", &he.config);
     let lib =
@@ -226,6 +241,27 @@ fn the_real_dlopen_path_reads_what_the_hostengine_holds_and_survives_it_going_aw
         r(EntityGroup::Gpu, 0, DRAM_ACTIVE),
         Err(FieldError::NotSupported)
     );
+
+    // A library that leaves an entity's entries unfilled (issue 35 item 3): they stay "no
+    // data" of that entity; none lands on entity 0 (the id of an all-zero entry).
+    he.set(&format!("{A100}skip.1.1 = 1\n"));
+    let values = conn
+        .latest(&entities, &fields)
+        .expect("a partly filled answer");
+    assert_eq!(values.len(), 12);
+    let of = |e: Entity| values.iter().filter(move |v| v.entity == e);
+    assert_eq!(of(entities[0]).count(), 4, "{values:#?}");
+    assert_eq!(of(entities[1]).count(), 4, "{values:#?}");
+    for v in of(entities[1]) {
+        assert_eq!(v.status, status::NO_DATA, "{v:?}");
+        assert_eq!(reading(v), Err(FieldError::Failed), "{v:?}");
+    }
+    assert_eq!(
+        reading(&find(&values, EntityGroup::Gpu, 0, GR_ENGINE_ACTIVE)),
+        Ok(Value::Float(0.625))
+    );
+    he.set(A100);
+
     conn.unwatch(group, fg).expect("dcgmUnwatchFields");
     let values = conn.latest(&entities[..1], &fields[..1]).expect("read");
     assert_eq!(values[0].status, status::NOT_WATCHED);
@@ -275,4 +311,143 @@ fn a_missing_library_names_what_to_install() {
     let text = e.to_string();
     assert!(text.contains("/nonexistent/libdcgm.so.4"), "{text}");
     assert!(text.contains("-r / DCGM_REMOTE_HOSTENGINE_INFO"), "{text}");
+}
+
+/// Several simulated nodes' GPUs as one source: more GPUs and MIG instances than one profile
+/// has.
+struct Fleet(Vec<(SimulatedSource, Vec<String>)>);
+
+impl Fleet {
+    fn new(profiles: &[(&str, u64)]) -> Self {
+        Self(
+            profiles
+                .iter()
+                .map(|&(profile, seed)| {
+                    let s = SimulatedSource::new(
+                        profile,
+                        seed,
+                        Duration::from_secs(1),
+                        Scenario::default(),
+                        "-",
+                    )
+                    .expect("profile");
+                    let uuids = s
+                        .devices()
+                        .expect("devices")
+                        .into_iter()
+                        .map(|d| d.identity.uuid)
+                        .collect();
+                    (s, uuids)
+                })
+                .collect(),
+        )
+    }
+
+    fn owner(&self, d: &Device) -> &SimulatedSource {
+        &self
+            .0
+            .iter()
+            .find(|(_, uuids)| uuids.contains(&d.identity.uuid))
+            .expect("a device of the fleet")
+            .0
+    }
+}
+
+impl GpuSource for Fleet {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn supports(&self, field: Field) -> bool {
+        self.0[0].0.supports(field)
+    }
+
+    fn field_gap(&self, device: &Device, field: Field) -> Option<FieldGap> {
+        self.owner(device).field_gap(device, field)
+    }
+
+    fn devices(&self) -> Result<Vec<Device>, SourceError> {
+        let mut all = Vec::new();
+        for (s, _) in &self.0 {
+            all.extend(s.devices()?);
+        }
+        Ok(all)
+    }
+
+    fn sample(&self, device: &Device, fields: &[Field]) -> Result<DeviceSample, SourceError> {
+        self.owner(device).sample(device, fields)
+    }
+
+    fn drain_xids(&self) -> Vec<(String, XidEvent)> {
+        Vec::new()
+    }
+}
+
+#[test]
+fn more_entities_than_one_dcgm_group_holds_are_watched_in_groups_of_64() {
+    // Issue 35 item 3: DCGM holds at most 64 entities in a group (the stand-in too). 8 A100s
+    // with 7 MIG instances each and 4 with MIG are more than 64 GPUs and GPU instances.
+    let _env = env_lock();
+    let fleet = Fleet::new(&[("8xA100-80GB-7xMIG", 1), ("4xA100-80GB-MIG", 2)]);
+    let devices = fleet.devices().expect("devices");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (conf, entities) = dcgm_hostengine::hostengine(&devices, dir.path());
+    assert!(entities.len() > 64, "{} entities", entities.len());
+    let status_file = dir.path().join("calls");
+    std::env::set_var("DCGM_STANDIN_CONFIG", &conf);
+    std::env::set_var("DCGM_STANDIN_STATUS", &status_file);
+    let path = library().to_str().expect("utf-8 path");
+    let mut opts = DcgmOptions::new("127.0.0.1:5555", Duration::from_millis(100));
+    opts.library = path.to_owned();
+    let source = DcgmSource::new(fleet, opts).expect("start the DCGM source");
+    // Discovery tells the reader which devices to watch.
+    assert_eq!(source.devices().expect("devices"), devices);
+    let fields: Vec<Field> = dcgm_hostengine::PROF
+        .iter()
+        .filter_map(|&f| Field::from_id(f))
+        .collect();
+    let served = |source: &DcgmSource<Fleet>| {
+        let mut ok = 0;
+        let mut asked = 0;
+        for d in &devices {
+            let s = source.sample(d, &fields).expect("sample");
+            let inst = s.instances.iter().flat_map(|i| i.readings.iter());
+            for (f, r) in s.readings.iter().chain(inst) {
+                if f.id() == 1001 {
+                    asked += 1;
+                    ok += usize::from(r.is_ok());
+                }
+            }
+        }
+        (ok, asked)
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (ok, asked) = served(&source);
+        if asked > 0 && ok == asked {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "graphics activity served on {ok} of {asked} GPUs and instances; DCGM errors: watch {}, entities {}",
+            source.metrics().errors("watch"),
+            source.metrics().errors("entities"),
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let counters = std::fs::read_to_string(&status_file).expect("the stand-in's counters");
+    let live = |k: &str| {
+        counters
+            .lines()
+            .filter_map(|l| l.split_once(" = "))
+            .find(|(key, _)| *key == k)
+            .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+    };
+    assert_eq!(
+        live("live.groups"),
+        Some(entities.len().div_ceil(64)),
+        "{counters}"
+    );
+    assert_eq!(live("live.field_groups"), Some(1), "{counters}");
+    assert_eq!(source.metrics().errors("watch"), 0);
 }

@@ -183,6 +183,24 @@ impl Exporter {
         Self { child, addr, logs }
     }
 
+    /// Sends SIGTERM and waits up to `limit` for the process to end: how long it took and
+    /// how it ended, or `None` if it was still running then.
+    pub fn terminate(&mut self, limit: Duration) -> Option<(Duration, std::process::ExitStatus)> {
+        let sent = Instant::now();
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(killed.success(), "kill -TERM failed");
+        while sent.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().expect("wait for gpu-exporter") {
+                return Some((sent.elapsed(), status));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
     /// Everything the exporter logged so far.
     pub fn logs(&self) -> String {
         self.logs.lock().unwrap().join("\n")

@@ -7,6 +7,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::types::{
@@ -59,6 +60,9 @@ pub type FieldGroupId = usize;
 /// dropping it calls `dcgmShutdown`.
 pub struct DcgmLibrary {
     path: String,
+    init: InitFn,
+    /// Whether `dcgmInit` succeeded (then dropping calls `dcgmShutdown`).
+    initialised: AtomicBool,
     shutdown: InitFn,
     connect: ConnectFn,
     disconnect: DisconnectFn,
@@ -101,6 +105,17 @@ impl DcgmLibrary {
     /// # Errors
     /// [`DcgmError::Load`], [`DcgmError::Symbol`], or `dcgmInit`'s failure.
     pub fn open(path: &str) -> Result<Arc<Self>, DcgmError> {
+        let lib = Self::load(path)?;
+        lib.init()?;
+        Ok(lib)
+    }
+
+    /// Loads the library and resolves its functions, without calling any: `dcgmInit` may take
+    /// its time, so the DCGM source calls [`DcgmLibrary::init`] on its own thread.
+    ///
+    /// # Errors
+    /// [`DcgmError::Load`], [`DcgmError::Symbol`].
+    pub fn load(path: &str) -> Result<Arc<Self>, DcgmError> {
         // SAFETY: loading runs the library's initialisers; DCGM's client library has no
         // initialisers with preconditions.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| DcgmError::Load {
@@ -121,9 +136,10 @@ impl DcgmLibrary {
                     detail: e.to_string(),
                 })
         }
-        let init: InitFn = sym(&lib, path, "dcgmInit")?;
         let me = Self {
             path: path.to_owned(),
+            init: sym(&lib, path, "dcgmInit")?,
+            initialised: AtomicBool::new(false),
             shutdown: sym(&lib, path, "dcgmShutdown")?,
             connect: sym(&lib, path, "dcgmConnect_v2")?,
             disconnect: sym(&lib, path, "dcgmDisconnect")?,
@@ -141,9 +157,21 @@ impl DcgmLibrary {
             device_attributes: sym(&lib, path, "dcgmGetDeviceAttributes")?,
             _lib: lib,
         };
-        // SAFETY: no arguments.
-        check("dcgmInit", unsafe { init() })?;
         Ok(Arc::new(me))
+    }
+
+    /// Calls `dcgmInit` once it has succeeded no more.
+    ///
+    /// # Errors
+    /// `dcgmInit`'s failure.
+    pub fn init(&self) -> Result<(), DcgmError> {
+        if self.initialised.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // SAFETY: no arguments.
+        check("dcgmInit", unsafe { (self.init)() })?;
+        self.initialised.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Connects to the hostengine at `address` (`host:port`, or a unix socket path when
@@ -182,8 +210,10 @@ impl DcgmLibrary {
 
 impl Drop for DcgmLibrary {
     fn drop(&mut self) {
-        // SAFETY: no arguments; the library is still loaded (`_lib` drops after this).
-        let _ = unsafe { (self.shutdown)() };
+        if self.initialised.load(Ordering::Acquire) {
+            // SAFETY: no arguments; the library is still loaded (`_lib` drops after this).
+            let _ = unsafe { (self.shutdown)() };
+        }
     }
 }
 
@@ -235,18 +265,25 @@ impl Connection {
             })
             .collect();
         let mut ids = fields.to_vec();
-        let blank = FieldValueV2 {
-            version: FIELD_VALUE_VERSION2,
-            entity_group: 0,
-            entity_id: 0,
-            field_id: 0,
-            field_type: 0,
-            status: 0,
-            unused: 0,
-            ts: 0,
-            value: FieldUnion { blob: [0; 4096] },
-        };
-        let mut values = vec![blank; pairs.len() * ids.len()];
+        // Each entry starts as "no data" for the entity and field it is asked for, so that an
+        // entry the library leaves unfilled is read as no value of its own entity, never as a
+        // value of entity 0.
+        let mut values: Vec<FieldValueV2> = entities
+            .iter()
+            .flat_map(|e| {
+                fields.iter().map(move |&f| FieldValueV2 {
+                    version: FIELD_VALUE_VERSION2,
+                    entity_group: e.group.raw(),
+                    entity_id: e.id,
+                    field_id: f,
+                    field_type: FT_DOUBLE,
+                    status: status::NO_DATA,
+                    unused: 0,
+                    ts: 0,
+                    value: FieldUnion { blob: [0; 4096] },
+                })
+            })
+            .collect();
         let (Ok(n_entities), Ok(n_fields)) = (u32::try_from(pairs.len()), u32::try_from(ids.len()))
         else {
             return Err(DcgmError::Call {
@@ -274,10 +311,12 @@ impl Connection {
                     .flat_map(|e| fields.iter().map(move |f| (e, f))),
             )
             .map(|(v, (e, f))| LatestValue {
-                entity: Entity {
-                    group: EntityGroup::from_raw(v.entity_group).unwrap_or(e.group),
+                // The entity the library names, when it names one the exporter reads; the one
+                // asked for otherwise.
+                entity: EntityGroup::from_raw(v.entity_group).map_or(*e, |group| Entity {
+                    group,
                     id: v.entity_id,
-                },
+                }),
                 field_id: if v.field_id == 0 { *f } else { v.field_id },
                 status: v.status,
                 value: match v.field_type {

@@ -139,6 +139,17 @@ pub fn plan_watch(wanted: &BTreeSet<u16>, groups: &[MetricGroup]) -> WatchPlan {
     plan
 }
 
+/// The most entities a DCGM entity group holds (`DCGM_GROUP_MAX_ENTITIES`): adding one more
+/// fails with `DCGM_ST_MAX_LIMIT`.
+pub const MAX_GROUP_ENTITIES: usize = 64;
+
+/// `entities` in groups of at most [`MAX_GROUP_ENTITIES`], in order: one DCGM entity group
+/// each (8 GPUs with 7 MIG instances each and their parents are 64 entities; more GPUs or
+/// compute instances are more).
+pub fn entity_groups(entities: &[Entity]) -> impl Iterator<Item = &[Entity]> {
+    entities.chunks(MAX_GROUP_ENTITIES)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,5 +271,20 @@ mod tests {
             "module_not_loaded"
         );
         assert_eq!(Refusal::from_status(status::GENERIC_ERROR), Refusal::Error);
+    }
+
+    #[test]
+    fn entity_groups_hold_at_most_dcgms_64_entities_each_and_every_entity_once() {
+        let gpu = |id| Entity {
+            group: EntityGroup::Gpu,
+            id,
+        };
+        for n in [0u32, 1, 63, 64, 65, 128, 129, 8 * 8 + 8] {
+            let all: Vec<Entity> = (0..n).map(gpu).collect();
+            let groups: Vec<&[Entity]> = entity_groups(&all).collect();
+            assert!(groups.iter().all(|g| !g.is_empty() && g.len() <= 64), "{n}");
+            assert_eq!(groups.len(), (n as usize).div_ceil(64), "{n}");
+            assert_eq!(groups.concat(), all, "{n}");
+        }
     }
 }

@@ -83,13 +83,15 @@ struct State {
     /// lost.
     latest: HashMap<String, GpuValues>,
     stop: bool,
+    /// Set by the reader thread as it ends (even by a panic).
+    exited: bool,
 }
 
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
-    metrics: DcgmMetrics,
+    metrics: Arc<DcgmMetrics>,
 }
 
 impl Shared {
@@ -122,14 +124,14 @@ impl<S: GpuSource> DcgmSource<S> {
     /// Loads DCGM's client library (`opts.library`) and [`DcgmSource::start`]s.
     ///
     /// # Errors
-    /// [`DcgmError::Load`] / [`DcgmError::Symbol`], `dcgmInit`'s failure, or
-    /// [`DcgmError::Thread`].
+    /// [`DcgmError::Load`] / [`DcgmError::Symbol`], or [`DcgmError::Thread`].
     pub fn new(inner: S, opts: DcgmOptions) -> Result<Self, DcgmError> {
-        let lib = DcgmLibrary::open(&opts.library)?;
+        let lib = DcgmLibrary::load(&opts.library)?;
         Self::start(inner, lib, opts)
     }
 
-    /// Starts the reader thread on a loaded library; it connects in the background.
+    /// Starts the reader thread on a loaded library; it initialises the library (`dcgmInit`)
+    /// and connects in the background, so a slow DCGM never delays the exporter's start.
     ///
     /// # Errors
     /// [`DcgmError::Thread`].
@@ -138,7 +140,10 @@ impl<S: GpuSource> DcgmSource<S> {
         let s = Arc::clone(&shared);
         let reader = std::thread::Builder::new()
             .name("dcgm-reader".into())
-            .spawn(move || Reader::new(lib, opts, s).run())
+            .spawn(move || {
+                let _exited = Exited(Arc::clone(&s));
+                Reader::new(lib, opts, s).run();
+            })
             .map_err(DcgmError::Thread)?;
         Ok(Self {
             inner,
@@ -171,12 +176,42 @@ impl<S: GpuSource> DcgmSource<S> {
     }
 }
 
+/// How long dropping the source waits for the reader thread to end. A DCGM call may block far
+/// longer (a hostengine that does not answer, a library that ignores its connect timeout): past
+/// this the thread is left to end with the process, so that SIGTERM is never held by DCGM.
+const STOP_WAIT: Duration = Duration::from_millis(500);
+
+/// Marks the reader thread as ended when dropped (on return or unwinding).
+struct Exited(Arc<Shared>);
+
+impl Drop for Exited {
+    fn drop(&mut self) {
+        self.0.lock().exited = true;
+        self.0.wake.notify_all();
+    }
+}
+
 impl<S> Drop for DcgmSource<S> {
     fn drop(&mut self) {
-        self.shared.lock().stop = true;
+        let mut state = self.shared.lock();
+        state.stop = true;
         self.shared.wake.notify_all();
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
+        let (state, _) = self
+            .shared
+            .wake
+            .wait_timeout_while(state, STOP_WAIT, |s| !s.exited)
+            .unwrap_or_else(PoisonError::into_inner);
+        let exited = state.exited;
+        drop(state);
+        match self.reader.take() {
+            Some(r) if exited => {
+                let _ = r.join();
+            }
+            Some(_) => tracing::warn!(
+                waited = ?STOP_WAIT,
+                "the DCGM reader is still inside a DCGM call; not waiting for it"
+            ),
+            None => {}
         }
     }
 }
@@ -213,6 +248,17 @@ impl<S: GpuSource> GpuSource for DcgmSource<S> {
         let mut sample = self.inner.sample(device, fields)?;
         let dcgm = self.dcgm_fields(device, fields);
         if dcgm.is_empty() {
+            // A catalog without any profiling field (a CSV reload dropped them all): nothing is
+            // wanted any more, and the reader unwatches. (A GPU whose own source reads them,
+            // e.g. through GPM, leaves the set as the other GPUs want it.)
+            if !fields.iter().any(|f| f.is_profiling()) {
+                let mut state = self.shared.lock();
+                if !state.wanted.is_empty() {
+                    state.wanted.clear();
+                    state.generation += 1;
+                    self.shared.wake.notify_all();
+                }
+            }
             return Ok(sample);
         }
         let mut state = self.shared.lock();
@@ -265,19 +311,68 @@ impl<S: GpuSource> GpuSource for DcgmSource<S> {
     }
 }
 
-/// What is watched on one connection.
+/// What is watched on one connection: every object made on the hostengine for it, so that all
+/// of them are destroyed again, whatever failed half-way.
 struct Watching {
     generation: u64,
-    group: Option<super::GroupId>,
+    /// Entity groups of at most [`plan::MAX_GROUP_ENTITIES`] entities each.
+    groups: Vec<super::GroupId>,
     field_groups: Vec<super::FieldGroupId>,
     entities: BTreeMap<Entity, Target>,
     fields: Vec<u16>,
+}
+
+impl Watching {
+    fn new(generation: u64) -> Self {
+        Self {
+            generation,
+            groups: Vec::new(),
+            field_groups: Vec::new(),
+            entities: BTreeMap::new(),
+            fields: Vec::new(),
+        }
+    }
 }
 
 /// Why a session on a connection ended.
 enum End {
     Stop,
     Lost,
+}
+
+/// The `gpu_exporter_dcgm_errors_total` reason of a failed watch: listing what the hostengine
+/// has (`entities`), or setting up the watch on it (`watch`).
+fn watch_failure_reason(e: &DcgmError) -> &'static str {
+    match e {
+        DcgmError::Call {
+            call:
+                "dcgmGetAllDevices"
+                | "dcgmGetDeviceAttributes"
+                | "dcgmGetGpuInstanceHierarchy"
+                | "dcgmProfGetSupportedMetricGroups",
+            ..
+        } => "entities",
+        _ => "watch",
+    }
+}
+
+/// Watches field group `fg` on every group of `groups`; when one refuses, unwatches those done
+/// and returns the refusal.
+fn watch_on_all(
+    conn: &Connection,
+    groups: &[super::GroupId],
+    fg: super::FieldGroupId,
+    update_us: i64,
+) -> Result<(), DcgmError> {
+    for (i, &g) in groups.iter().enumerate() {
+        if let Err(e) = conn.watch(g, fg, update_us, 2) {
+            for &done in &groups[..i] {
+                let _ = conn.unwatch(done, fg);
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// The reader thread.
@@ -309,24 +404,41 @@ impl Reader {
             if self.shared.lock().stop {
                 return;
             }
+            // dcgmInit here, not before the exporter serves: it may take its time.
+            if let Err(e) = self.lib.init() {
+                self.metrics().count_error("init");
+                tracing::warn!(error = %e, retry_in = ?backoff, "cannot initialise DCGM's client library (-r); retrying");
+                if self.shared.wait(backoff, None) {
+                    return;
+                }
+                backoff = (backoff * 2).min(self.opts.max_backoff);
+                continue;
+            }
             let unix = self.opts.address.starts_with('/');
             let timeout = u32::try_from(self.opts.connect_timeout.as_millis()).unwrap_or(u32::MAX);
             match self.lib.connect(&self.opts.address, unix, timeout) {
                 Ok(conn) => {
                     if connected_before {
-                        self.metrics().reconnects.inc();
+                        self.metrics().count_reconnect();
                     }
                     connected_before = true;
                     tracing::info!(address = %self.opts.address, "connected to the DCGM hostengine");
-                    self.metrics().connected.set(1);
+                    self.metrics().set_connected(true);
                     backoff = self.opts.min_backoff;
                     let end = self.session(&conn);
-                    self.metrics().connected.set(0);
+                    self.metrics().set_connected(false);
+                    self.metrics().set_watched(0);
                     self.shared.lock().latest.clear();
                     if matches!(end, End::Stop) {
                         return;
                     }
                     tracing::warn!(address = %self.opts.address, "lost the DCGM hostengine; its DCGM_FI_PROF_* series are absent until it is back (gpu_exporter_dcgm_connected)");
+                }
+                Err(DcgmError::Call { code, .. }) if code == super::status::BADPARAM => {
+                    // The address itself is refused: no retry can help.
+                    self.metrics().count_error("connect");
+                    tracing::error!(address = %self.opts.address, "DCGM refuses the hostengine address of -r / --remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO (DCGM_ST_BADPARAM): not connecting; fix the address and restart");
+                    return;
                 }
                 Err(e) => {
                     self.metrics().count_error("connect");
@@ -354,16 +466,22 @@ impl Reader {
             if watching.as_ref().map(|w| w.generation) != Some(generation) {
                 if let Some(w) = watching.take() {
                     Self::unwatch(conn, &w);
+                    self.metrics().set_watched(0);
                 }
                 match self.watch(conn, generation, &devices, &wanted) {
-                    Ok(w) => watching = Some(w),
+                    Ok(w) => {
+                        self.metrics().set_watched(w.fields.len());
+                        watching = Some(w);
+                    }
                     Err(e) if e.connection_lost() => {
                         self.metrics().count_error("connection_lost");
                         break End::Lost;
                     }
                     Err(e) => {
-                        self.metrics().count_error("entities");
-                        tracing::warn!(error = %e, "DCGM: cannot list the hostengine's entities; retrying at the next interval");
+                        let reason = watch_failure_reason(&e);
+                        self.metrics().count_error(reason);
+                        self.shared.lock().latest.clear();
+                        tracing::warn!(error = %e, "DCGM: cannot {}; the DCGM_FI_PROF_* series are absent; retrying at the next interval", if reason == "entities" { "list the hostengine's entities" } else { "watch the profiling fields" });
                     }
                 }
             }
@@ -388,12 +506,17 @@ impl Reader {
         end
     }
 
+    /// Stops every watch of `w` and destroys its field and entity groups.
     fn unwatch(conn: &Connection, w: &Watching) {
-        if let Some(g) = w.group {
-            for fg in &w.field_groups {
-                let _ = conn.unwatch(g, *fg);
-                let _ = conn.destroy_field_group(*fg);
+        for &g in &w.groups {
+            for &fg in &w.field_groups {
+                let _ = conn.unwatch(g, fg);
             }
+        }
+        for &fg in &w.field_groups {
+            let _ = conn.destroy_field_group(fg);
+        }
+        for &g in &w.groups {
             let _ = conn.destroy_group(g);
         }
     }
@@ -404,6 +527,8 @@ impl Reader {
     }
 
     /// Maps the entities, plans and starts the watch. Refusals are recorded, not returned.
+    /// On an error, whatever was made on the hostengine for it is destroyed again (a group left
+    /// behind at each retry would fill the hostengine's group table for good).
     fn watch(
         &mut self,
         conn: &Connection,
@@ -411,15 +536,28 @@ impl Reader {
         devices: &[Device],
         wanted: &BTreeSet<Field>,
     ) -> Result<Watching, DcgmError> {
-        let mut w = Watching {
-            generation,
-            group: None,
-            field_groups: Vec::new(),
-            entities: BTreeMap::new(),
-            fields: Vec::new(),
-        };
+        let mut w = Watching::new(generation);
+        match self.watch_into(conn, &mut w, devices, wanted) {
+            Ok(()) => Ok(w),
+            Err(e) => {
+                if !e.connection_lost() {
+                    Self::unwatch(conn, &w);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn watch_into(
+        &mut self,
+        conn: &Connection,
+        w: &mut Watching,
+        devices: &[Device],
+        wanted: &BTreeSet<Field>,
+    ) -> Result<(), DcgmError> {
         if wanted.is_empty() || devices.is_empty() {
-            return Ok(w);
+            self.metrics().set_refused(BTreeMap::new());
+            return Ok(());
         }
         let mut gpus = Vec::new();
         for id in conn.gpu_ids()? {
@@ -466,29 +604,30 @@ impl Reader {
         };
         refused.extend(planned.refused);
         if !planned.watch.is_empty() && !w.entities.is_empty() {
+            // DCGM holds at most 64 entities in a group: one group per 64.
             let entities: Vec<Entity> = w.entities.keys().copied().collect();
-            let name = self.name("entities");
-            let group = conn.create_group(&name, &entities)?;
-            w.group = Some(group);
+            for chunk in plan::entity_groups(&entities) {
+                let name = self.name("entities");
+                w.groups.push(conn.create_group(&name, chunk)?);
+            }
             let update_us = i64::try_from(self.opts.interval.as_micros()).unwrap_or(i64::MAX);
             // All together first; when the hostengine refuses the set, field by field, so a
             // refused field costs only its own series.
             let name = self.name("fields");
             let fg = conn.create_field_group(&name, &planned.watch)?;
-            match conn.watch(group, fg, update_us, 2) {
-                Ok(()) => {
-                    w.field_groups.push(fg);
-                    w.fields.clone_from(&planned.watch);
-                }
+            w.field_groups.push(fg);
+            match watch_on_all(conn, &w.groups, fg, update_us) {
+                Ok(()) => w.fields.clone_from(&planned.watch),
                 Err(e) if e.connection_lost() => return Err(e),
                 Err(e) => {
                     self.metrics().count_error("watch");
                     tracing::warn!(error = %e, "DCGM refused to watch the profiling fields together; watching them one by one");
+                    w.field_groups.pop();
                     let _ = conn.destroy_field_group(fg);
                     for &f in &planned.watch {
                         let name = self.name("field");
                         let fg = conn.create_field_group(&name, &[f])?;
-                        match conn.watch(group, fg, update_us, 2) {
+                        match watch_on_all(conn, &w.groups, fg, update_us) {
                             Ok(()) => {
                                 w.field_groups.push(fg);
                                 w.fields.push(f);
@@ -522,7 +661,7 @@ impl Reader {
             );
         }
         self.metrics().set_refused(refused);
-        Ok(w)
+        Ok(())
     }
 
     /// One `dcgmEntitiesGetLatestValues` of everything watched, into the shared map.
@@ -548,7 +687,7 @@ impl Reader {
             map.insert(field, reading(v));
         }
         self.shared.lock().latest = latest;
-        self.metrics().reads.inc();
+        self.metrics().count_read();
         Ok(())
     }
 }

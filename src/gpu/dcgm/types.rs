@@ -164,6 +164,8 @@ pub mod status {
     pub const NO_PERMISSION: i32 = -17;
     /// `DCGM_ST_CONNECTION_NOT_VALID`.
     pub const CONNECTION_NOT_VALID: i32 = -21;
+    /// `DCGM_ST_MAX_LIMIT`: a table of the hostengine (groups, field groups, watches) is full.
+    pub const MAX_LIMIT: i32 = -24;
     /// `DCGM_ST_REQUIRES_ROOT`.
     pub const REQUIRES_ROOT: i32 = -29;
     /// `DCGM_ST_MODULE_NOT_LOADED`.
@@ -174,27 +176,77 @@ pub mod status {
     pub const PROFILING_MULTI_PASS: i32 = -38;
 }
 
+/// `DCGM_ST_*` names by `-code` (dcgm_structs.h's `dcgmReturn_t`, DCGM 4.x); -2 is unassigned.
+const STATUS_NAMES: [&str; 59] = [
+    "DCGM_ST_OK",
+    "DCGM_ST_BADPARAM",
+    "",
+    "DCGM_ST_GENERIC_ERROR",
+    "DCGM_ST_MEMORY",
+    "DCGM_ST_NOT_CONFIGURED",
+    "DCGM_ST_NOT_SUPPORTED",
+    "DCGM_ST_INIT_ERROR",
+    "DCGM_ST_NVML_ERROR",
+    "DCGM_ST_PENDING",
+    "DCGM_ST_UNINITIALIZED",
+    "DCGM_ST_TIMEOUT",
+    "DCGM_ST_VER_MISMATCH",
+    "DCGM_ST_UNKNOWN_FIELD",
+    "DCGM_ST_NO_DATA",
+    "DCGM_ST_STALE_DATA",
+    "DCGM_ST_NOT_WATCHED",
+    "DCGM_ST_NO_PERMISSION",
+    "DCGM_ST_GPU_IS_LOST",
+    "DCGM_ST_RESET_REQUIRED",
+    "DCGM_ST_FUNCTION_NOT_FOUND",
+    "DCGM_ST_CONNECTION_NOT_VALID",
+    "DCGM_ST_GPU_NOT_SUPPORTED",
+    "DCGM_ST_GROUP_INCOMPATIBLE",
+    "DCGM_ST_MAX_LIMIT",
+    "DCGM_ST_LIBRARY_NOT_FOUND",
+    "DCGM_ST_DUPLICATE_KEY",
+    "DCGM_ST_GPU_IN_SYNC_BOOST_GROUP",
+    "DCGM_ST_GPU_NOT_IN_SYNC_BOOST_GROUP",
+    "DCGM_ST_REQUIRES_ROOT",
+    "DCGM_ST_NVVS_ERROR",
+    "DCGM_ST_INSUFFICIENT_SIZE",
+    "DCGM_ST_FIELD_UNSUPPORTED_BY_API",
+    "DCGM_ST_MODULE_NOT_LOADED",
+    "DCGM_ST_IN_USE",
+    "DCGM_ST_GROUP_IS_EMPTY",
+    "DCGM_ST_PROFILING_NOT_SUPPORTED",
+    "DCGM_ST_PROFILING_LIBRARY_ERROR",
+    "DCGM_ST_PROFILING_MULTI_PASS",
+    "DCGM_ST_DIAG_ALREADY_RUNNING",
+    "DCGM_ST_DIAG_BAD_JSON",
+    "DCGM_ST_DIAG_BAD_LAUNCH",
+    "DCGM_ST_DIAG_UNUSED",
+    "DCGM_ST_DIAG_THRESHOLD_EXCEEDED",
+    "DCGM_ST_INSUFFICIENT_DRIVER_VERSION",
+    "DCGM_ST_INSTANCE_NOT_FOUND",
+    "DCGM_ST_COMPUTE_INSTANCE_NOT_FOUND",
+    "DCGM_ST_CHILD_NOT_KILLED",
+    "DCGM_ST_3RD_PARTY_LIBRARY_ERROR",
+    "DCGM_ST_INSUFFICIENT_RESOURCES",
+    "DCGM_ST_PLUGIN_EXCEPTION",
+    "DCGM_ST_NVVS_ISOLATE_ERROR",
+    "DCGM_ST_NVVS_BINARY_NOT_FOUND",
+    "DCGM_ST_NVVS_KILLED",
+    "DCGM_ST_PAUSED",
+    "DCGM_ST_ALREADY_INITIALIZED",
+    "DCGM_ST_NVML_NOT_LOADED",
+    "DCGM_ST_NVML_DRIVER_TIMEOUT",
+    "DCGM_ST_NVVS_NO_AVAILABLE_TEST",
+];
+
 /// The `DCGM_ST_*` name of a return code.
 pub fn status_name(code: i32) -> &'static str {
-    match code {
-        status::OK => "DCGM_ST_OK",
-        status::BADPARAM => "DCGM_ST_BADPARAM",
-        status::GENERIC_ERROR => "DCGM_ST_GENERIC_ERROR",
-        status::NOT_SUPPORTED => "DCGM_ST_NOT_SUPPORTED",
-        status::UNINITIALIZED => "DCGM_ST_UNINITIALIZED",
-        status::TIMEOUT => "DCGM_ST_TIMEOUT",
-        status::VER_MISMATCH => "DCGM_ST_VER_MISMATCH",
-        status::NO_DATA => "DCGM_ST_NO_DATA",
-        status::STALE_DATA => "DCGM_ST_STALE_DATA",
-        status::NOT_WATCHED => "DCGM_ST_NOT_WATCHED",
-        status::NO_PERMISSION => "DCGM_ST_NO_PERMISSION",
-        status::CONNECTION_NOT_VALID => "DCGM_ST_CONNECTION_NOT_VALID",
-        status::REQUIRES_ROOT => "DCGM_ST_REQUIRES_ROOT",
-        status::MODULE_NOT_LOADED => "DCGM_ST_MODULE_NOT_LOADED",
-        status::PROFILING_NOT_SUPPORTED => "DCGM_ST_PROFILING_NOT_SUPPORTED",
-        status::PROFILING_MULTI_PASS => "DCGM_ST_PROFILING_MULTI_PASS",
-        _ => "an unknown DCGM status",
-    }
+    code.checked_neg()
+        .and_then(|i| usize::try_from(i).ok())
+        .and_then(|i| STATUS_NAMES.get(i))
+        .copied()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("an unknown DCGM status")
 }
 
 /// Blank sentinels (dcgm_structs.h): values at or above `*_BLANK` are not data.
@@ -297,5 +349,45 @@ mod tests {
         );
         assert!(e.connection_lost());
         assert_eq!(status_name(-999), "an unknown DCGM status");
+        assert_eq!(status_name(-2), "an unknown DCGM status");
+        assert_eq!(status_name(1), "an unknown DCGM status");
+        assert_eq!(status_name(i32::MIN), "an unknown DCGM status");
+        // Every constant the exporter tells apart has its own name, and the standard statuses
+        // it does not tell apart are named too (a full group table: -24).
+        for (code, name) in [
+            (status::OK, "DCGM_ST_OK"),
+            (status::BADPARAM, "DCGM_ST_BADPARAM"),
+            (status::GENERIC_ERROR, "DCGM_ST_GENERIC_ERROR"),
+            (status::NOT_SUPPORTED, "DCGM_ST_NOT_SUPPORTED"),
+            (status::UNINITIALIZED, "DCGM_ST_UNINITIALIZED"),
+            (status::TIMEOUT, "DCGM_ST_TIMEOUT"),
+            (status::VER_MISMATCH, "DCGM_ST_VER_MISMATCH"),
+            (status::NO_DATA, "DCGM_ST_NO_DATA"),
+            (status::STALE_DATA, "DCGM_ST_STALE_DATA"),
+            (status::NOT_WATCHED, "DCGM_ST_NOT_WATCHED"),
+            (status::NO_PERMISSION, "DCGM_ST_NO_PERMISSION"),
+            (status::CONNECTION_NOT_VALID, "DCGM_ST_CONNECTION_NOT_VALID"),
+            (status::MAX_LIMIT, "DCGM_ST_MAX_LIMIT"),
+            (status::REQUIRES_ROOT, "DCGM_ST_REQUIRES_ROOT"),
+            (status::MODULE_NOT_LOADED, "DCGM_ST_MODULE_NOT_LOADED"),
+            (
+                status::PROFILING_NOT_SUPPORTED,
+                "DCGM_ST_PROFILING_NOT_SUPPORTED",
+            ),
+            (status::PROFILING_MULTI_PASS, "DCGM_ST_PROFILING_MULTI_PASS"),
+            (-26, "DCGM_ST_DUPLICATE_KEY"),
+            (-18, "DCGM_ST_GPU_IS_LOST"),
+            (-58, "DCGM_ST_NVVS_NO_AVAILABLE_TEST"),
+        ] {
+            assert_eq!(status_name(code), name, "{code}");
+        }
+        let e = DcgmError::Call {
+            call: "dcgmGroupCreate",
+            code: -24,
+        };
+        assert_eq!(
+            e.to_string(),
+            "dcgmGroupCreate returned DCGM_ST_MAX_LIMIT (-24)"
+        );
     }
 }
