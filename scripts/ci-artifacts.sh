@@ -45,6 +45,27 @@ scripts/gen-prometheusrule.sh --check
 cmp metrics-config/default-counters.csv deploy/default-counters.csv \
   || { echo "deploy/default-counters.csv differs from metrics-config/default-counters.csv" >&2; exit 1; }
 
+step "dcgm-exporter's own CSVs are upstream's, byte for byte (metrics-config/upstream/)"
+# The git blob ids of dcgm-exporter 4.5.3-4.8.2's etc/*.csv (computed here without git).
+python3 - <<'PY'
+import hashlib, pathlib, sys
+want = {
+    "default-counters.csv": "2eed7a651db300797554cb91591908f410902f21",
+    "dcp-metrics-included.csv": "d8e53f848adc1c88fdd7d0bd238f07085dd54e9d",
+    "1.x-compatibility-metrics.csv": "027425389d6e48f511019048a858995ef0589b97",
+}
+d = pathlib.Path("metrics-config/upstream")
+have = sorted(p.name for p in d.glob("*.csv"))
+if have != sorted(want):
+    sys.exit(f"metrics-config/upstream/ holds {have}, expected {sorted(want)}")
+for name, blob in want.items():
+    data = (d / name).read_bytes()
+    got = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    if got != blob:
+        sys.exit(f"metrics-config/upstream/{name}: git blob {got}, upstream's is {blob}: it was edited")
+    print(f"  ok  metrics-config/upstream/{name} = dcgm-exporter 4.5.3-4.8.2 etc/{name} ({blob[:12]})")
+PY
+
 step "promtool check rules / test rules"
 promtool check rules alerts/gpu-exporter.rules.yml alerts/gpu-exporter.recording.yml
 promtool test rules alerts/gpu-exporter.rules.test.yml alerts/gpu-exporter.recording.test.yml

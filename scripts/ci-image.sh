@@ -75,12 +75,33 @@ for k, v in {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "com
              "NVIDIA_DISABLE_REQUIRE": "true"}.items():
     check(env.get(k) == v, f"ENV {k}={v}")
 check(config.get("User") in ("0", "0:0", "root", ""), f"runs as uid 0 by default (User={config.get('User')!r})")
-for f in ["usr/bin/gpu-exporter", "etc/dcgm-exporter/default-counters.csv",
+for f in ["usr/bin/gpu-exporter", "usr/bin/dcgm-exporter", "etc/dcgm-exporter/default-counters.csv",
           "etc/dcgm-exporter/dcp-metrics-included.csv", "etc/dcgm-exporter/1.x-compatibility-metrics.csv",
+          "etc/dcgm-exporter/gpu-exporter-default-counters.csv",
           "etc/dcgm-exporter/dcgm-exporter-4.10-default-counters.csv", "etc/ld.so.conf", "sbin/ldconfig",
           "etc/ld.so.conf.d/x86_64-linux-gnu.conf", "etc/passwd", "etc/group", "tmp",
           "lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"]:
     check(f in names, f"/{f}")
+
+# dcgm-exporter's CSVs at its paths are upstream's, byte for byte (metrics-config/upstream/, whose
+# blob ids scripts/ci-artifacts.sh checks); ours is under its own name; dcgm-exporter is a link.
+def member(path):
+    for layer in reversed(manifest["Layers"]):
+        with tarfile.open(d / layer) as t:
+            for m in t.getmembers():
+                if m.name.lstrip("./") == path:
+                    return m, (t.extractfile(m).read() if m.isfile() else None)
+    return None, None
+for name in ["default-counters.csv", "dcp-metrics-included.csv", "1.x-compatibility-metrics.csv"]:
+    _, data = member(f"etc/dcgm-exporter/{name}")
+    check(data == Path(f"metrics-config/upstream/{name}").read_bytes(),
+          f"/etc/dcgm-exporter/{name} is dcgm-exporter's own, byte for byte")
+_, data = member("etc/dcgm-exporter/gpu-exporter-default-counters.csv")
+check(data == Path("metrics-config/default-counters.csv").read_bytes(),
+      "/etc/dcgm-exporter/gpu-exporter-default-counters.csv is gpu-exporter's default")
+m, _ = member("usr/bin/dcgm-exporter")
+check(m is not None and m.issym() and m.linkname in ("gpu-exporter", "/usr/bin/gpu-exporter"),
+      "/usr/bin/dcgm-exporter -> gpu-exporter (runbooks' `dcgm-exporter --version`)")
 
 # The Dockerfile (not buildable here: no Docker, no registry) fills its image with the same
 # scripts/image-rootfs.sh; its config must say what this image's says.

@@ -8,9 +8,13 @@
 # empty. Needs dpkg-deb, apt-get (Debian's package lists: it runs `apt-get update` when a download
 # fails), strip (binutils) and ldconfig. The layout:
 #   /usr/bin/gpu-exporter                the binary, stripped (the image's ENTRYPOINT)
-#   /etc/dcgm-exporter/*.csv             every metrics CSV of metrics-config/ (dcgm-exporter's
-#                                        default-counters.csv, dcp-metrics-included.csv,
-#                                        1.x-compatibility-metrics.csv, and the 4.10 names)
+#   /usr/bin/dcgm-exporter               a link to it: dcgm-exporter's runbooks run
+#                                        `dcgm-exporter --version` and its flags in the container
+#   /etc/dcgm-exporter/*.csv             dcgm-exporter's own default-counters.csv,
+#                                        dcp-metrics-included.csv, 1.x-compatibility-metrics.csv,
+#                                        byte for byte (metrics-config/upstream/); gpu-exporter's
+#                                        default as gpu-exporter-default-counters.csv; the 4.10
+#                                        names (dcgm-exporter-4.10-default-counters.csv)
 #   /lib/x86_64-linux-gnu/, /lib64/      Debian's glibc runtime: only the loader and the libraries
 #                                        the binary and NVIDIA's libnvidia-ml.so.1 link against
 #   /sbin/ldconfig, /etc/ld.so.conf,     so that the NVIDIA Container Toolkit's injected driver
@@ -73,7 +77,11 @@ printf 'include /etc/ld.so.conf.d/*.conf\n' > "$rootfs/etc/ld.so.conf"
 
 install -m 0755 "$binary" "$rootfs/usr/bin/gpu-exporter"
 strip "$rootfs/usr/bin/gpu-exporter"
-install -m 0644 "$repo"/metrics-config/*.csv "$rootfs/etc/dcgm-exporter/"
+ln -s gpu-exporter "$rootfs/usr/bin/dcgm-exporter"
+install -m 0644 "$repo"/metrics-config/upstream/*.csv "$rootfs/etc/dcgm-exporter/"
+install -m 0644 "$repo/metrics-config/default-counters.csv" \
+  "$rootfs/etc/dcgm-exporter/gpu-exporter-default-counters.csv"
+install -m 0644 "$repo/metrics-config/dcgm-exporter-4.10-default-counters.csv" "$rootfs/etc/dcgm-exporter/"
 
 cat > "$rootfs/etc/passwd" <<'EOF'
 root:x:0:0:root:/root:/sbin/nologin
@@ -95,3 +103,4 @@ if [[ "$missing" != 0 ]]; then
   exit 1
 fi
 chroot "$rootfs" /usr/bin/gpu-exporter --version >/dev/null
+chroot "$rootfs" /usr/bin/dcgm-exporter --version >/dev/null

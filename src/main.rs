@@ -103,6 +103,11 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
     };
     match nvml {
         Some(source) if source.init_error().is_none() || config.args.backend == Backend::Nvml => {
+            // `--list-devices` lists and exits before anything binds the port: run by exec
+            // inside a running exporter's container, it must not start a second exporter.
+            if config.args.list_devices {
+                return list_devices(&source);
+            }
             if let Some(address) = config.args.remote_hostengine_info.clone() {
                 // NVML plus a DCGM hostengine for the profiling fields NVML cannot read. Without
                 // DCGM's library (an image without it under the GPU Operator's standalone DCGM)
@@ -142,6 +147,9 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
                     .unwrap_or_default()
             );
             let source = sim_source(&config)?;
+            if config.args.list_devices {
+                return list_devices(&source);
+            }
             serve(
                 config_with_supported(&mut config, &source)?,
                 Arc::new(source),

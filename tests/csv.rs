@@ -301,11 +301,10 @@ fn every_shipped_csv_loads() {
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
-    // The four files the image ships (scripts/build-image.sh, Dockerfile).
+    // gpu-exporter's own files the image ships (scripts/image-rootfs.sh); dcgm-exporter's are
+    // under upstream/ (`upstreams_own_csvs_load_and_skip_only_the_duplicate_rows`).
     for expected in [
-        "1.x-compatibility-metrics.csv",
         "dcgm-exporter-4.10-default-counters.csv",
-        "dcp-metrics-included.csv",
         "default-counters.csv",
     ] {
         assert!(
@@ -332,6 +331,29 @@ fn every_shipped_csv_loads() {
                 s.name
             );
         }
+    }
+}
+
+/// dcgm-exporter's own files, as the image ships them at their upstream paths (byte for byte:
+/// scripts/ci-artifacts.sh checks their git blob ids), load; the only rows skipped are the
+/// duplicate PCIe rows of the 1.x names file (served once).
+#[test]
+fn upstreams_own_csvs_load_and_skip_only_the_duplicate_rows() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("metrics-config/upstream");
+    for (name, want_skipped) in [
+        ("default-counters.csv", &[][..]),
+        ("dcp-metrics-included.csv", &[][..]),
+        (
+            "1.x-compatibility-metrics.csv",
+            &["dcgm_fi_prof_pcie_tx_bytes", "dcgm_fi_prof_pcie_rx_bytes"][..],
+        ),
+    ] {
+        let path = dir.join(name);
+        let (cat, skipped) =
+            catalog::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(!cat.metrics.is_empty(), "{name}: no metric rows");
+        let names: Vec<&str> = skipped.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, want_skipped, "{name}: {skipped:?}");
     }
 }
 
@@ -363,7 +385,7 @@ fn shipped_dcp_metrics_included_has_upstreams_active_rows() {
         all.sort();
         all.into_iter().map(|(_, n, k, h)| (n, k, h)).collect()
     };
-    let ours = rows(&root.join("metrics-config/dcp-metrics-included.csv"));
+    let ours = rows(&root.join("metrics-config/upstream/dcp-metrics-included.csv"));
     let upstream = rows(&fixture("upstream/dcp-metrics-included.csv"));
     assert_eq!(ours, upstream);
     assert_eq!(ours.len(), 26, "{ours:?}");
@@ -383,7 +405,7 @@ fn shipped_1x_compatibility_csv_matches_upstream() {
         let s: Vec<String> = skipped.iter().map(|s| s.name.clone()).collect();
         (m, s)
     };
-    let ours = load(&root.join("metrics-config/1.x-compatibility-metrics.csv"));
+    let ours = load(&root.join("metrics-config/upstream/1.x-compatibility-metrics.csv"));
     let upstream = load(&fixture("upstream/1.x-compatibility-metrics.csv"));
     assert_eq!(ours, upstream);
     assert_eq!(ours.0.len(), 20);

@@ -56,7 +56,7 @@ def check(cond: bool, what: str, detail: str = ""):
 
 def dcp_rows() -> int:
     """The metric rows of the dcp CSV the image ships: active (uncommented, non-blank), not `label`."""
-    text = (REPO / "metrics-config" / "dcp-metrics-included.csv").read_text()
+    text = (REPO / "metrics-config" / "upstream" / "dcp-metrics-included.csv").read_text()
     rows = [l.split(",") for l in text.splitlines() if l.strip() and not l.lstrip().startswith("#")]
     return sum(1 for r in rows if r[1].strip() != "label")
 
@@ -126,7 +126,7 @@ def pod_operator(lab: Lab, image: str, kubelet_dir: Path):
     log = pod.log("nvidia-dcgm-exporter")
     rows = dcp_rows()
     check(re.search(rf"listening.*metrics={rows}.*collectors=" + re.escape(DCP_CSV), log) is not None,
-          f"the exporter loaded {DCP_CSV} ({rows} metrics: every active row of metrics-config/dcp-metrics-included.csv)", log)
+          f"the exporter loaded {DCP_CSV} ({rows} metrics: every active row of dcgm-exporter's own metrics-config/upstream/dcp-metrics-included.csv)", log)
     check(f"{DCP_CSV}:" not in log, "no row of it is skipped (a skip warning names file:line)", log)
     check(pod.state("nvidia-dcgm-exporter") == "CONTAINER_RUNNING", "the container is still running")
     pod.remove()
@@ -229,6 +229,18 @@ def pod_nvml(lab: Lab, image: str, kubelet_dir: Path, node_dir: Path):
           f"the image's loader searches {default_dirs} by default (no /usr/lib64): the cache is what found it")
     st, body = probe(port, "/ready")
     check(st == 200, "GET /ready -> 200", body)
+    # Runbooks: `kubectl exec ... -- dcgm-exporter --version` and `--list-devices` in the running
+    # container (the container's env names the exporter's port: listing must not bind it).
+    rc, out, err = pod.exec("nvidia-dcgm-exporter", ["dcgm-exporter", "--version"])
+    check(rc == 0 and "gpu-exporter" in out + err, f"exec dcgm-exporter --version -> 0 ({(out + err).strip()!r})",
+          f"rc={rc}\n{out}\n{err}")
+    rc, out, err = pod.exec("nvidia-dcgm-exporter", ["dcgm-exporter", "--backend", "nvml", "--list-devices"])
+    listed = [l for l in out.splitlines() if l.startswith("GPU ")]
+    check(rc == 0 and len(listed) == len(STANDIN_GPUS) and all(u in out for u in STANDIN_GPUS),
+          f"exec dcgm-exporter --list-devices -> 0, listing the {len(STANDIN_GPUS)} GPUs", f"rc={rc}\n{out}\n{err}")
+    check("in use" not in err and "listening" not in err, "--list-devices did not try the port", err)
+    check(probe(port, "/health")[0] == 200 and pod.state("nvidia-dcgm-exporter") == "CONTAINER_RUNNING",
+          "the running exporter still serves")
     log = pod.log("nvidia-dcgm-exporter")
     check("cannot load libnvidia-ml" not in log, "the log has no NVML load failure", log)
     pod.remove()

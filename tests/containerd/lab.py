@@ -233,6 +233,13 @@ class Cri:
         resp = self.rt.PodSandboxStatus(req, timeout=self.timeout)
         return int(json.loads(resp.info["info"])["pid"])
 
+    def exec_sync(self, cid: str, cmd: list[str], timeout_s: int = 30):
+        """ExecSync, as `kubectl exec` runs a command in a running container: (exit code,
+        stdout, stderr)."""
+        req = self.pb.ExecSyncRequest(container_id=cid, cmd=cmd, timeout=timeout_s)
+        resp = self.rt.ExecSync(req, timeout=self.timeout + timeout_s)
+        return resp.exit_code, resp.stdout.decode(errors="replace"), resp.stderr.decode(errors="replace")
+
     def container_pid(self, cid: str) -> int:
         """The container's init PID on the host (containerd's verbose status info)."""
         resp = self.rt.ContainerStatus(self.pb.ContainerStatusRequest(container_id=cid, verbose=True), timeout=self.timeout)
@@ -301,6 +308,10 @@ class Pod:
         except FileNotFoundError:
             return ""
         return "\n".join(line.split(" ", 3)[3] if line.count(" ") >= 3 else line for line in raw.splitlines())
+
+    def exec(self, container: str, cmd: list[str], timeout_s: int = 30):
+        """Runs `cmd` in the running container (CRI ExecSync): (exit code, stdout, stderr)."""
+        return self.lab.cri.exec_sync(self.containers[container], cmd, timeout_s)
 
     def pid(self, container: str) -> int:
         """The container's main process, as a host PID."""

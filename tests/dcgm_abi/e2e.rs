@@ -227,7 +227,7 @@ fn has_all_prof(s: &Scrape, want: &BTreeMap<(String, String, String), f64>) -> b
 
 #[test]
 fn dash_r_serves_the_profiling_fields_of_the_default_and_dcp_csvs_on_a100s_whole_and_mig() {
-    for file in ["default-counters.csv", "dcp-metrics-included.csv"] {
+    for file in ["default-counters.csv", "upstream/dcp-metrics-included.csv"] {
         let nvml = StandIn::new(a100_node());
         let he = Hostengine::a100s();
         let exp = start(&nvml, &he, &csv(file));

@@ -13,6 +13,7 @@ mod cstandin;
 mod harness;
 mod node;
 mod processes;
+mod runbook;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
