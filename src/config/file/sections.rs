@@ -43,11 +43,22 @@ pub(super) fn metrics(
                         ));
                     }
                 }
+                // The rows become CSV text: a separator, quote or line break in a name or type
+                // would make rows of its own (another field, another help text), and a leading
+                // `#` a comment that shifts every later row off its key.
+                for (what, v) in [("name", &f.name), ("prometheusType", &f.prometheus_type)] {
+                    if let Some(reason) = csv_unsafe(v.trim()) {
+                        return Err(invalid(&format!("metrics.fields[{i}].{what}"), reason));
+                    }
+                }
                 csv.push_str(&format!(
                     "{}, {}, \"{}\"\n",
                     f.name.trim(),
                     f.prometheus_type.trim(),
-                    f.help.trim().replace('\n', " ").replace('"', "\"\"")
+                    f.help
+                        .trim()
+                        .replace(['\r', '\n'], " ")
+                        .replace('"', "\"\"")
                 ));
             }
             out.metrics = Some(MetricSource::Inline(csv));
@@ -59,6 +70,28 @@ pub(super) fn metrics(
             "must specify file, fields, or enableExporterMetrics".into(),
         )),
     }
+}
+
+/// Why `v` cannot be a field of an inline row: a CSV separator, quote or line break (or any
+/// other control character), or a leading `#`.
+fn csv_unsafe(v: &str) -> Option<String> {
+    if v.starts_with('#') {
+        return Some(format!(
+            "{v:?}: cannot start with '#' (a comment in the metrics CSV)"
+        ));
+    }
+    let bad = v
+        .chars()
+        .find(|c| matches!(c, ',' | '"') || c.is_control())?;
+    let what = match bad {
+        ',' => "a comma".to_owned(),
+        '"' => "a double quote".to_owned(),
+        '\n' | '\r' => "a line break".to_owned(),
+        c => format!("the control character {c:?}"),
+    };
+    Some(format!(
+        "{v:?}: contains {what}, which would split or add rows of the metrics CSV; refused"
+    ))
 }
 
 pub(super) fn server(
