@@ -60,6 +60,11 @@ pub fn load(path: &Path) -> Result<FileSettings, FileError> {
 /// [`FileError`] naming `origin` and the key.
 pub fn parse(text: &str, origin: &str) -> Result<FileSettings, FileError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    crate::yamldepth::check(text, crate::yamldepth::MAX_DEPTH).map_err(|e| FileError::TooDeep {
+        path: origin.to_owned(),
+        line: e.line,
+        limit: e.limit,
+    })?;
     let syntax = |e: serde_yaml::Error| FileError::Syntax {
         path: origin.to_owned(),
         message: e.to_string(),

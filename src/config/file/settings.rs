@@ -12,6 +12,17 @@ pub enum FileError {
     /// message names the path and why, as for the metrics CSV and the web config.
     #[error("config file {0}")]
     Read(ReadError),
+    /// The YAML is nested deeper than [`crate::yamldepth::MAX_DEPTH`] levels (checked before it
+    /// is parsed: parsing takes time quadratic in the depth).
+    #[error("{path}:{line}: nested more than {limit} levels deep; refused")]
+    TooDeep {
+        /// The file.
+        path: String,
+        /// 1-based line where the limit is passed.
+        line: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The YAML does not parse or does not fit the schema (the message names key and line).
     #[error("{path}: {message}")]
     Syntax {

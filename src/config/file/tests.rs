@@ -212,3 +212,28 @@ fn inline_fields_cannot_smuggle_csv_rows() {
     };
     assert_eq!(csv.lines().count(), 1, "{csv:?}");
 }
+
+#[test]
+fn deep_nesting_is_refused_before_it_is_parsed() {
+    let flow = format!(
+        "version: 2\nmetrics:\n  fields: {}{}\n",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    assert_eq!(
+        err(&flow),
+        "c.yaml:3: nested more than 64 levels deep; refused"
+    );
+    let dashes = format!("version: 2\ncollections:\n  {}x\n", "- ".repeat(200));
+    assert_eq!(
+        err(&dashes),
+        "c.yaml:3: nested more than 64 levels deep; refused"
+    );
+    // What the 1 MiB cap allows is refused at once (serde_yaml took 42 s of CPU for 100,000
+    // levels).
+    let huge = format!("version: 2\nmetrics: {}", "[".repeat((1 << 20) - 20));
+    assert_eq!(
+        err(&huge),
+        "c.yaml:2: nested more than 64 levels deep; refused"
+    );
+}

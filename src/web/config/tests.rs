@@ -292,3 +292,21 @@ fn the_config_and_its_pem_files_are_read_through_the_bounded_reader() {
         b"key"
     );
 }
+
+#[test]
+fn deep_nesting_is_refused_before_it_is_parsed() {
+    let flow = format!(
+        "tls_server_config:\n  cipher_suites: {}{}\n",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    assert_eq!(
+        err(&flow),
+        "web.yml:2: nested more than 64 levels deep; refused"
+    );
+    let dashes = format!("basic_auth_users:\n  {}x\n", "- ".repeat(200));
+    assert_eq!(
+        err(&dashes),
+        "web.yml:2: nested more than 64 levels deep; refused"
+    );
+}
