@@ -311,6 +311,46 @@ fn errors_name_the_env_var_the_flag_or_the_file_and_key() {
         },
         &["--web-systemd-socket: LISTEN_PID is not set"],
     );
+    // A FIFO as the config file: refused at once (startup used to wait for a writer for ever).
+    let fifo = dir.path().join("fifo.yaml");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    fails(
+        &|c| {
+            c.arg("--config-file").arg(&fifo);
+        },
+        &[&format!(
+            "--config-file: config file {}: is a FIFO (named pipe), not a regular file; refused",
+            fifo.display()
+        )],
+    );
+    // Numbers past their range say so.
+    fails(
+        &|c| {
+            c.arg("--a=:99999");
+        },
+        &["--address \":99999\": port 99999 is too large (at most 65535)"],
+    );
+}
+
+#[test]
+fn go_flag_forms_start_and_serve() {
+    // Short flags with two dashes, empty file flags (no file, as Go's ""), a host name.
+    let mut cmd = command();
+    cmd.args(["--c=1000", "--a", "LOCALHOST:0", "--config-file="])
+        .args(["--web-config-file", ""]);
+    let mut e = Exporter::start(cmd);
+    assert_eq!(e.addr.ip(), std::net::Ipv4Addr::LOCALHOST, "{}", e.log());
+    e.wait_ready();
+    let (status, body) = get(e.addr, "/metrics");
+    assert_eq!(status, 200);
+    assert_eq!(lines(&body, "DCGM_FI_DEV_GPU_TEMP").len(), 8);
 }
 
 #[test]

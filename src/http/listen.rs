@@ -112,11 +112,14 @@ pub fn activation_fd(
             "LISTEN_PID={pid_given} is not this process ({pid}); the sockets are another process's"
         ));
     }
-    let n: u32 = listen_fds
-        .ok_or("LISTEN_FDS is not set")?
-        .trim()
-        .parse()
-        .map_err(|_| "LISTEN_FDS is not a number".to_owned())?;
+    let fds = listen_fds.ok_or("LISTEN_FDS is not set")?.trim();
+    let n: u32 = fds.parse().map_err(|e: std::num::ParseIntError| {
+        if *e.kind() == std::num::IntErrorKind::PosOverflow {
+            format!("LISTEN_FDS={fds} is too large")
+        } else {
+            format!("LISTEN_FDS={fds:?} is not a number")
+        }
+    })?;
     if n == 0 {
         return Err("LISTEN_FDS=0: systemd passed no socket".into());
     }
@@ -220,6 +223,14 @@ mod tests {
         assert!(activation_fd(Some("42"), Some("0"), 42)
             .unwrap_err()
             .contains("no socket"));
+        assert_eq!(
+            activation_fd(Some("42"), Some("99999999999"), 42),
+            Err("LISTEN_FDS=99999999999 is too large".to_owned())
+        );
+        assert_eq!(
+            activation_fd(Some("42"), Some("x"), 42),
+            Err("LISTEN_FDS=\"x\" is not a number".to_owned())
+        );
     }
 
     #[test]

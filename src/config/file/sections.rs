@@ -100,13 +100,16 @@ pub(super) fn server(
     invalid: &Invalid,
 ) -> Result<(), FileError> {
     if let Some(n) = s.and_then(|s| s.max_concurrent_scrapes) {
-        let n = u32::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| {
-            invalid(
-                "server.maxConcurrentScrapes",
-                format!("{n}: must be greater than 0"),
-            )
-        })?;
-        out.max_concurrent_scrapes = Some(n);
+        let too_large = || format!("{n}: too large (at most {})", u32::MAX);
+        let scrapes = match n {
+            Number::Int(i) if i <= 0 => Err(format!("{n}: must be greater than 0")),
+            Number::Int(i) => u32::try_from(i).map_err(|_| too_large()),
+            Number::Float(f) if f <= 0.0 => Err(format!("{n}: must be greater than 0")),
+            Number::Float(f) if f.fract() == 0.0 || f.is_infinite() => Err(too_large()),
+            Number::Float(_) => Err(format!("{n}: must be a whole number")),
+        };
+        out.max_concurrent_scrapes =
+            Some(scrapes.map_err(|r| invalid("server.maxConcurrentScrapes", r))?);
     }
     Ok(())
 }

@@ -237,3 +237,28 @@ fn deep_nesting_is_refused_before_it_is_parsed() {
         "c.yaml:2: nested more than 64 levels deep; refused"
     );
 }
+
+#[test]
+fn overflowing_numbers_say_too_large() {
+    for (n, says) in [
+        ("4294967296", "4294967296: too large (at most 4294967295)"),
+        ("99999999999999999999", "too large (at most 4294967295)"),
+        ("18446744073709551615", "18446744073709551615: too large"),
+        ("-1", "-1: must be greater than 0"),
+        ("1.5", "1.5: must be a whole number"),
+    ] {
+        let e = err(&format!(
+            "version: 2\nserver:\n  maxConcurrentScrapes: {n}\n"
+        ));
+        assert!(
+            e.starts_with("c.yaml: server.maxConcurrentScrapes: ") && e.contains(says),
+            "{n}: {e}"
+        );
+    }
+    let s = parse(
+        "version: 2\nserver:\n  maxConcurrentScrapes: 4294967295\n",
+        "c.yaml",
+    )
+    .unwrap();
+    assert_eq!(s.max_concurrent_scrapes, Some(u32::MAX));
+}
