@@ -203,6 +203,8 @@ impl Scan {
         // The last character that is not a space, and whether a space came after it.
         let mut prev: Option<char> = None;
         let mut spaced = false;
+        // The last token was an anchor or a tag (`&a`, `!!seq`): what follows it starts a node.
+        let mut after_property = false;
         let mut chars = rest.char_indices().peekable();
         while let Some((i, c)) = chars.next() {
             if let Some(q) = self.quote {
@@ -227,8 +229,11 @@ impl Scan {
                 None => true,
                 Some('[' | '{' | ',') => true,
                 Some(':' | '-' | '?') => spaced,
-                Some(_) => false,
+                Some(_) => spaced && after_property,
             };
+            if token_start {
+                after_property = matches!(c, '&' | '!');
+            }
             match c {
                 '#' if prev.is_none() || spaced => return Ok(()),
                 '"' | '\'' if token_start => self.quote = Some(c),
@@ -303,6 +308,10 @@ mod tests {
         assert_eq!(check(&keys, MAX_DEPTH).unwrap_err().line, 65);
         let lines = "[\n".repeat(70);
         assert_eq!(check(&lines, MAX_DEPTH).unwrap_err().line, 65);
+        // Behind an anchor or a tag.
+        let props = format!("a: &x !!seq {}", "[".repeat(64));
+        assert_eq!(check(&props, MAX_DEPTH).unwrap_err().line, 1);
+        assert!(check(&format!("a: &x !!seq {}", "[".repeat(63)), MAX_DEPTH).is_ok());
         let cr = format!("a: 1\r\rb: {}", "{".repeat(70));
         assert_eq!(check(&cr, MAX_DEPTH).unwrap_err().line, 3);
         // What the 1 MiB cap allows, at once.

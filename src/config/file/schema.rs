@@ -107,8 +107,7 @@ pub(super) struct V1Collection {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct V1Retention {
     pub(super) max_age: Option<String>,
-    #[allow(dead_code)]
-    pub(super) max_samples: Option<i64>,
+    pub(super) max_samples: Option<Number>,
 }
 
 #[derive(Deserialize)]
@@ -174,8 +173,7 @@ pub(super) struct CollectionDcgm {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct Watch {
     pub(super) max_keep_age: Option<String>,
-    #[allow(dead_code)]
-    pub(super) max_keep_samples: Option<i64>,
+    pub(super) max_keep_samples: Option<Number>,
 }
 
 #[derive(Deserialize)]

@@ -140,6 +140,9 @@ pub(super) fn watch(
     if let Some(a) = &w.max_keep_age {
         parse_duration(a).map_err(|r| invalid(&format!("{key}.maxKeepAge"), r))?;
     }
+    if let Some(n) = w.max_keep_samples {
+        int64(n).map_err(|r| invalid(&format!("{key}.maxKeepSamples"), r))?;
+    }
     out.notices.push(format!(
         "{key} has no effect: there are no DCGM field watches (NVML is read each interval)"
     ));
@@ -155,10 +158,38 @@ pub(super) fn retention(
     if let Some(a) = &r.max_age {
         parse_duration(a).map_err(|e| invalid(&format!("{key}.maxAge"), e))?;
     }
+    if let Some(n) = r.max_samples {
+        int64(n).map_err(|e| invalid(&format!("{key}.maxSamples"), e))?;
+    }
     out.notices.push(format!(
         "{key} has no effect: there are no DCGM field watches (NVML is read each interval)"
     ));
     Ok(())
+}
+
+/// A whole number in Go's `int64`, as upstream reads DCGM's sample counts.
+fn int64(n: Number) -> Result<i64, String> {
+    match n {
+        Number::Int(i) => i64::try_from(i).map_err(|_| {
+            let bound = if i < 0 {
+                "small (at least"
+            } else {
+                "large (at most"
+            };
+            let limit = if i < 0 { i64::MIN } else { i64::MAX };
+            format!("{n}: too {bound} {limit})")
+        }),
+        Number::Float(f) if f.fract() == 0.0 || f.is_infinite() => Err(format!(
+            "{n}: too {} {})",
+            if f < 0.0 {
+                "small (at least"
+            } else {
+                "large (at most"
+            },
+            if f < 0.0 { i64::MIN } else { i64::MAX }
+        )),
+        Number::Float(_) => Err(format!("{n}: must be a whole number")),
+    }
 }
 
 pub(super) fn positive(s: &str) -> Result<Duration, String> {

@@ -261,4 +261,22 @@ fn overflowing_numbers_say_too_large() {
     )
     .unwrap();
     assert_eq!(s.max_concurrent_scrapes, Some(u32::MAX));
+    // DCGM's sample counts (no effect here) are Go int64s.
+    let e = err(
+        "version: 2\nsources:\n  dcgm:\n    watch:\n      maxKeepSamples: 9223372036854775808\n",
+    );
+    assert_eq!(
+        e,
+        "c.yaml: sources.dcgm.watch.maxKeepSamples: 9223372036854775808: too large (at most 9223372036854775807)"
+    );
+    let e = err("version: 1\ncollection:\n  retention:\n    maxSamples: 99999999999999999999\n");
+    assert!(
+        e.starts_with("c.yaml: collection.retention.maxSamples: ") && e.contains("too large"),
+        "{e}"
+    );
+    assert!(parse(
+        "version: 2\nsources:\n  dcgm:\n    watch:\n      maxKeepSamples: -9223372036854775808\n",
+        "c.yaml"
+    )
+    .is_ok());
 }

@@ -39,7 +39,9 @@ pub fn read_file(path: &std::path::Path) -> Result<String, WebConfigError> {
     })
 }
 
-/// Parses and validates web configuration text. `origin` names it in errors.
+/// Parses and validates web configuration text. `origin` names it in errors. A UTF-8
+/// byte-order mark at the start is ignored (libyaml skips it); text nested deeper than
+/// [`crate::yamldepth::MAX_DEPTH`] levels is refused before it is parsed.
 ///
 /// # Errors
 /// [`WebConfigError::Yaml`] for syntax, unknown keys and wrong types,

@@ -310,3 +310,20 @@ fn deep_nesting_is_refused_before_it_is_parsed() {
         "web.yml:2: nested more than 64 levels deep; refused"
     );
 }
+
+#[test]
+fn a_byte_order_mark_is_ignored() {
+    let c = parse(
+        "\u{feff}http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
+        "web.yml",
+    )
+    .unwrap();
+    assert_eq!(
+        c.headers,
+        [("X-Frame-Options".to_owned(), "deny".to_owned())]
+    );
+    assert_eq!(
+        parse("\u{feff}", "web.yml").unwrap(),
+        parse("", "web.yml").unwrap()
+    );
+}
