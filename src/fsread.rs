@@ -1,6 +1,6 @@
 //! The one bounded file reader: every file gpu-exporter reads (the metrics CSV, the web
 //! config and its certificates, the HPC job mapping files, `/proc/<pid>/cgroup`, the simulator's
-//! files) goes through [`read`] or [`read_text`].
+//! files, the `--config-file` YAML) goes through [`read`] or [`read_text`].
 //!
 //! - **Regular files only.** The file is opened with `O_NONBLOCK` (so opening a FIFO does not
 //!   wait for a writer) and `fstat`ed before anything is read: a FIFO, a device (`/dev/zero`), a
@@ -29,6 +29,9 @@ impl Cap {
     /// The metrics CSV (`-f`/`--collectors`): upstream's largest is under 20 KiB; every DCGM
     /// field with a long help text is under 100 KiB.
     pub const METRICS_CSV: Cap = Cap(1 << 20);
+    /// dcgm-exporter's YAML configuration file (`--config-file`): a few hundred bytes; inline
+    /// `metrics.fields` as large as a metrics CSV.
+    pub const CONFIG_FILE: Cap = Cap(1 << 20);
     /// The web config YAML (`--web-config-file`).
     pub const WEB_CONFIG: Cap = Cap(1 << 20);
     /// A PEM file of the web config (certificate chain, key, client CA bundle).

@@ -3,9 +3,14 @@
 //! config): a sequence of decimal numbers, each with an optional fraction and a unit, such as
 //! `300ms`, `1.5s`, `1h30m` or `500us`. Units: `ns`, `us` (`µs`, `μs`), `ms`, `s`, `m`, `h`.
 //! A bare `0` is zero; any other number needs a unit. Negative durations are refused (nothing
-//! here can wait a negative time).
+//! here can wait a negative time), and so are durations longer than Go's `time.Duration` holds
+//! ([`MAX`], about 292 years), as Go refuses them.
 
 use std::time::Duration;
+
+/// The longest Go duration: `time.Duration` is an `int64` count of nanoseconds
+/// (`2562047h47m16.854775807s`, about 292 years).
+pub const MAX: Duration = Duration::new(9_223_372_036, 854_775_807);
 
 /// Parses a Go duration. The error says what is wrong with `s`, for the caller to prefix with
 /// the flag or key it came from.
@@ -79,6 +84,11 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         total = total.checked_add(part).ok_or_else(too_long)?;
         rest = after;
     }
+    if total > MAX.as_nanos() {
+        return Err(format!(
+            "{text:?} is too long a duration (at most 2562047h47m16.854775807s, as in Go)"
+        ));
+    }
     let secs = u64::try_from(total / 1_000_000_000)
         .map_err(|_| format!("{text:?} is too long a duration"))?;
     // Lossless: the remainder is below 10^9.
@@ -107,6 +117,8 @@ mod tests {
             ("+30s", Duration::from_secs(30)),
             (" 5m ", Duration::from_secs(300)),
             ("1.0000000001s", Duration::from_secs(1)),
+            ("2562047h47m16.854775807s", MAX),
+            ("9223372036854775807ns", MAX),
         ] {
             assert_eq!(parse(s), Ok(want), "{s}");
         }
@@ -125,6 +137,14 @@ mod tests {
             ("fast", "is not a duration"),
             ("-1s", "cannot be negative"),
             ("99999999999999999999999h", "too long"),
+            // Past Go's int64 nanoseconds, as Go refuses them (it overflowed `Instant` later).
+            (
+                "5124095576030431h",
+                "too long a duration (at most 2562047h47m16.854775807s",
+            ),
+            ("2562047h47m16.854775808s", "too long"),
+            ("9223372036854775808ns", "too long"),
+            ("2562048h", "too long"),
         ] {
             let e = parse(s).unwrap_err();
             assert!(e.contains(says), "{s:?}: {e}");

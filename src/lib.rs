@@ -35,6 +35,7 @@
 //! - [`godur`]: Go's duration syntax (`1h30m`, `1.5s`), for flags and files in Go's format.
 //! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
 //! - [`fsread`]: the one bounded file reader every configuration and `/proc` read goes through.
+//! - [`yamldepth`]: the nesting bound YAML files are checked against before they are parsed.
 //! - [`logsink`]: the log writer that never fails the code that logs.
 //! - [`supervise`]: the essential tasks, whose end stops the process.
 //! - [`testing`]: test doubles (fake kubelet, container runtime and NVML) for the tests, the
@@ -63,6 +64,7 @@ pub mod snapshot;
 pub mod supervise;
 pub mod testing;
 pub mod web;
+pub mod yamldepth;
 
 /// Formats an error with its chain of causes: `outer: cause: root cause`.
 pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {

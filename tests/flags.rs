@@ -311,6 +311,46 @@ fn errors_name_the_env_var_the_flag_or_the_file_and_key() {
         },
         &["--web-systemd-socket: LISTEN_PID is not set"],
     );
+    // A FIFO as the config file: refused at once (startup used to wait for a writer for ever).
+    let fifo = dir.path().join("fifo.yaml");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    fails(
+        &|c| {
+            c.arg("--config-file").arg(&fifo);
+        },
+        &[&format!(
+            "--config-file: config file {}: is a FIFO (named pipe), not a regular file; refused",
+            fifo.display()
+        )],
+    );
+    // Numbers past their range say so.
+    fails(
+        &|c| {
+            c.arg("--a=:99999");
+        },
+        &["--address \":99999\": port 99999 is too large (at most 65535)"],
+    );
+}
+
+#[test]
+fn go_flag_forms_start_and_serve() {
+    // Short flags with two dashes, empty file flags (no file, as Go's ""), a host name.
+    let mut cmd = command();
+    cmd.args(["--c=1000", "--a", "LOCALHOST:0", "--config-file="])
+        .args(["--web-config-file", ""]);
+    let mut e = Exporter::start(cmd);
+    assert_eq!(e.addr.ip(), std::net::Ipv4Addr::LOCALHOST, "{}", e.log());
+    e.wait_ready();
+    let (status, body) = get(e.addr, "/metrics");
+    assert_eq!(status, 200);
+    assert_eq!(lines(&body, "DCGM_FI_DEV_GPU_TEMP").len(), 8);
 }
 
 #[test]
@@ -507,15 +547,12 @@ fn kubelet_probes_pass_with_mtls_and_metrics_needs_a_client_certificate() {
     assert!(body.contains("client certificate required"), "{body}");
 }
 
-#[test]
-fn systemd_socket_activation_serves_on_the_inherited_socket() {
-    // systemd's protocol: the socket at fd 3, LISTEN_FDS=1, LISTEN_PID the exporter's PID.
-    // bash moves the listener to fd 3 and execs the exporter in its own process, so `$$` is
-    // the exporter's PID.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
-    rustix::io::fcntl_setfd(&listener, rustix::io::FdFlags::empty()).unwrap();
+/// The exporter started the way systemd's socket activation starts it: `socket` at fd 3,
+/// `LISTEN_FDS=1`, `LISTEN_PID` the exporter's PID. bash moves the socket to fd 3 and execs the
+/// exporter in its own process, so `$$` is the exporter's PID.
+fn systemd_activated(socket: &impl std::os::fd::AsFd) -> std::process::Command {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&socket.as_fd());
+    rustix::io::fcntl_setfd(socket, rustix::io::FdFlags::empty()).unwrap();
     let mut cmd = std::process::Command::new("bash");
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -531,7 +568,40 @@ fn systemd_socket_activation_serves_on_the_inherited_socket() {
         .arg(env!("CARGO_BIN_EXE_gpu-exporter"))
         .args(["--backend", "sim", "-c", "1000", "--log-format", "json"])
         .args(["--web-systemd-socket", "-a", "127.0.0.1:1"]);
-    let mut e = Exporter::start(cmd);
+    cmd
+}
+
+#[test]
+fn systemd_socket_activation_refuses_a_socket_that_is_not_listening() {
+    // Bound but never listened on (a unit with Accept=yes, or a wrapper that forgot listen()):
+    // it used to log "listening", then fail every accept, every 100 ms, for ever.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let loopback: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&loopback.into()).unwrap();
+    let at = socket.local_addr().unwrap().as_socket().unwrap();
+    let (status, stderr) = run_to_exit(systemd_activated(&socket));
+    assert!(!status.success(), "started: {stderr}");
+    let want = format!(
+        "--web-systemd-socket: fd 3 is a TCP socket on {at} that is not listening (SO_ACCEPTCONN is off)"
+    );
+    assert!(stderr.contains(&want), "expected {want:?} in {stderr}");
+    // A UDP socket is refused by type.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (status, stderr) = run_to_exit(systemd_activated(&udp));
+    assert!(!status.success(), "started: {stderr}");
+    assert!(
+        stderr.contains(
+            "--web-systemd-socket: fd 3 is a datagram (UDP) socket, not a stream (TCP) socket"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn systemd_socket_activation_serves_on_the_inherited_socket() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut e = Exporter::start(systemd_activated(&listener));
     // Only the child needs it now.
     drop(listener);
     assert_eq!(e.addr, addr, "{}", e.log());

@@ -50,7 +50,8 @@ pub struct Args {
     #[arg(short = 'f', long, env = "DCGM_EXPORTER_COLLECTORS")]
     pub collectors: Option<PathBuf>,
 
-    /// Listen address: `:9400`, `127.0.0.1:9400`, `[::]:9400`.
+    /// Listen address: `:9400`, `127.0.0.1:9400`, `[::]:9400`, `[fe80::1%eth0]:9400`, or
+    /// `NAME:9400` (resolved at startup; its first IPv4 address, as Go listens).
     #[arg(
         short = 'a',
         long,
@@ -217,7 +218,7 @@ pub struct Args {
 
     /// exporter-toolkit web configuration file (TLS, mTLS, basic auth, headers); re-read when it
     /// or the certificates it names change. See docs/security.md.
-    #[arg(long, env = "DCGM_EXPORTER_WEB_CONFIG_FILE")]
+    #[arg(long, env = "DCGM_EXPORTER_WEB_CONFIG_FILE", value_parser = goflags::file_path())]
     pub web_config_file: Option<PathBuf>,
 
     /// HTTP connections open at once. At the limit a new connection is still admitted: the
@@ -341,7 +342,7 @@ pub struct Args {
     /// `metrics.fields`, `metrics.enableExporterMetrics`, the collection interval and
     /// `server.maxConcurrentScrapes` apply; DCGM watch settings are accepted and reported as
     /// having no effect. Flags and environment variables given explicitly win over the file.
-    #[arg(long, env = "DCGM_EXPORTER_CONFIG_FILE")]
+    #[arg(long, env = "DCGM_EXPORTER_CONFIG_FILE", value_parser = goflags::file_path())]
     pub config_file: Option<PathBuf>,
 
     /// Deadline for reading a request's head (Go duration: `10s`, `1m30s`). Default 10s. The

@@ -16,6 +16,15 @@ pub enum ConfigError {
     /// The listen address does not parse.
     #[error("--address {0:?}: expected :PORT, HOST:PORT or [IPv6]:PORT")]
     Address(String),
+    /// The listen address is well-formed but unusable: a port out of range, an unknown IPv6
+    /// zone, a name that does not resolve.
+    #[error("--address {value:?}: {reason}")]
+    AddressValue {
+        /// What was given.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The device selection does not parse.
     #[error("--devices {value:?}: {reason}")]
     Devices {
@@ -99,7 +108,7 @@ impl ConfigError {
         Some(match self {
             ConfigError::Catalog(_) => "collectors",
             ConfigError::Scenario(_) => "sim_scenario",
-            ConfigError::Address(_) => "address",
+            ConfigError::Address(_) | ConfigError::AddressValue { .. } => "address",
             ConfigError::Devices { .. } => "devices",
             ConfigError::SwitchDevices { .. } => "switch_devices",
             ConfigError::PodResourcesTtl { .. } => "pod_resources_ttl",

@@ -195,7 +195,73 @@ fn addresses_parse_as_go_does() {
         parse_address("9400").unwrap_err().to_string(),
         "--address \"9400\": expected :PORT, HOST:PORT or [IPv6]:PORT"
     );
-    assert!(parse_address(":99999").is_err());
+    for bad in [
+        "::1:9400",
+        "[::1:9400",
+        "[::1]]:1",
+        "x[:1",
+        ":",
+        "127.0.0.1:x",
+    ] {
+        assert!(
+            matches!(parse_address(bad), Err(ConfigError::Address(_))),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn addresses_take_names_zones_and_say_when_a_port_is_too_large() {
+    // A name is resolved, as Go's net.Listen resolves it (the first IPv4 address); name
+    // lookups in the hosts file ignore case, so this is not the literal "localhost".
+    assert_eq!(
+        parse_address("LOCALHOST:1").unwrap(),
+        "127.0.0.1:1".parse().unwrap()
+    );
+    // An IPv6 zone, by interface name or index.
+    let lo = parse_address("[fe80::1%lo]:9400").unwrap();
+    let std::net::SocketAddr::V6(v6) = lo else {
+        panic!("{lo}")
+    };
+    assert_eq!(v6.ip(), &"fe80::1".parse::<std::net::Ipv6Addr>().unwrap());
+    assert_eq!(v6.port(), 9400);
+    assert!(v6.scope_id() > 0, "{v6:?}");
+    let by_index = parse_address(&format!("[fe80::1%{}]:9400", v6.scope_id())).unwrap();
+    assert_eq!(by_index, lo);
+    let e = parse_address("[fe80::1%nosuchif0]:9400")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("--address \"[fe80::1%nosuchif0]:9400\": IPv6 zone \"nosuchif0\": no such network interface"),
+        "{e}"
+    );
+    // Overflowing numbers say so.
+    for (s, says) in [
+        (":99999", "port 99999 is too large (at most 65535)"),
+        ("127.0.0.1:65536", "port 65536 is too large (at most 65535)"),
+        (
+            ":99999999999999999999999",
+            "port 99999999999999999999999 is too large (at most 65535)",
+        ),
+        (
+            "[fe80::1%99999999999]:1",
+            "IPv6 zone 99999999999 is too large (at most 4294967295)",
+        ),
+    ] {
+        let e = parse_address(s).unwrap_err().to_string();
+        assert_eq!(e, format!("--address {s:?}: {says}"));
+    }
+    let e = parse_devices("g:0,99999999999").unwrap_err().to_string();
+    assert!(
+        e.ends_with("\"99999999999\" is too large for a device id (at most 4294967295)"),
+        "{e}"
+    );
+    // The flag through Config::resolve, with the name resolved.
+    let c = Config::resolve(go(&["--backend", "sim", "--a=LOCALHOST:0"])).unwrap();
+    assert_eq!(
+        c.listen_on,
+        crate::http::listen::ListenOn::Address("127.0.0.1:0".parse().unwrap())
+    );
 }
 
 #[test]

@@ -197,15 +197,20 @@ impl Conn {
         loop {
             // The clock first: a phase entered after this instant has a deadline past `wake`.
             let now = Instant::now();
+            // Checked: a timeout can be longer than the clock can count (a Go duration may be
+            // 292 years); such a deadline never comes.
             let (deadline, reason, cap) = {
                 let s = self.lock();
                 let (timeout, reason) = timeouts.of(s.phase);
-                (s.since + timeout, reason, timeouts.cap(s.phase))
+                (s.since.checked_add(timeout), reason, timeouts.cap(s.phase))
             };
-            if now >= deadline {
+            if deadline.is_some_and(|d| now >= d) {
                 return reason;
             }
-            timer.as_mut().reset(deadline.min(now + cap));
+            let Some(wake) = deadline.into_iter().chain(now.checked_add(cap)).min() else {
+                return self.decision().await;
+            };
+            timer.as_mut().reset(wake);
             tokio::select! {
                 biased;
                 decision = self.decision() => return decision,
@@ -327,6 +332,37 @@ mod tests {
         assert_eq!(c.watchdog(&limits).await, CloseReason::IdleTimeout);
         assert_eq!(start.elapsed(), limits.idle_timeout);
         assert!(limits.idle_timeout >= Duration::from_secs(120));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_longer_than_the_clock_can_count_never_passes() {
+        // `--web-read-timeout 2562047h47m16s` (Go's longest) and beyond: the watchdog's
+        // `since + timeout` overflowed `Instant` and panicked the connection's task.
+        for timeout in [crate::godur::MAX, Duration::MAX] {
+            let limits = Limits {
+                header_read_timeout: timeout,
+                write_timeout: timeout,
+                ..Limits::default()
+            };
+            let (reg, _) = registry(8);
+            let t = reg.admit(ip(1), false).unwrap();
+            let c = Arc::clone(&t.conn);
+            assert!(c.activate());
+            c.read_some();
+            let day = Duration::from_secs(86_400);
+            assert!(tokio::time::timeout(day, c.watchdog(&limits))
+                .await
+                .is_err());
+            c.request_started();
+            assert!(tokio::time::timeout(day, c.watchdog(&limits))
+                .await
+                .is_err());
+            // A decision still ends it.
+            reg.stop_all();
+            c.body_done();
+            c.quiet();
+            assert_eq!(c.watchdog(&limits).await, CloseReason::Shutdown);
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -112,11 +112,14 @@ pub fn activation_fd(
             "LISTEN_PID={pid_given} is not this process ({pid}); the sockets are another process's"
         ));
     }
-    let n: u32 = listen_fds
-        .ok_or("LISTEN_FDS is not set")?
-        .trim()
-        .parse()
-        .map_err(|_| "LISTEN_FDS is not a number".to_owned())?;
+    let fds = listen_fds.ok_or("LISTEN_FDS is not set")?.trim();
+    let n: u32 = fds.parse().map_err(|e: std::num::ParseIntError| {
+        if *e.kind() == std::num::IntErrorKind::PosOverflow {
+            format!("LISTEN_FDS={fds} is too large")
+        } else {
+            format!("LISTEN_FDS={fds:?} is not a number")
+        }
+    })?;
     if n == 0 {
         return Err("LISTEN_FDS=0: systemd passed no socket".into());
     }
@@ -152,19 +155,9 @@ pub fn from_systemd() -> Result<TcpListener, ListenError> {
     // opened for it and nothing else in the process owns it; it is open and a socket (checked
     // above), and it is adopted once: main calls this once, before any other descriptor work.
     let socket = unsafe { Socket::from_raw_fd(fd) };
+    check_inherited(&socket, fd)?;
     let bad =
         |what: &str, e: std::io::Error| ListenError::Activation(format!("fd {fd}: {what}: {e}"));
-    if socket.r#type().map_err(|e| bad("socket type", e))? != Type::STREAM {
-        return Err(ListenError::Activation(format!(
-            "fd {fd} is not a stream (TCP) socket"
-        )));
-    }
-    let local = socket.local_addr().map_err(|e| bad("local address", e))?;
-    if local.as_socket().is_none() {
-        return Err(ListenError::Activation(format!(
-            "fd {fd} is not an IP socket (a unix socket cannot serve HTTP to Prometheus here)"
-        )));
-    }
     socket
         .set_cloexec(true)
         .map_err(|e| bad("close-on-exec", e))?;
@@ -172,6 +165,42 @@ pub fn from_systemd() -> Result<TcpListener, ListenError> {
         .set_nonblocking(true)
         .map_err(|e| bad("non-blocking", e))?;
     TcpListener::from_std(socket.into()).map_err(|e| bad("registering", e))
+}
+
+/// Checks that the inherited `socket` (descriptor `fd`) can serve HTTP: a stream socket, of an
+/// IP family, listening (`SO_ACCEPTCONN`). A socket systemd passes with `ListenDatagram=`, or a
+/// TCP socket bound but never `listen`ed, would otherwise be logged as listening while every
+/// `accept` fails.
+///
+/// # Errors
+/// [`ListenError::Activation`] naming the descriptor and what it is.
+fn check_inherited(socket: &Socket, fd: i32) -> Result<(), ListenError> {
+    let bad =
+        |what: &str, e: std::io::Error| ListenError::Activation(format!("fd {fd}: {what}: {e}"));
+    let kind = socket.r#type().map_err(|e| bad("socket type", e))?;
+    if kind != Type::STREAM {
+        let what = match kind {
+            Type::DGRAM => "a datagram (UDP) socket",
+            Type::SEQPACKET => "a seqpacket socket",
+            Type::RAW => "a raw socket",
+            _ => "a socket of another type",
+        };
+        return Err(ListenError::Activation(format!(
+            "fd {fd} is {what}, not a stream (TCP) socket; the systemd socket unit needs ListenStream="
+        )));
+    }
+    let local = socket.local_addr().map_err(|e| bad("local address", e))?;
+    let Some(addr) = local.as_socket() else {
+        return Err(ListenError::Activation(format!(
+            "fd {fd} is not an IP socket (a unix socket cannot serve HTTP to Prometheus here)"
+        )));
+    };
+    if !socket.is_listener().map_err(|e| bad("SO_ACCEPTCONN", e))? {
+        return Err(ListenError::Activation(format!(
+            "fd {fd} is a TCP socket on {addr} that is not listening (SO_ACCEPTCONN is off); systemd passes listening sockets (ListenStream= with Accept=no)"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -194,6 +223,44 @@ mod tests {
         assert!(activation_fd(Some("42"), Some("0"), 42)
             .unwrap_err()
             .contains("no socket"));
+        assert_eq!(
+            activation_fd(Some("42"), Some("99999999999"), 42),
+            Err("LISTEN_FDS=99999999999 is too large".to_owned())
+        );
+        assert_eq!(
+            activation_fd(Some("42"), Some("x"), 42),
+            Err("LISTEN_FDS=\"x\" is not a number".to_owned())
+        );
+    }
+
+    #[test]
+    fn an_inherited_socket_must_be_a_listening_tcp_socket() {
+        let loopback: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+        // Bound, never listened on: every accept would fail.
+        let bound = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        bound.bind(&loopback.into()).unwrap();
+        let at = bound.local_addr().unwrap().as_socket().unwrap();
+        let e = check_inherited(&bound, 3).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("--web-systemd-socket: fd 3 is a TCP socket on {at} that is not listening (SO_ACCEPTCONN is off); systemd passes listening sockets (ListenStream= with Accept=no)")
+        );
+        bound.listen(8).unwrap();
+        check_inherited(&bound, 3).unwrap();
+        let udp = Socket::new(Domain::IPV4, Type::DGRAM, None).unwrap();
+        udp.bind(&loopback.into()).unwrap();
+        let e = check_inherited(&udp, 3).unwrap_err().to_string();
+        assert!(
+            e.contains("fd 3 is a datagram (UDP) socket, not a stream (TCP) socket"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let unix = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+        unix.bind(&socket2::SockAddr::unix(dir.path().join("s")).unwrap())
+            .unwrap();
+        unix.listen(8).unwrap();
+        let e = check_inherited(&unix, 3).unwrap_err().to_string();
+        assert!(e.contains("fd 3 is not an IP socket"), "{e}");
     }
 
     #[tokio::test]

@@ -133,6 +133,12 @@ pub struct WebSecurity {
 #[derive(Debug)]
 struct Watch {
     fingerprint: [u8; 32],
+    /// SHA-256 of the file's text last parsed, and what parsing it gave (`None`: an error): an
+    /// unchanged file is not parsed again, however long a broken one stays.
+    text: [u8; 32],
+    parsed: Option<WebConfig>,
+    /// Times the watcher parsed the file (for the tests).
+    parses: u64,
 }
 
 fn unix_seconds(t: Option<i64>) -> Option<f64> {
@@ -162,6 +168,9 @@ impl WebSecurity {
             active: RwLock::new(Arc::new(active)),
             watch: Mutex::new(Watch {
                 fingerprint: fingerprint(&text, Some(&config)),
+                text: Sha256::digest(text.as_bytes()).into(),
+                parsed: Some(config),
+                parses: 0,
             }),
             metrics,
             changes: tokio::sync::watch::Sender::new(0),
@@ -211,7 +220,8 @@ impl WebSecurity {
     }
 
     /// Re-reads the files and takes a changed version into use. A version that fails to load
-    /// is logged and counted once and ignored; the old settings stay. Blocking: file I/O.
+    /// is logged and counted once and ignored; the old settings stay. The file is parsed again
+    /// only when its bytes change. Blocking: file I/O.
     pub fn check_for_changes(&self) {
         let mut watch = self
             .watch
@@ -232,14 +242,37 @@ impl WebSecurity {
                 return;
             }
         };
-        let parsed = config::parse(&text, &origin);
-        let fp = fingerprint(&text, parsed.as_ref().ok());
+        // Parsed only when the text changed; the certificate files it names are read each time.
+        let text_hash: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+        let parsed = if text_hash == watch.text {
+            Ok(watch.parsed.clone())
+        } else {
+            watch.parses += 1;
+            let parsed = config::parse(&text, &origin);
+            watch.text = text_hash;
+            watch.parsed = parsed.as_ref().ok().cloned();
+            parsed.map(Some)
+        };
+        let fp = match &parsed {
+            Ok(c) => fingerprint(&text, c.as_ref()),
+            Err(_) => fingerprint(&text, None),
+        };
         if fp == watch.fingerprint {
             return;
         }
         watch.fingerprint = fp;
         let current = self.current();
-        let built = parsed.and_then(|c| Active::build(&c, &origin, Some(&current)));
+        let built = parsed
+            .and_then(|c| match c {
+                Some(c) => Ok(c),
+                // The text of a version already rejected, readable again after an error: parsed
+                // again for its reason, to log it.
+                None => {
+                    watch.parses += 1;
+                    config::parse(&text, &origin)
+                }
+            })
+            .and_then(|c| Active::build(&c, &origin, Some(&current)));
         match built {
             Ok(new) if new.tls.is_some() != current.tls.is_some() => {
                 self.metrics.record_failure();
@@ -319,6 +352,7 @@ mod tests {
         // Unchanged: not counted again.
         w.check_for_changes();
         assert_eq!(metrics.state().reloads_failed, 1);
+        assert_eq!(w.watch.lock().unwrap().parses, 1);
         std::fs::write(
             &p,
             "http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n",
@@ -332,5 +366,40 @@ mod tests {
             (1, 1, false)
         );
         assert_eq!(*w.changes_seen().borrow(), 2);
+    }
+
+    #[test]
+    fn an_unchanged_file_is_not_parsed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("web.yml");
+        std::fs::write(&p, "http_server_config:\n  http2: true\n").unwrap();
+        let metrics = Arc::new(WebMetrics::default());
+        let w = WebSecurity::load(&p, Duration::ZERO, Arc::clone(&metrics)).unwrap();
+        let parses = || w.watch.lock().unwrap().parses;
+        for _ in 0..3 {
+            w.check_for_changes();
+        }
+        assert_eq!(parses(), 0);
+        // A broken version (nested as deep as the cap allows) is parsed once, however long it
+        // stays; the watcher checks every second.
+        std::fs::write(&p, format!("rate_limit: {}", "[".repeat(1 << 19))).unwrap();
+        for _ in 0..5 {
+            w.check_for_changes();
+        }
+        assert_eq!(parses(), 1);
+        assert_eq!(metrics.state().reloads_failed, 1);
+        // Unreadable, then the same broken text again: parsed again to log its reason, once.
+        std::fs::remove_file(&p).unwrap();
+        w.check_for_changes();
+        std::fs::write(&p, format!("rate_limit: {}", "[".repeat(1 << 19))).unwrap();
+        w.check_for_changes();
+        w.check_for_changes();
+        assert_eq!((parses(), metrics.state().reloads_failed), (2, 3));
+        // A good version is parsed and taken into use.
+        std::fs::write(&p, "http_server_config:\n  http2: false\n").unwrap();
+        w.check_for_changes();
+        w.check_for_changes();
+        assert_eq!(parses(), 3);
+        assert_eq!(metrics.state().reloads_ok, 1);
     }
 }

@@ -36,27 +36,35 @@ mod tests;
 use std::path::{Path, PathBuf};
 
 use super::Args;
+use crate::fsread::{self, Cap, Symlinks};
 use schema::{Header, V1, V2};
 use sections::{detect, interval, metrics, millis, retention, server, watch};
 pub use settings::{FileError, FileSettings, MetricSource};
 
-/// Reads and checks the file at `path`.
+/// Reads and checks the file at `path`, through the bounded reader: a regular file (links are
+/// followed: a ConfigMap mount is a tree of links) of at most [`Cap::CONFIG_FILE`] bytes,
+/// never waiting on a FIFO or reading a device.
 ///
 /// # Errors
 /// [`FileError`] naming the file and the key.
 pub fn load(path: &Path) -> Result<FileSettings, FileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let text =
+        fsread::read_text(path, Cap::CONFIG_FILE, Symlinks::Follow).map_err(FileError::Read)?;
     parse(&text, &path.display().to_string())
 }
 
-/// Parses the YAML `text` of the file `origin`.
+/// Parses the YAML `text` of the file `origin`. A UTF-8 byte-order mark at the start (Windows
+/// editors write one) is ignored, as in the metrics CSV.
 ///
 /// # Errors
 /// [`FileError`] naming `origin` and the key.
 pub fn parse(text: &str, origin: &str) -> Result<FileSettings, FileError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    crate::yamldepth::check(text, crate::yamldepth::MAX_DEPTH).map_err(|e| FileError::TooDeep {
+        path: origin.to_owned(),
+        line: e.line,
+        limit: e.limit,
+    })?;
     let syntax = |e: serde_yaml::Error| FileError::Syntax {
         path: origin.to_owned(),
         message: e.to_string(),

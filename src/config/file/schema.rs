@@ -27,7 +27,54 @@ pub(super) struct InlineField {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct Server {
-    pub(super) max_concurrent_scrapes: Option<i64>,
+    pub(super) max_concurrent_scrapes: Option<Number>,
+}
+
+/// A YAML number as written, of any size (serde_yaml reads integers past 64 bits as 128-bit
+/// ones), so that one too large for its key is named as such rather than as a wrong type.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Number {
+    /// An integer (saturated at the bounds of `i128`).
+    Int(i128),
+    /// A number with a fraction or an exponent.
+    Float(f64),
+}
+
+impl std::fmt::Display for Number {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Number::Int(i) => write!(f, "{i}"),
+            Number::Float(x) => write!(f, "{x}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Number {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Number;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Number, E> {
+                Ok(Number::Int(v.into()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Number, E> {
+                Ok(Number::Int(v.into()))
+            }
+            fn visit_i128<E>(self, v: i128) -> Result<Number, E> {
+                Ok(Number::Int(v))
+            }
+            fn visit_u128<E>(self, v: u128) -> Result<Number, E> {
+                Ok(Number::Int(i128::try_from(v).unwrap_or(i128::MAX)))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Number, E> {
+                Ok(Number::Float(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -60,8 +107,7 @@ pub(super) struct V1Collection {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct V1Retention {
     pub(super) max_age: Option<String>,
-    #[allow(dead_code)]
-    pub(super) max_samples: Option<i64>,
+    pub(super) max_samples: Option<Number>,
 }
 
 #[derive(Deserialize)]
@@ -127,8 +173,7 @@ pub(super) struct CollectionDcgm {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct Watch {
     pub(super) max_keep_age: Option<String>,
-    #[allow(dead_code)]
-    pub(super) max_keep_samples: Option<i64>,
+    pub(super) max_keep_samples: Option<Number>,
 }
 
 #[derive(Deserialize)]

@@ -43,11 +43,22 @@ pub(super) fn metrics(
                         ));
                     }
                 }
+                // The rows become CSV text: a separator, quote or line break in a name or type
+                // would make rows of its own (another field, another help text), and a leading
+                // `#` a comment that shifts every later row off its key.
+                for (what, v) in [("name", &f.name), ("prometheusType", &f.prometheus_type)] {
+                    if let Some(reason) = csv_unsafe(v.trim()) {
+                        return Err(invalid(&format!("metrics.fields[{i}].{what}"), reason));
+                    }
+                }
                 csv.push_str(&format!(
                     "{}, {}, \"{}\"\n",
                     f.name.trim(),
                     f.prometheus_type.trim(),
-                    f.help.trim().replace('\n', " ").replace('"', "\"\"")
+                    f.help
+                        .trim()
+                        .replace(['\r', '\n'], " ")
+                        .replace('"', "\"\"")
                 ));
             }
             out.metrics = Some(MetricSource::Inline(csv));
@@ -61,19 +72,44 @@ pub(super) fn metrics(
     }
 }
 
+/// Why `v` cannot be a field of an inline row: a CSV separator, quote or line break (or any
+/// other control character), or a leading `#`.
+fn csv_unsafe(v: &str) -> Option<String> {
+    if v.starts_with('#') {
+        return Some(format!(
+            "{v:?}: cannot start with '#' (a comment in the metrics CSV)"
+        ));
+    }
+    let bad = v
+        .chars()
+        .find(|c| matches!(c, ',' | '"') || c.is_control())?;
+    let what = match bad {
+        ',' => "a comma".to_owned(),
+        '"' => "a double quote".to_owned(),
+        '\n' | '\r' => "a line break".to_owned(),
+        c => format!("the control character {c:?}"),
+    };
+    Some(format!(
+        "{v:?}: contains {what}, which would split or add rows of the metrics CSV; refused"
+    ))
+}
+
 pub(super) fn server(
     s: Option<Server>,
     out: &mut FileSettings,
     invalid: &Invalid,
 ) -> Result<(), FileError> {
     if let Some(n) = s.and_then(|s| s.max_concurrent_scrapes) {
-        let n = u32::try_from(n).ok().filter(|n| *n > 0).ok_or_else(|| {
-            invalid(
-                "server.maxConcurrentScrapes",
-                format!("{n}: must be greater than 0"),
-            )
-        })?;
-        out.max_concurrent_scrapes = Some(n);
+        let too_large = || format!("{n}: too large (at most {})", u32::MAX);
+        let scrapes = match n {
+            Number::Int(i) if i <= 0 => Err(format!("{n}: must be greater than 0")),
+            Number::Int(i) => u32::try_from(i).map_err(|_| too_large()),
+            Number::Float(f) if f <= 0.0 => Err(format!("{n}: must be greater than 0")),
+            Number::Float(f) if f.fract() == 0.0 || f.is_infinite() => Err(too_large()),
+            Number::Float(_) => Err(format!("{n}: must be a whole number")),
+        };
+        out.max_concurrent_scrapes =
+            Some(scrapes.map_err(|r| invalid("server.maxConcurrentScrapes", r))?);
     }
     Ok(())
 }
@@ -104,6 +140,9 @@ pub(super) fn watch(
     if let Some(a) = &w.max_keep_age {
         parse_duration(a).map_err(|r| invalid(&format!("{key}.maxKeepAge"), r))?;
     }
+    if let Some(n) = w.max_keep_samples {
+        int64(n).map_err(|r| invalid(&format!("{key}.maxKeepSamples"), r))?;
+    }
     out.notices.push(format!(
         "{key} has no effect: there are no DCGM field watches (NVML is read each interval)"
     ));
@@ -119,10 +158,38 @@ pub(super) fn retention(
     if let Some(a) = &r.max_age {
         parse_duration(a).map_err(|e| invalid(&format!("{key}.maxAge"), e))?;
     }
+    if let Some(n) = r.max_samples {
+        int64(n).map_err(|e| invalid(&format!("{key}.maxSamples"), e))?;
+    }
     out.notices.push(format!(
         "{key} has no effect: there are no DCGM field watches (NVML is read each interval)"
     ));
     Ok(())
+}
+
+/// A whole number in Go's `int64`, as upstream reads DCGM's sample counts.
+fn int64(n: Number) -> Result<i64, String> {
+    match n {
+        Number::Int(i) => i64::try_from(i).map_err(|_| {
+            let bound = if i < 0 {
+                "small (at least"
+            } else {
+                "large (at most"
+            };
+            let limit = if i < 0 { i64::MIN } else { i64::MAX };
+            format!("{n}: too {bound} {limit})")
+        }),
+        Number::Float(f) if f.fract() == 0.0 || f.is_infinite() => Err(format!(
+            "{n}: too {} {})",
+            if f < 0.0 {
+                "small (at least"
+            } else {
+                "large (at most"
+            },
+            if f < 0.0 { i64::MIN } else { i64::MAX }
+        )),
+        Number::Float(_) => Err(format!("{n}: must be a whole number")),
+    }
 }
 
 pub(super) fn positive(s: &str) -> Result<Duration, String> {

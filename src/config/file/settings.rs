@@ -2,17 +2,26 @@
 
 use std::path::PathBuf;
 
+use crate::fsread::ReadError;
+
 /// An unusable configuration file; names the file and the key.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    /// The file cannot be read.
-    #[error("{path}: cannot read")]
-    Io {
+    /// The file cannot be read: missing, not a regular file (a FIFO, a device), larger than
+    /// [`Cap::CONFIG_FILE`](crate::fsread::Cap::CONFIG_FILE), not UTF-8 (with the line). The
+    /// message names the path and why, as for the metrics CSV and the web config.
+    #[error("config file {0}")]
+    Read(ReadError),
+    /// The YAML is nested deeper than [`crate::yamldepth::MAX_DEPTH`] levels (checked before it
+    /// is parsed: parsing takes time quadratic in the depth).
+    #[error("{path}:{line}: nested more than {limit} levels deep; refused")]
+    TooDeep {
         /// The file.
         path: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
+        /// 1-based line where the limit is passed.
+        line: usize,
+        /// The limit.
+        limit: usize,
     },
     /// The YAML does not parse or does not fit the schema (the message names key and line).
     #[error("{path}: {message}")]

@@ -86,3 +86,197 @@ fn errors_name_the_file_and_key() {
     let e = err("version: 2\nmetrics: {file: a}\nmetrics: {file: b}\n");
     assert!(e.contains("duplicate"), "{e}");
 }
+
+/// A named pipe at `path`.
+fn fifo(path: &std::path::Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .expect("mkfifo");
+}
+
+#[test]
+fn the_file_is_read_through_the_bounded_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = "version: 2\nmetrics:\n  file: /etc/x.csv\n";
+    // Over the cap: refused without being read whole, even when it is valid YAML.
+    let big = dir.path().join("big.yaml");
+    let padding = format!("# {}\n", "x".repeat(1000)).repeat(1100);
+    std::fs::write(&big, format!("{good}{padding}")).unwrap();
+    assert_eq!(
+        load(&big).unwrap_err().to_string(),
+        format!(
+            "config file {}: larger than 1048576 bytes; refused",
+            big.display()
+        )
+    );
+    // A FIFO is refused at once, without waiting for a writer; a device is never read.
+    let pipe = dir.path().join("pipe.yaml");
+    fifo(&pipe);
+    assert_eq!(
+        load(&pipe).unwrap_err().to_string(),
+        format!(
+            "config file {}: is a FIFO (named pipe), not a regular file; refused",
+            pipe.display()
+        )
+    );
+    assert_eq!(
+        load(std::path::Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string(),
+        "config file /dev/zero: is a character device, not a regular file; refused"
+    );
+    let gone = dir.path().join("gone.yaml");
+    assert_eq!(
+        load(&gone).unwrap_err().to_string(),
+        format!("config file {}: no such file", gone.display())
+    );
+    let latin1 = dir.path().join("latin1.yaml");
+    std::fs::write(&latin1, b"version: 2\nmetrics:\n  file: /etc/\xe9.csv\n").unwrap();
+    assert_eq!(
+        load(&latin1).unwrap_err().to_string(),
+        format!("config file {}:3: not UTF-8 text", latin1.display())
+    );
+    // A UTF-8 byte-order mark is ignored, as in the metrics CSV.
+    let bom = dir.path().join("bom.yaml");
+    std::fs::write(&bom, format!("\u{feff}{good}")).unwrap();
+    assert_eq!(
+        load(&bom).unwrap().metrics,
+        Some(MetricSource::File("/etc/x.csv".into()))
+    );
+}
+
+#[test]
+fn inline_fields_cannot_smuggle_csv_rows() {
+    let fields = |name: &str, ty: &str| {
+        format!(
+            "version: 2\nmetrics:\n  fields:\n    - {{name: DCGM_FI_DEV_GPU_TEMP, prometheusType: gauge, help: t}}\n    - {{name: {name}, prometheusType: {ty}, help: h}}\n"
+        )
+    };
+    for (name, ty, key, says) in [
+        (
+            r#""DCGM_FI_DEV_POWER_USAGE\nDCGM_FI_DEV_GPU_TEMP""#,
+            "gauge",
+            "metrics.fields[1].name",
+            "contains a line break",
+        ),
+        (
+            r#""DCGM_FI_DEV_POWER_USAGE, gauge, \"rewritten help\"\r""#,
+            "gauge",
+            "metrics.fields[1].name",
+            "contains a comma",
+        ),
+        (
+            "DCGM_FI_DEV_POWER_USAGE",
+            r#""gauge\nDCGM_FI_DEV_SM_CLOCK""#,
+            "metrics.fields[1].prometheusType",
+            "contains a line break",
+        ),
+        (
+            "DCGM_FI_DEV_POWER_USAGE",
+            r#"'"gauge"'"#,
+            "metrics.fields[1].prometheusType",
+            "contains a double quote",
+        ),
+        (
+            "DCGM_FI_DEV_POWER_USAGE",
+            r#""gauge\tx""#,
+            "metrics.fields[1].prometheusType",
+            "contains the control character '\\t'",
+        ),
+        (
+            r##""#DCGM_FI_DEV_POWER_USAGE""##,
+            "gauge",
+            "metrics.fields[1].name",
+            "cannot start with '#'",
+        ),
+    ] {
+        let e = err(&fields(name, ty));
+        assert!(
+            e.starts_with(&format!("c.yaml: {key}: ")) && e.contains(says),
+            "{name} {ty}: {e}"
+        );
+    }
+    // A line break in a help text stays inside its row.
+    let s = parse(
+        "version: 2\nmetrics:\n  fields:\n    - {name: DCGM_FI_DEV_GPU_TEMP, prometheusType: gauge, help: \"a\\r\\nDCGM_FI_DEV_POWER_USAGE, gauge, b\"}\n",
+        "c.yaml",
+    )
+    .unwrap();
+    let Some(MetricSource::Inline(csv)) = s.metrics else {
+        panic!("{s:?}")
+    };
+    assert_eq!(csv.lines().count(), 1, "{csv:?}");
+}
+
+#[test]
+fn deep_nesting_is_refused_before_it_is_parsed() {
+    let flow = format!(
+        "version: 2\nmetrics:\n  fields: {}{}\n",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    assert_eq!(
+        err(&flow),
+        "c.yaml:3: nested more than 64 levels deep; refused"
+    );
+    let dashes = format!("version: 2\ncollections:\n  {}x\n", "- ".repeat(200));
+    assert_eq!(
+        err(&dashes),
+        "c.yaml:3: nested more than 64 levels deep; refused"
+    );
+    // What the 1 MiB cap allows is refused at once (serde_yaml took 42 s of CPU for 100,000
+    // levels).
+    let huge = format!("version: 2\nmetrics: {}", "[".repeat((1 << 20) - 20));
+    assert_eq!(
+        err(&huge),
+        "c.yaml:2: nested more than 64 levels deep; refused"
+    );
+}
+
+#[test]
+fn overflowing_numbers_say_too_large() {
+    for (n, says) in [
+        ("4294967296", "4294967296: too large (at most 4294967295)"),
+        ("99999999999999999999", "too large (at most 4294967295)"),
+        ("18446744073709551615", "18446744073709551615: too large"),
+        ("-1", "-1: must be greater than 0"),
+        ("1.5", "1.5: must be a whole number"),
+    ] {
+        let e = err(&format!(
+            "version: 2\nserver:\n  maxConcurrentScrapes: {n}\n"
+        ));
+        assert!(
+            e.starts_with("c.yaml: server.maxConcurrentScrapes: ") && e.contains(says),
+            "{n}: {e}"
+        );
+    }
+    let s = parse(
+        "version: 2\nserver:\n  maxConcurrentScrapes: 4294967295\n",
+        "c.yaml",
+    )
+    .unwrap();
+    assert_eq!(s.max_concurrent_scrapes, Some(u32::MAX));
+    // DCGM's sample counts (no effect here) are Go int64s.
+    let e = err(
+        "version: 2\nsources:\n  dcgm:\n    watch:\n      maxKeepSamples: 9223372036854775808\n",
+    );
+    assert_eq!(
+        e,
+        "c.yaml: sources.dcgm.watch.maxKeepSamples: 9223372036854775808: too large (at most 9223372036854775807)"
+    );
+    let e = err("version: 1\ncollection:\n  retention:\n    maxSamples: 99999999999999999999\n");
+    assert!(
+        e.starts_with("c.yaml: collection.retention.maxSamples: ") && e.contains("too large"),
+        "{e}"
+    );
+    assert!(parse(
+        "version: 2\nsources:\n  dcgm:\n    watch:\n      maxKeepSamples: -9223372036854775808\n",
+        "c.yaml"
+    )
+    .is_ok());
+}

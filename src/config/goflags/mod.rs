@@ -3,7 +3,9 @@
 //! What Go accepts and clap does not by itself:
 //! - a bool flag takes `--flag`, `--flag=true` and `--flag=false` (also `-k=false`);
 //! - values of bool flags and bool environment variables are what `strconv.ParseBool` takes;
-//! - a long flag may be written with one dash (`-rbmn`, `-kubernetes=true`);
+//! - a long flag may be written with one dash (`-rbmn`, `-kubernetes=true`), a short one with
+//!   two (`--c=5000`, `--a :9400`);
+//! - an empty file flag (`--config-file=`, `--web-config-file=`) is no file, as Go's `""`;
 //! - an environment variable set to the empty string counts as unset;
 //! - an unusable environment variable is reported by its name.
 //!
@@ -18,7 +20,7 @@ use super::Args;
 
 mod values;
 
-pub use values::{format_duration, parse_bool, parse_duration, Explicit, GO_BOOLS};
+pub use values::{file_path, format_duration, parse_bool, parse_duration, Explicit, GO_BOOLS};
 
 /// An environment variable whose value the flag cannot take.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +73,8 @@ pub fn command(env: &dyn Fn(&OsStr) -> Option<OsString>) -> clap::Command {
     })
 }
 
-/// Rewrites Go's single-dash long flags (`-rbmn`, `-kubernetes=false`) to two dashes. A token
+/// Rewrites Go's single-dash long flags (`-rbmn`, `-kubernetes=false`) to two dashes, and
+/// double-dash short ones (`--c=5000`, `--a :9400`: Go's `flag` takes either) to one. A token
 /// that is the value of the flag before it is left alone.
 pub fn normalise_argv(cmd: &clap::Command, argv: Vec<OsString>) -> Vec<OsString> {
     let takes_value = |name: &str, inline_value: bool| {
@@ -120,8 +123,16 @@ pub fn normalise_argv(cmd: &clap::Command, argv: Vec<OsString>) -> Vec<OsString>
             None => (body, false),
         };
         value_next = takes_value(name, inline);
+        let is_short = |name: &str| {
+            let mut chars = name.chars();
+            chars.next().is_some_and(|c| {
+                chars.next().is_none() && cmd.get_arguments().any(|a| a.get_short() == Some(c))
+            })
+        };
         if dashes == 1 && name.len() > 1 && is_long(name) {
             out.push(OsString::from(format!("-{text}")));
+        } else if dashes == 2 && is_short(name) && !is_long(name) {
+            out.push(OsString::from(&text[1..]));
         } else {
             out.push(token);
         }
@@ -191,6 +202,13 @@ pub fn parse(
     check_env(&cmd, env)?;
     let matches = cmd.try_get_matches_from_mut(argv)?;
     let mut args = Args::from_arg_matches(&matches)?;
+    // Go's string flags default to "", which dcgm-exporter reads as "no file": an empty value
+    // given explicitly is the same.
+    for file in [&mut args.config_file, &mut args.web_config_file] {
+        if file.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            *file = None;
+        }
+    }
     for id in matches.ids() {
         match matches.value_source(id.as_str()) {
             Some(clap::parser::ValueSource::CommandLine) => args.explicit.insert(id.as_str(), None),
@@ -301,6 +319,48 @@ mod tests {
         assert_eq!(
             normalise_argv(&cmd, argv),
             ["x", "--collectors", "-rbmn", "--rbmn", "-k=false", "-f"].map(OsString::from)
+        );
+    }
+
+    #[test]
+    fn short_flags_take_two_dashes_as_in_go() {
+        let a = go(&[
+            "--c=5000",
+            "--a",
+            "127.0.0.1:1",
+            "--k",
+            "--d=g:0",
+            "--o=false",
+        ])
+        .unwrap();
+        assert_eq!(a.collect_interval, 5000);
+        assert_eq!(a.address, "127.0.0.1:1");
+        assert!(a.kubernetes);
+        assert_eq!(a.devices, "g:0");
+        assert!(!a.use_old_namespace);
+        assert!(a.explicit.contains("collect_interval"));
+        // The value of a flag stays a value.
+        let cmd = command(&no_env);
+        let argv = ["x", "--collectors", "--c", "--c", "1000"]
+            .map(OsString::from)
+            .to_vec();
+        assert_eq!(
+            normalise_argv(&cmd, argv),
+            ["x", "--collectors", "--c", "-c", "1000"].map(OsString::from)
+        );
+        // Not a short flag: clap's own error.
+        assert!(go(&["--z=1"]).is_err());
+    }
+
+    #[test]
+    fn an_empty_file_flag_is_no_file() {
+        let a = go(&["--config-file=", "--web-config-file", ""]).unwrap();
+        assert_eq!(a.config_file, None);
+        assert_eq!(a.web_config_file, None);
+        let a = go(&["--config-file=/c.yaml"]).unwrap();
+        assert_eq!(
+            a.config_file.as_deref(),
+            Some(std::path::Path::new("/c.yaml"))
         );
     }
 

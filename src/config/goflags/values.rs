@@ -5,6 +5,7 @@
 //! [`Args`]: crate::config::Args
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The spellings Go's `strconv.ParseBool` accepts.
@@ -30,6 +31,13 @@ pub fn parse_bool(s: &str) -> Result<bool, String> {
 /// A message naming what is wrong.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::godur::parse(s)
+}
+
+/// The value parser of a file flag that, as a Go string flag, takes the empty value (clap's
+/// `PathBuf` parser refuses it): [`parse`](super::parse) then reads `""` as no file.
+pub fn file_path() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
+    use clap::builder::TypedValueParser;
+    clap::builder::OsStringValueParser::new().map(PathBuf::from)
 }
 
 /// Formats a duration the way a user would write it back (`30s`, `1m30s`, `250ms`).

@@ -39,12 +39,21 @@ pub fn read_file(path: &std::path::Path) -> Result<String, WebConfigError> {
     })
 }
 
-/// Parses and validates web configuration text. `origin` names it in errors.
+/// Parses and validates web configuration text. `origin` names it in errors. A UTF-8
+/// byte-order mark at the start is ignored (libyaml skips it); text nested deeper than
+/// [`crate::yamldepth::MAX_DEPTH`] levels is refused before it is parsed.
 ///
 /// # Errors
 /// [`WebConfigError::Yaml`] for syntax, unknown keys and wrong types,
 /// [`WebConfigError::Invalid`] for values gpu-exporter cannot honour.
 pub fn parse(text: &str, origin: &str) -> Result<WebConfig, WebConfigError> {
+    crate::yamldepth::check(text, crate::yamldepth::MAX_DEPTH).map_err(|e| {
+        WebConfigError::TooDeep {
+            origin: origin.to_owned(),
+            line: e.line,
+            limit: e.limit,
+        }
+    })?;
     // An empty file (or one with only comments) is a valid "no TLS, no auth" config, as in Go.
     let raw: RawFile = if text.trim().is_empty() || is_only_comments(text) {
         RawFile::default()

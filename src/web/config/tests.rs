@@ -292,3 +292,38 @@ fn the_config_and_its_pem_files_are_read_through_the_bounded_reader() {
         b"key"
     );
 }
+
+#[test]
+fn deep_nesting_is_refused_before_it_is_parsed() {
+    let flow = format!(
+        "tls_server_config:\n  cipher_suites: {}{}\n",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    assert_eq!(
+        err(&flow),
+        "web.yml:2: nested more than 64 levels deep; refused"
+    );
+    let dashes = format!("basic_auth_users:\n  {}x\n", "- ".repeat(200));
+    assert_eq!(
+        err(&dashes),
+        "web.yml:2: nested more than 64 levels deep; refused"
+    );
+}
+
+#[test]
+fn a_byte_order_mark_is_ignored() {
+    let c = parse(
+        "\u{feff}http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
+        "web.yml",
+    )
+    .unwrap();
+    assert_eq!(
+        c.headers,
+        [("X-Frame-Options".to_owned(), "deny".to_owned())]
+    );
+    assert_eq!(
+        parse("\u{feff}", "web.yml").unwrap(),
+        parse("", "web.yml").unwrap()
+    );
+}

@@ -17,6 +17,17 @@ pub enum WebConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The YAML is nested deeper than [`crate::yamldepth::MAX_DEPTH`] levels (checked before it
+    /// is parsed: parsing takes time quadratic in the depth).
+    #[error("{origin}:{line}: nested more than {limit} levels deep; refused")]
+    TooDeep {
+        /// The file name.
+        origin: String,
+        /// 1-based line where the limit is passed.
+        line: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The YAML does not parse, or has an unknown key or a value of the wrong type.
     #[error("{origin}: {source}")]
     Yaml {
