@@ -7,6 +7,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use crate::accounting::AccountingMetrics;
 use crate::hpc::HpcMetrics;
 use crate::http::HttpMetrics;
 use crate::pods::cri_refresher::CriMetrics;
@@ -26,6 +27,8 @@ pub struct ExporterMetrics {
     pub attribution: Arc<AttributionMetrics>,
     /// Per-process attribution.
     pub processes: Arc<ProcessMetrics>,
+    /// The accounting ledger and its `gpu_exporter_container_*` families (off unless enabled).
+    pub accounting: Arc<AccountingMetrics>,
     /// Metrics CSV reloads.
     pub reload: Arc<ReloadMetrics>,
     /// The HTTP server's own.
@@ -51,6 +54,7 @@ impl ExporterMetrics {
         let samples = Arc::new(SampleMetrics::default());
         let attribution = Arc::new(AttributionMetrics::default());
         let processes = Arc::new(ProcessMetrics::default());
+        let accounting = Arc::new(AccountingMetrics::default());
         let reload = Arc::new(ReloadMetrics::default());
         let http = Arc::new(HttpMetrics::default());
         let pod_resources = Arc::new(PodResourcesMetrics::default());
@@ -69,6 +73,7 @@ impl ExporterMetrics {
         registry.register_collector(Box::new(Arc::clone(&pod_resources)));
         registry.register_collector(Box::new(Arc::clone(&cri)));
         registry.register_collector(Box::new(Arc::clone(&processes)));
+        registry.register_collector(Box::new(Arc::clone(&accounting)));
         registry.register_collector(Box::new(Arc::clone(&hpc_jobs)));
         registry.register_collector(Box::new(Arc::clone(&attribution)));
         registry.register_collector(Box::new(Arc::clone(&web)));
@@ -77,6 +82,7 @@ impl ExporterMetrics {
             samples,
             attribution,
             processes,
+            accounting,
             reload,
             http,
             pod_resources,
@@ -94,6 +100,7 @@ impl ExporterMetrics {
             samples: Arc::clone(&self.samples),
             attribution: Arc::clone(&self.attribution),
             processes: Arc::clone(&self.processes),
+            accounting: Arc::clone(&self.accounting),
             registry: Arc::clone(&self.registry),
         }
     }

@@ -44,6 +44,7 @@
 //! `main.rs` is the only composition root; it builds [`exporter_metrics::ExporterMetrics`]
 //! once and hands each module its own families.
 
+pub mod accounting;
 pub mod catalog;
 pub mod config;
 pub mod exporter_metrics;

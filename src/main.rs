@@ -343,6 +343,23 @@ async fn serve<S: GpuSource>(
             );
         essential.spawn("container runtime refresher", cri.run(shutdown.clone()));
     }
+    if config.args.kubernetes && !config.args.no_accounting {
+        // Accounts kept this long after they last grew (a pod long gone).
+        const RETENTION: Duration = Duration::from_secs(15 * 60);
+        metrics.accounting.enable(
+            config
+                .args
+                .accounting_idle_power_watts
+                .map(|w| u64::from(w) * 1000),
+            config.process_usage,
+            RETENTION,
+        );
+        tracing::info!(
+            idle_power_watts = ?config.args.accounting_idle_power_watts,
+            per_process = config.process_usage,
+            "accounting: energy and GPU time per container (gpu_exporter_container_*_total)"
+        );
+    }
     if config.process_usage {
         let root = ProcRoot::new(&config.args.path_procfs);
         if !root.root().is_dir() {

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use crate::accounting;
 use crate::catalog::{Catalog, Field};
 use crate::gpu::{Device, FieldError, GpuProcess, GpuSource, SourceError, Value};
 use crate::health::{History, Recent, Status};
@@ -283,7 +284,16 @@ impl<S: GpuSource> Sampler<S> {
         }
 
         let source = Arc::clone(&self.source);
-        let fields = fields_to_read(&catalog, |f| source.supports(f));
+        let mut fields = fields_to_read(&catalog, |f| source.supports(f));
+        // Accounting splits each GPU's own energy counter: read it even when the CSV does not
+        // export it.
+        if self.metrics.accounting.enabled()
+            && source.supports(Field::TotalEnergyConsumption)
+            && !fields.contains(&Field::TotalEnergyConsumption)
+        {
+            fields.push(Field::TotalEnergyConsumption);
+            fields.sort();
+        }
         self.gaps.check(
             &*self.source,
             &self.devices,
@@ -429,6 +439,18 @@ impl<S: GpuSource> Sampler<S> {
             &workload,
             &self.opts.build,
         );
+        if fresh && self.metrics.accounting.enabled() {
+            // Once per sample, before the self-metrics are encoded into this body.
+            let ticks = accounting::input::ticks(accounting::input::Inputs {
+                outcomes: &last.outcomes,
+                attribution: &attribution,
+                usage: &workload.usage,
+                processes: &last.processes,
+            });
+            self.metrics
+                .accounting
+                .record(last.begun.saturating_duration_since(self.started), &ticks);
+        }
         if fresh {
             self.metrics.samples.count_field_errors(&snap.field_errors);
             self.metrics.samples.count_sample();

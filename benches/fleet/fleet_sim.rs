@@ -335,6 +335,7 @@ async fn run(args: Args) -> Result<()> {
             samples,
             attribution,
             processes,
+            accounting: Arc::default(),
             registry: Arc::new(registry),
         };
         let (catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));

@@ -142,6 +142,18 @@ pub struct Args {
     #[arg(long, env = "GPU_EXPORTER_KUBERNETES_PROCESS_USAGE")]
     pub kubernetes_process_usage: bool,
 
+    /// Accounting (on with -k): the idle power of every GPU, in watts, for the static part of
+    /// the energy split (gpu_exporter_container_energy_joules_total). Default: learnt per GPU,
+    /// the lowest power over an interval of at least a second without processes.
+    #[arg(long, env = "GPU_EXPORTER_ACCOUNTING_IDLE_POWER_WATTS",
+          value_parser = clap::value_parser!(u32).range(0..=5_000))]
+    pub accounting_idle_power_watts: Option<u32>,
+
+    /// Turns accounting off: no gpu_exporter_container_*_total counters (energy, allocated,
+    /// busy and idle GPU-seconds), which are on with -k.
+    #[arg(long, env = "GPU_EXPORTER_NO_ACCOUNTING")]
+    pub no_accounting: bool,
+
     /// The host's /proc, to map GPU processes (host PIDs) to containers: /proc with hostPID,
     /// or the host's /proc mounted elsewhere (/host/proc in the shipped DaemonSet).
     #[arg(

@@ -11,6 +11,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use prometheus_client::encoding::EncodeLabelSet;
+
+use crate::accounting::AccountingMetrics;
 use prometheus_client::metrics::counter::Counter;
 
 use crate::catalog::Field;
@@ -300,6 +302,8 @@ pub struct SamplerMetrics {
     pub attribution: Arc<AttributionMetrics>,
     /// Per-process attribution's outcomes and failures.
     pub processes: Arc<ProcessMetrics>,
+    /// The accounting ledger and its families (off unless enabled).
+    pub accounting: Arc<AccountingMetrics>,
     /// Every module's `gpu_exporter_*` collectors, these three included where the composition
     /// root registered them: encoded once per sample into the body, so scrapes cost nothing.
     pub registry: Arc<Registry>,
@@ -312,14 +316,17 @@ impl SamplerMetrics {
         let samples = Arc::new(SampleMetrics::default());
         let attribution = Arc::new(AttributionMetrics::default());
         let processes = Arc::new(ProcessMetrics::default());
+        let accounting = Arc::new(AccountingMetrics::default());
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Arc::clone(&samples)));
         registry.register_collector(Box::new(Arc::clone(&processes)));
+        registry.register_collector(Box::new(Arc::clone(&accounting)));
         registry.register_collector(Box::new(Arc::clone(&attribution)));
         Self {
             samples,
             attribution,
             processes,
+            accounting,
             registry: Arc::new(registry),
         }
     }

@@ -1,0 +1,257 @@
+//! One sample's [`GpuTick`]s, from what the sampler already has: each device's sample (its
+//! energy counter and, on MIG GPUs, each instance's engine activity), who holds each GPU and MIG
+//! instance (kubelet pod-resources), and, with per-process readings, which container runs what
+//! where. Pure.
+//!
+//! **Allocation shares.** A whole GPU is shared by the device ids allocated on it: one holder of
+//! the whole GPU holds all of it; time-sliced or MPS replicas (`GPU-…::N`) count one each among
+//! the replicas held (pod-resources lists only the allocated ones, so the replicas nobody holds
+//! are not seen: a time-sliced GPU with any holder is split among its holders). A MIG instance
+//! is its memory slices out of 8 (`placement`), or else its compute slices (`3g.40gb`: 3) out of
+//! 7; within an instance, its holders share it equally. What no instance covers, and instances
+//! nobody holds, are unallocated.
+//!
+//! **Activity.** Without MIG: each process's SM utilisation over the interval (NVML's samples
+//! since the last read, averaged per process), summed per container; what no container accounts
+//! for is outside pods. On MIG (NVML reads no per-process utilisation there): each instance's
+//! graphics engine activity (`DCGM_FI_PROF_GR_ENGINE_ACTIVE`, through GPM on Hopper and newer or
+//! DCGM with `-r`) times its share, split inside the instance by the framebuffer its containers'
+//! processes use (equally when none is reported; to its holders when processes were not read).
+//! When any instance of a GPU has no activity reading, none is used for that GPU: its dynamic
+//! energy follows the allocation instead.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Account, GpuTick};
+use crate::catalog::Field;
+use crate::gpu::{FieldError, GpuProcess, MigInstance, Value};
+use crate::pods::usage::EntityUsage;
+use crate::pods::{Attribution, EntityKey, Holder, PodRef};
+use crate::snapshot::DeviceOutcome;
+
+/// What the sampler has after attribution.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// Each device's outcome.
+    pub outcomes: &'a [DeviceOutcome],
+    /// Holders per GPU and MIG instance.
+    pub attribution: &'a Attribution,
+    /// Per-container usage per entity (empty without per-process readings).
+    pub usage: &'a BTreeMap<EntityKey, EntityUsage>,
+    /// Per device, in `outcomes` order, its processes (empty without per-process readings).
+    pub processes: &'a [Option<Result<Vec<GpuProcess>, FieldError>>],
+}
+
+/// The share of its GPU a MIG instance holds: memory slices out of 8, else compute slices out
+/// of 7, else an equal part of `count` instances.
+pub fn instance_share(inst: &MigInstance, count: usize) -> f64 {
+    if let Some(p) = inst.placement.filter(|p| p.size > 0) {
+        return (f64::from(p.size) / 8.0).min(1.0);
+    }
+    let digits: String = inst
+        .profile
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    match digits.parse::<u32>() {
+        Ok(g) if g > 0 && inst.profile[digits.len()..].starts_with('g') => {
+            (f64::from(g) / 7.0).min(1.0)
+        }
+        _ => 1.0 / count.max(1) as f64,
+    }
+}
+
+/// `share` split among `holders` by the device ids each container holds.
+fn holder_shares(gi_id: Option<u32>, holders: &[Holder], share: f64) -> Vec<(Account, f64)> {
+    let mut per: BTreeMap<&PodRef, usize> = BTreeMap::new();
+    for h in holders {
+        *per.entry(&h.pod).or_default() += 1;
+    }
+    let n: usize = per.values().sum();
+    per.into_iter()
+        .map(|(pod, k)| {
+            (
+                Account::container(gi_id, pod.clone(), true),
+                share * k as f64 / n as f64,
+            )
+        })
+        .collect()
+}
+
+/// The ticks of one sample: one per device read.
+pub fn ticks(i: Inputs<'_>) -> Vec<GpuTick> {
+    let mut out = Vec::new();
+    for (n, o) in i.outcomes.iter().enumerate() {
+        let Ok(sample) = &o.sample else {
+            continue;
+        };
+        let d = &o.device;
+        let index = d.identity.index;
+        let processes = match i.processes.get(n) {
+            Some(Some(Ok(list))) => Some(list.as_slice()),
+            _ => None,
+        };
+        let mut tick = GpuTick {
+            uuid: d.identity.uuid.clone(),
+            index,
+            energy_mj: sample
+                .get_i64(Field::TotalEnergyConsumption)
+                .and_then(|e| u64::try_from(e).ok()),
+            running: processes.map(|_| BTreeSet::new()),
+            ..GpuTick::default()
+        };
+        if d.mig_enabled {
+            mig(&mut tick, i, o, processes);
+        } else {
+            whole(&mut tick, i, index, processes);
+        }
+        out.push(tick);
+    }
+    out
+}
+
+fn whole(tick: &mut GpuTick, i: Inputs<'_>, index: u32, processes: Option<&[GpuProcess]>) {
+    let key = EntityKey {
+        gpu: index,
+        gi_id: None,
+    };
+    let holders = i.attribution.holders_of(key);
+    tick.allocated = holder_shares(None, holders, 1.0);
+    let Some(list) = processes else {
+        return;
+    };
+    let holds = |pod: &PodRef| holders.iter().any(|h| &h.pod == pod);
+    let mut attributed_sm = 0u64;
+    let mut attributed_procs = 0usize;
+    if let Some(u) = i.usage.get(&key) {
+        for c in &u.containers {
+            let a = Account::container(None, c.pod.clone(), holds(&c.pod));
+            attributed_procs += c.processes as usize;
+            if c.processes > 0 {
+                if let Some(r) = tick.running.as_mut() {
+                    r.insert(a.clone());
+                }
+            }
+            if let Some(util) = c.utilization {
+                attributed_sm += util.sm;
+                if util.sm > 0 {
+                    tick.busy.push((a, util.sm as f64 / 100.0));
+                }
+            }
+        }
+    }
+    let total_sm: u64 = list
+        .iter()
+        .filter_map(|p| p.utilization.map(|u| u64::from(u.sm)))
+        .sum();
+    let outside = Account {
+        gi_id: None,
+        consumer: super::Consumer::OutsidePods,
+    };
+    if list.len() > attributed_procs {
+        if let Some(r) = tick.running.as_mut() {
+            r.insert(outside.clone());
+        }
+    }
+    if total_sm > attributed_sm {
+        tick.busy
+            .push((outside, (total_sm - attributed_sm) as f64 / 100.0));
+    }
+}
+
+fn mig(tick: &mut GpuTick, i: Inputs<'_>, o: &DeviceOutcome, processes: Option<&[GpuProcess]>) {
+    let d = &o.device;
+    let Ok(sample) = &o.sample else {
+        return;
+    };
+    let count = d.instances.len();
+    let mut busy = Vec::new();
+    let mut all_active_known = true;
+    for inst in &d.instances {
+        let gi = Some(inst.gi_id);
+        let share = instance_share(inst, count);
+        let key = EntityKey {
+            gpu: d.identity.index,
+            gi_id: gi,
+        };
+        let holders = i.attribution.holders_of(key);
+        if holders.is_empty() {
+            tick.allocated.push((Account::unallocated(gi), share));
+        } else {
+            tick.allocated.extend(holder_shares(gi, holders, share));
+        }
+        let holds = |pod: &PodRef| holders.iter().any(|h| &h.pod == pod);
+        // Who runs here, and their framebuffer.
+        let mut users: Vec<(Account, u64)> = Vec::new();
+        let mut attributed = 0usize;
+        if let Some(u) = i.usage.get(&key) {
+            for c in u.containers.iter().filter(|c| c.processes > 0) {
+                attributed += c.processes as usize;
+                users.push((
+                    Account::container(gi, c.pod.clone(), holds(&c.pod)),
+                    c.fb_used_bytes.unwrap_or(0),
+                ));
+            }
+        }
+        if let Some(list) = processes {
+            let here: Vec<&GpuProcess> = list.iter().filter(|p| p.gi_id == gi).collect();
+            if here.len() > attributed {
+                let fb: u64 = here.iter().filter_map(|p| p.used_memory_bytes).sum::<u64>();
+                let attributed_fb: u64 = users.iter().map(|(_, b)| b).sum();
+                users.push((
+                    Account {
+                        gi_id: gi,
+                        consumer: super::Consumer::OutsidePods,
+                    },
+                    fb.saturating_sub(attributed_fb),
+                ));
+            }
+            if let Some(r) = tick.running.as_mut() {
+                r.extend(users.iter().map(|(a, _)| a.clone()));
+            }
+        }
+        let activity = sample
+            .instances
+            .iter()
+            .find(|s| s.gi_id == inst.gi_id)
+            .and_then(|s| {
+                s.readings
+                    .iter()
+                    .find(|(f, _)| *f == Field::ProfGrEngineActive)
+            })
+            .and_then(|(_, r)| match r {
+                Ok(Value::Float(v)) if v.is_finite() && *v >= 0.0 => Some(v.min(1.0)),
+                _ => None,
+            });
+        let Some(activity) = activity else {
+            all_active_known = false;
+            continue;
+        };
+        let inst_busy = activity * share;
+        if inst_busy <= 0.0 {
+            continue;
+        }
+        if users.is_empty() {
+            // No process seen (not read, or not visible): the instance's holders, or its
+            // unallocated capacity.
+            if holders.is_empty() {
+                busy.push((Account::unallocated(gi), inst_busy));
+            } else {
+                busy.extend(holder_shares(gi, holders, inst_busy));
+            }
+            continue;
+        }
+        let fb: u64 = users.iter().map(|(_, b)| b).sum();
+        for (a, b) in users.iter() {
+            let part = if fb > 0 {
+                *b as f64 / fb as f64
+            } else {
+                1.0 / users.len() as f64
+            };
+            busy.push((a.clone(), inst_busy * part));
+        }
+    }
+    if all_active_known {
+        tick.busy = busy;
+    }
+}

@@ -1,0 +1,335 @@
+//! The ledger: per GPU, the running totals of every account, advanced once per fresh sample.
+//! Pure: time comes in as an argument, nothing is read here.
+//!
+//! **Energy is conserved to the millijoule.** For each GPU, the energy charged in an interval is
+//! exactly the change of the GPU's own counter over it, split in whole millijoules (largest
+//! remainders, in integers), so the accounts of a GPU always add up to the counter's increase
+//! since the exporter's first reading of it:
+//!
+//! - the first reading of a GPU only sets the baseline;
+//! - a reading below the last one is a reset (the driver reloaded, the counter wrapped): the
+//!   interval's energy is the new reading (what the GPU counted since it restarted), as
+//!   Prometheus' `increase()` counts it on the GPU's own series;
+//! - an interval without a reading (a failed read, a GPU off the bus) charges nothing yet: its
+//!   weights are kept, and the next reading's change is split over all the intervals since the
+//!   last reading, each with its own weights (a pod that left in between is still charged for
+//!   its part).
+//!
+//! **The split of one change.** A static part, `idle power x time` (capped at the change),
+//! follows the allocation: each holder's share of the GPU (a whole GPU, the time-sliced
+//! replicas it holds, its MIG slices) times the time it held it, the rest to `unallocated`. The
+//! dynamic part, the rest of the change, follows the measured activity (SM busy time of each
+//! container's and each outside process, or a MIG instance's engine activity); with no activity
+//! measured it follows the allocation too. Idle power is the flag's value, or else the lowest
+//! power the GPU's own counter showed over an interval of at least a second in which no process
+//! ran on it (with process readings; without them, in which nothing was measured busy).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::{Account, Consumer, GpuTick};
+
+/// An interval must be this long to teach the idle power (shorter ones are too noisy).
+const IDLE_LEARN_MIN: Duration = Duration::from_secs(1);
+
+/// The running totals of one account on one GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Totals {
+    /// Energy charged, millijoules.
+    pub energy_mj: u64,
+    /// Allocated GPU-seconds: share of the GPU held x seconds.
+    pub allocated_gpu_seconds: f64,
+    /// SM-busy GPU-seconds measured (utilisation x seconds).
+    pub busy_gpu_seconds: f64,
+    /// Allocated GPU-seconds in which the account ran no process on it (waste).
+    pub idle_allocated_gpu_seconds: f64,
+    /// When any of them last grew.
+    last_change: Duration,
+}
+
+/// The weights of the intervals not charged yet (no reading since).
+#[derive(Debug, Default)]
+struct Pending {
+    /// Microseconds.
+    dt_us: u64,
+    /// Allocation share x seconds.
+    allocated: BTreeMap<Account, f64>,
+    /// Busy share x seconds.
+    busy: BTreeMap<Account, f64>,
+    /// Whether a process ran in any of them (or, without process readings, anything was busy).
+    active: bool,
+    /// Energy read but not split yet (a change seen with no time elapsed since the last
+    /// reading), millijoules.
+    owed_mj: u64,
+}
+
+/// One GPU's state.
+#[derive(Debug)]
+struct GpuState {
+    index: u32,
+    last_at: Duration,
+    last_energy: Option<u64>,
+    pending: Pending,
+    learned_idle_mw: Option<u64>,
+    totals: BTreeMap<Account, Totals>,
+    seen: Duration,
+}
+
+/// How the idle power of a GPU is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleSource {
+    /// `--accounting-idle-power-watts`.
+    Flag,
+    /// Learnt from the GPU's own energy counter over intervals without processes.
+    Measured,
+}
+
+impl IdleSource {
+    /// The `source` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleSource::Flag => "flag",
+            IdleSource::Measured => "measured",
+        }
+    }
+}
+
+/// What the ledger says about one GPU (for the self-metrics).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuAccounts {
+    /// GPU index.
+    pub index: u32,
+    /// The idle power used for the static part, milliwatts, and how it is known.
+    pub idle_mw: Option<(u64, IdleSource)>,
+    /// Every account with its totals.
+    pub accounts: BTreeMap<Account, Totals>,
+}
+
+/// The accounts of every GPU.
+#[derive(Debug)]
+pub struct Ledger {
+    idle_mw_flag: Option<u64>,
+    retention: Duration,
+    gpus: BTreeMap<String, GpuState>,
+}
+
+impl Ledger {
+    /// A ledger; `idle_mw_flag` fixes the idle power of every GPU (else it is learnt);
+    /// accounts that have not grown for `retention` (a pod long gone) are dropped.
+    pub fn new(idle_mw_flag: Option<u64>, retention: Duration) -> Self {
+        Self {
+            idle_mw_flag,
+            retention,
+            gpus: BTreeMap::new(),
+        }
+    }
+
+    /// Advances every GPU of `ticks` to `at` (the sample's time, monotonic). GPUs not in
+    /// `ticks` keep their baseline and pending weights (their time passes uncharged).
+    pub fn record(&mut self, at: Duration, ticks: &[GpuTick]) {
+        for tick in ticks {
+            let idle_flag = self.idle_mw_flag;
+            let gpu = self
+                .gpus
+                .entry(tick.uuid.clone())
+                .or_insert_with(|| GpuState {
+                    index: tick.index,
+                    last_at: at,
+                    last_energy: None,
+                    pending: Pending::default(),
+                    learned_idle_mw: None,
+                    totals: BTreeMap::new(),
+                    seen: at,
+                });
+            gpu.index = tick.index;
+            gpu.seen = at;
+            let dt = at.saturating_sub(gpu.last_at);
+            gpu.last_at = at;
+            gpu.advance(dt, at, tick, idle_flag);
+        }
+        let retention = self.retention;
+        self.gpus
+            .retain(|_, g| at.saturating_sub(g.seen) < retention || g.seen == at);
+        for gpu in self.gpus.values_mut() {
+            if gpu.seen != at {
+                // Not read this tick: its time passes uncharged.
+                gpu.last_at = at;
+            }
+            gpu.totals
+                .retain(|_, t| at.saturating_sub(t.last_change) < retention);
+        }
+    }
+
+    /// Every GPU's accounts, by UUID.
+    pub fn accounts(&self) -> BTreeMap<String, GpuAccounts> {
+        self.gpus
+            .iter()
+            .map(|(uuid, g)| {
+                let idle_mw = match (self.idle_mw_flag, g.learned_idle_mw) {
+                    (Some(w), _) => Some((w, IdleSource::Flag)),
+                    (None, Some(w)) => Some((w, IdleSource::Measured)),
+                    (None, None) => None,
+                };
+                (
+                    uuid.clone(),
+                    GpuAccounts {
+                        index: g.index,
+                        idle_mw,
+                        accounts: g.totals.clone(),
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+impl GpuState {
+    fn totals(&mut self, a: &Account, at: Duration) -> &mut Totals {
+        let t = self.totals.entry(a.clone()).or_default();
+        t.last_change = at;
+        t
+    }
+
+    fn advance(&mut self, dt: Duration, at: Duration, tick: &GpuTick, idle_flag: Option<u64>) {
+        let secs = dt.as_secs_f64();
+        if !dt.is_zero() {
+            let held: f64 = tick.allocated.iter().map(|(_, s)| *s).sum();
+            let mut allocated: Vec<(Account, f64)> = tick.allocated.clone();
+            if held < 1.0 {
+                allocated.push((Account::unallocated(None), 1.0 - held));
+            }
+            for (a, share) in &allocated {
+                if *share <= 0.0 {
+                    continue;
+                }
+                let t = self.totals(a, at);
+                t.allocated_gpu_seconds += share * secs;
+                let waste = matches!(a.consumer, Consumer::Container { holder: true, .. })
+                    && tick.running.as_ref().is_some_and(|r| !r.contains(a));
+                if waste {
+                    t.idle_allocated_gpu_seconds += share * secs;
+                }
+                *self.pending.allocated.entry(a.clone()).or_default() += share * secs;
+            }
+            for (a, busy) in &tick.busy {
+                if *busy <= 0.0 {
+                    continue;
+                }
+                self.totals(a, at).busy_gpu_seconds += busy * secs;
+                *self.pending.busy.entry(a.clone()).or_default() += busy * secs;
+            }
+            self.pending.dt_us = self
+                .pending
+                .dt_us
+                .saturating_add(u64::try_from(dt.as_micros()).unwrap_or(u64::MAX));
+            let active = match &tick.running {
+                Some(r) => !r.is_empty(),
+                None => tick.busy.iter().any(|(_, b)| *b > 0.0),
+            };
+            self.pending.active |= active;
+        }
+        let Some(energy) = tick.energy_mj else {
+            return;
+        };
+        let Some(last) = self.last_energy.replace(energy) else {
+            // The first reading: the baseline.
+            self.pending = Pending::default();
+            return;
+        };
+        let change = if energy >= last {
+            energy - last
+        } else {
+            energy
+        };
+        self.pending.owed_mj = self.pending.owed_mj.saturating_add(change);
+        if self.pending.dt_us == 0 {
+            // Two readings at one instant: no time to split over; the change waits for the
+            // next interval.
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let delta = pending.owed_mj;
+        if !pending.active && pending.dt_us >= IDLE_LEARN_MIN.as_micros() as u64 {
+            let mw = u64::try_from(u128::from(delta) * 1_000_000 / u128::from(pending.dt_us))
+                .unwrap_or(u64::MAX);
+            self.learned_idle_mw = Some(self.learned_idle_mw.map_or(mw, |m| m.min(mw)));
+        }
+        let idle_mw = idle_flag.or(self.learned_idle_mw).unwrap_or(0);
+        let static_mj = u64::try_from(
+            (u128::from(idle_mw) * u128::from(pending.dt_us) / 1_000_000).min(u128::from(delta)),
+        )
+        .unwrap_or(delta);
+        let dynamic_mj = delta - static_mj;
+        let mut charges: BTreeMap<Account, u64> = BTreeMap::new();
+        let by_allocation = split(static_mj, &pending.allocated);
+        for (a, mj) in by_allocation {
+            *charges.entry(a).or_default() += mj;
+        }
+        let dynamic = if pending.busy.values().any(|b| *b > 0.0) {
+            split(dynamic_mj, &pending.busy)
+        } else {
+            split(dynamic_mj, &pending.allocated)
+        };
+        for (a, mj) in dynamic {
+            *charges.entry(a).or_default() += mj;
+        }
+        for (a, mj) in charges {
+            if mj > 0 {
+                let t = self.totals(&a, at);
+                t.energy_mj = t.energy_mj.saturating_add(mj);
+            }
+        }
+    }
+}
+
+/// `total` split by `weights` in whole units, exactly: each gets the floor of its quota and
+/// the units left go to the largest remainders (ties to the first). Weights are made integers
+/// first, so the split is exact and deterministic. No positive weight: all to the
+/// unallocated account of the whole GPU.
+pub fn split(total: u64, weights: &BTreeMap<Account, f64>) -> Vec<(Account, u64)> {
+    const SCALE: f64 = (1u64 << 40) as f64;
+    let sum: f64 = weights
+        .values()
+        .filter(|w| w.is_finite() && **w > 0.0)
+        .sum();
+    if total == 0 {
+        return Vec::new();
+    }
+    if sum <= 0.0 || !sum.is_finite() {
+        return vec![(Account::unallocated(None), total)];
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let ints: Vec<(&Account, u128)> = weights
+        .iter()
+        .filter(|(_, w)| w.is_finite() && **w > 0.0)
+        .map(|(a, w)| (a, ((w / sum) * SCALE).round().max(1.0) as u128))
+        .collect();
+    let denom: u128 = ints.iter().map(|(_, w)| w).sum();
+    let total128 = u128::from(total);
+    let mut out: Vec<(Account, u64, u128)> = ints
+        .iter()
+        .map(|(a, w)| {
+            let q = total128 * w;
+            (
+                (*a).clone(),
+                u64::try_from(q / denom).unwrap_or(u64::MAX),
+                q % denom,
+            )
+        })
+        .collect();
+    let given: u64 = out.iter().map(|(_, n, _)| n).sum();
+    let mut left = total - given;
+    let mut order: Vec<usize> = (0..out.len()).collect();
+    order.sort_by(|&a, &b| out[b].2.cmp(&out[a].2).then(a.cmp(&b)));
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        out[i].1 += 1;
+        left -= 1;
+    }
+    out.into_iter().map(|(a, n, _)| (a, n)).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,212 @@
+//! The accounting families, rendered once per sample from the ledger's totals:
+//!
+//! - `gpu_exporter_container_energy_joules_total`: energy charged to each account. Summed by
+//!   `UUID` it is the GPU's own energy counter's increase (to the millijoule) since the exporter
+//!   first read it: every remainder (unallocated capacity, processes outside pods) is a series of
+//!   this same family.
+//! - `gpu_exporter_container_allocated_gpu_seconds_total`: share of the GPU held x seconds.
+//! - `gpu_exporter_container_sm_busy_gpu_seconds_total`: measured activity x seconds (with
+//!   per-process readings, or MIG instance activity).
+//! - `gpu_exporter_container_idle_allocated_gpu_seconds_total`: allocated GPU-seconds in which
+//!   the holder ran no process on the GPU or instance (with per-process readings).
+//! - `gpu_exporter_gpu_idle_power_watts`: the idle power used for the static part, by source.
+//!
+//! Labels: `gpu`, `UUID` (the physical GPU), `GPU_I_ID` (the MIG instance, empty for the whole
+//! GPU), `consumer` (`holder`, `not_holder`, `outside_pods`, `unallocated`), `namespace`, `pod`,
+//! `container` (empty but for containers).
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::MetricType;
+
+use super::ledger::{GpuAccounts, Ledger, Totals};
+use super::{Account, Consumer, GpuTick};
+use crate::self_metrics::{self, Collector, Num};
+
+/// A label set in the families' order.
+type Labels = Vec<(&'static str, String)>;
+
+/// The ledger and its families; off (nothing rendered, nothing recorded) until enabled.
+#[derive(Debug)]
+pub struct AccountingMetrics {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    ledger: Option<Ledger>,
+    processes: bool,
+}
+
+impl Default for AccountingMetrics {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                ledger: None,
+                processes: false,
+            }),
+        }
+    }
+}
+
+impl AccountingMetrics {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Turns accounting on: `idle_mw` fixes every GPU's idle power (else it is learnt);
+    /// `processes`: per-process readings are on (busy time and waste are rendered);
+    /// accounts idle for `retention` are dropped.
+    pub fn enable(&self, idle_mw: Option<u64>, processes: bool, retention: Duration) {
+        let mut i = self.lock();
+        i.ledger = Some(Ledger::new(idle_mw, retention));
+        i.processes = processes;
+    }
+
+    /// Whether accounting is on.
+    pub fn enabled(&self) -> bool {
+        self.lock().ledger.is_some()
+    }
+
+    /// Advances the ledger to `at` with one sample's ticks.
+    pub fn record(&self, at: Duration, ticks: &[GpuTick]) {
+        if let Some(l) = self.lock().ledger.as_mut() {
+            l.record(at, ticks);
+        }
+    }
+
+    /// Every GPU's accounts now (empty when off).
+    pub fn accounts(&self) -> std::collections::BTreeMap<String, GpuAccounts> {
+        self.lock()
+            .ledger
+            .as_ref()
+            .map(Ledger::accounts)
+            .unwrap_or_default()
+    }
+}
+
+fn labels(uuid: &str, index: u32, a: &Account) -> Labels {
+    let (ns, pod, container) = match &a.consumer {
+        Consumer::Container { pod, .. } => (
+            pod.namespace.clone(),
+            pod.pod.clone(),
+            pod.container.clone(),
+        ),
+        _ => (String::new(), String::new(), String::new()),
+    };
+    vec![
+        ("gpu", index.to_string()),
+        ("UUID", uuid.to_owned()),
+        (
+            "GPU_I_ID",
+            a.gi_id.map(|g| g.to_string()).unwrap_or_default(),
+        ),
+        ("consumer", a.consumer.as_str().to_owned()),
+        ("namespace", ns),
+        ("pod", pod),
+        ("container", container),
+    ]
+}
+
+/// Writes one float counter family over every account `value` gives a number for.
+fn family(
+    e: &mut DescriptorEncoder,
+    gpus: &std::collections::BTreeMap<String, GpuAccounts>,
+    name: &str,
+    help: &str,
+    value: impl Fn(&Account, &Totals) -> Option<f64>,
+) -> std::fmt::Result {
+    let rows: Vec<(Labels, f64)> = gpus
+        .iter()
+        .flat_map(|(uuid, g)| {
+            g.accounts
+                .iter()
+                .filter_map(|(a, t)| Some((labels(uuid, g.index, a), value(a, t)?)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut f = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (l, v) in rows {
+        ConstCounter::new(v).encode(f.encode_family(&l)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for AccountingMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let processes = {
+            let i = self.lock();
+            if i.ledger.is_none() {
+                return Ok(());
+            }
+            i.processes
+        };
+        let gpus = self.accounts();
+        #[allow(clippy::cast_precision_loss)]
+        family(
+            &mut e,
+            &gpus,
+            "gpu_exporter_container_energy_joules",
+            "Energy charged to each consumer of a GPU (J): summed by UUID, the GPU's own energy counter's increase since the exporter first read it, to the millijoule (static part by allocation, dynamic part by measured activity: docs/accounting.md).",
+            |_, t| Some(t.energy_mj as f64 / 1000.0),
+        )?;
+        family(
+            &mut e,
+            &gpus,
+            "gpu_exporter_container_allocated_gpu_seconds",
+            "Share of the GPU held x seconds (a whole GPU for a second is 1; unallocated capacity is consumer=\"unallocated\").",
+            |_, t| (t.allocated_gpu_seconds > 0.0).then_some(t.allocated_gpu_seconds),
+        )?;
+        family(
+            &mut e,
+            &gpus,
+            "gpu_exporter_container_sm_busy_gpu_seconds",
+            "Measured activity x seconds, as a share of the whole GPU (per-process SM utilisation; on MIG, the instance's engine activity).",
+            |_, t| (t.busy_gpu_seconds > 0.0).then_some(t.busy_gpu_seconds),
+        )?;
+        if processes {
+            family(
+                &mut e,
+                &gpus,
+                "gpu_exporter_container_idle_allocated_gpu_seconds",
+                "Allocated GPU-seconds in which the holder ran no process on the GPU or MIG instance (waste).",
+                |a, t| {
+                    matches!(a.consumer, Consumer::Container { holder: true, .. })
+                        .then_some(t.idle_allocated_gpu_seconds)
+                },
+            )?;
+        }
+        #[derive(
+            Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet,
+        )]
+        #[allow(non_snake_case)]
+        struct Idle {
+            gpu: String,
+            UUID: String,
+            source: &'static str,
+        }
+        self_metrics::gauge(
+            &mut e,
+            "gpu_exporter_gpu_idle_power_watts",
+            "The idle power of each GPU the energy split uses for its static part (W), and how it is known: flag (--accounting-idle-power-watts) or measured (the lowest power over an interval without processes).",
+            gpus.iter().filter_map(|(uuid, g)| {
+                let (mw, source) = g.idle_mw?;
+                #[allow(clippy::cast_precision_loss)]
+                Some((
+                    Idle {
+                        gpu: g.index.to_string(),
+                        UUID: uuid.clone(),
+                        source: source.as_str(),
+                    },
+                    Num::Float(mw as f64 / 1000.0),
+                ))
+            }),
+        )
+    }
+}
