@@ -13,7 +13,7 @@
 //!
 //! [`GpuSource::drain_xids`]: crate::gpu::GpuSource::drain_xids
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,22 +37,56 @@ pub(super) const REREGISTER_AFTER: u32 = 5;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// XIDs recorded by the event thread, waiting for [`GpuSource::drain_xids`].
+/// The most XIDs kept per GPU between two drains: beyond it the oldest of that GPU's are
+/// dropped (and counted), so a GPU flooding XIDs cannot grow the queue without bound, nor crowd
+/// out the other GPUs' XIDs.
+pub(super) const MAX_QUEUED_PER_GPU: usize = 256;
+
+/// XIDs recorded by the event thread, waiting for [`GpuSource::drain_xids`]: at most
+/// [`MAX_QUEUED_PER_GPU`] per GPU, the newest.
 ///
 /// [`GpuSource::drain_xids`]: crate::gpu::GpuSource::drain_xids
 #[derive(Debug, Default)]
 pub(super) struct XidQueue {
     pub(super) items: Mutex<Vec<(String, XidEvent)>>,
     pub(super) added: Condvar,
+    /// XIDs dropped since the last drain (the queue was full for their GPU).
+    dropped: AtomicU64,
 }
 
 impl XidQueue {
     fn push(&self, uuid: String, xid: u64) {
-        self.items
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((uuid, XidEvent { xid }));
+        let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
+        if items.iter().filter(|(u, _)| *u == uuid).count() >= MAX_QUEUED_PER_GPU {
+            if let Some(oldest) = items.iter().position(|(u, _)| *u == uuid) {
+                items.remove(oldest);
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        items.push((uuid, XidEvent { xid }));
+        drop(items);
         self.added.notify_all();
+    }
+
+    /// Takes every queued XID, in arrival order; logs once how many were dropped since the
+    /// last drain, if any.
+    pub(super) fn drain(&self) -> Vec<(String, XidEvent)> {
+        let items = std::mem::take(&mut *self.items.lock().unwrap_or_else(PoisonError::into_inner));
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                kept_per_gpu = MAX_QUEUED_PER_GPU,
+                "more XIDs arrived between two samples than are kept per GPU; the oldest were dropped"
+            );
+        }
+        items
+    }
+
+    /// XIDs dropped since the last drain.
+    #[cfg(test)]
+    pub(super) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 }
 
@@ -307,6 +341,7 @@ mod tests {
         let queue = XidQueue::default();
         pump_events(watch, &queue, &stop, &clock);
         let queued = queue.items.lock().unwrap().len();
+        assert!(queued <= MAX_QUEUED_PER_GPU);
         (fake.event_waits(), clock.elapsed.get(), queued)
     }
 
@@ -331,6 +366,37 @@ mod tests {
         assert!(elapsed >= Duration::from_secs(60), "{elapsed:?}");
         assert!(waits <= 6001, "{waits} XID waits in a minute");
         assert!(queued > 0);
+    }
+
+    #[test]
+    fn the_queue_keeps_the_newest_xids_per_gpu_and_counts_the_dropped() {
+        // Issue 35 item 13: a GPU flooding XIDs between two ticks grew the queue without bound.
+        let q = XidQueue::default();
+        q.push("GPU-b".into(), 79);
+        for i in 0..(MAX_QUEUED_PER_GPU as u64 + 1000) {
+            q.push("GPU-a".into(), i);
+        }
+        q.push("GPU-b".into(), 48);
+        assert_eq!(q.dropped(), 1000);
+        let got = q.drain();
+        assert_eq!(got.len(), MAX_QUEUED_PER_GPU + 2);
+        let a: Vec<u64> = got
+            .iter()
+            .filter(|(u, _)| u == "GPU-a")
+            .map(|(_, x)| x.xid)
+            .collect();
+        assert_eq!(
+            a,
+            (1000..MAX_QUEUED_PER_GPU as u64 + 1000).collect::<Vec<_>>()
+        );
+        let b: Vec<u64> = got
+            .iter()
+            .filter(|(u, _)| u == "GPU-b")
+            .map(|(_, x)| x.xid)
+            .collect();
+        assert_eq!(b, [79, 48], "the other GPU's XIDs are all kept");
+        assert_eq!(q.dropped(), 0, "the count restarts after a drain");
+        assert!(q.drain().is_empty());
     }
 
     #[test]
