@@ -105,7 +105,8 @@ pub(super) fn watch(
         parse_duration(a).map_err(|r| invalid(&format!("{key}.maxKeepAge"), r))?;
     }
     out.notices.push(format!(
-        "{key} has no effect: there are no DCGM field watches (NVML is read each interval)"
+        "{key} has no effect: {}",
+        crate::config::inert::DCGM_WATCHES_FIXED
     ));
     Ok(())
 }
@@ -120,7 +121,8 @@ pub(super) fn retention(
         parse_duration(a).map_err(|e| invalid(&format!("{key}.maxAge"), e))?;
     }
     out.notices.push(format!(
-        "{key} has no effect: there are no DCGM field watches (NVML is read each interval)"
+        "{key} has no effect: {}",
+        crate::config::inert::DCGM_WATCHES_FIXED
     ));
     Ok(())
 }
