@@ -55,17 +55,22 @@ pub(super) struct XidQueue {
 }
 
 impl XidQueue {
-    fn push(&self, uuid: String, xid: u64) {
+    /// Queues an XID of GPU `uuid`; false when the GPU's queue was full, so that its oldest XID
+    /// was dropped for it.
+    fn push(&self, uuid: String, xid: u64) -> bool {
         let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept_all = true;
         if items.iter().filter(|(u, _)| *u == uuid).count() >= MAX_QUEUED_PER_GPU {
             if let Some(oldest) = items.iter().position(|(u, _)| *u == uuid) {
                 items.remove(oldest);
                 self.dropped.fetch_add(1, Ordering::Relaxed);
+                kept_all = false;
             }
         }
         items.push((uuid, XidEvent { xid }));
         drop(items);
         self.added.notify_all();
+        kept_all
     }
 
     /// Takes every queued XID, in arrival order; logs once how many were dropped since the
@@ -105,7 +110,7 @@ impl Drop for EventThread {
 
 /// What the event thread waits on: the API (to register again), the GPUs by UUID, and their
 /// current event set.
-pub(super) struct Watch<A: NvmlApi> {
+struct Watch<A: NvmlApi> {
     api: Arc<A>,
     handles: Vec<A::Device>,
     uuids: Vec<String>,
@@ -146,7 +151,7 @@ fn backoff(failures: u32) -> Duration {
 
 /// The event loop's clock: what paces its rounds. [`RealClock`] in the exporter; tests use a
 /// simulated one to count rounds without sleeping.
-pub(super) trait Clock {
+trait Clock {
     /// The current instant.
     fn now(&self) -> Instant;
     /// Waits `d`, returning early when `stop` is set.
@@ -154,7 +159,7 @@ pub(super) trait Clock {
 }
 
 /// Wall-clock time and real sleeps.
-pub(super) struct RealClock;
+struct RealClock;
 
 impl Clock for RealClock {
     fn now(&self) -> Instant {
@@ -179,7 +184,7 @@ fn pause(d: Duration, stop: &AtomicBool) {
 /// The event thread's loop: wait, record XIDs, until stopped. Never ends on an NVML error, and
 /// never spins: a round that took less than its minimum period (see the module doc) is padded
 /// with a pause, whatever the driver answered.
-pub(super) fn pump_events<A: NvmlApi, C: Clock>(
+fn pump_events<A: NvmlApi, C: Clock>(
     mut w: Watch<A>,
     queue: &XidQueue,
     stop: &AtomicBool,
@@ -192,9 +197,12 @@ pub(super) fn pump_events<A: NvmlApi, C: Clock>(
             Ok(Some(r)) => {
                 failures = 0;
                 match w.uuids.get(r.device) {
+                    // Logged while the GPU's queue has room: a flood costs at most
+                    // MAX_QUEUED_PER_GPU lines per sample, then one line with the drops.
                     Some(uuid) => {
-                        tracing::warn!(gpu = %uuid, xid = r.xid, "XID {}: {}", r.xid, crate::health::xid_message(r.xid));
-                        queue.push(uuid.clone(), r.xid);
+                        if queue.push(uuid.clone(), r.xid) {
+                            tracing::warn!(gpu = %uuid, xid = r.xid, "XID {}: {}", r.xid, crate::health::xid_message(r.xid));
+                        }
                     }
                     None => tracing::warn!(
                         device = r.device,
@@ -373,10 +381,13 @@ mod tests {
         // Issue 35 item 13: a GPU flooding XIDs between two ticks grew the queue without bound.
         let q = XidQueue::default();
         q.push("GPU-b".into(), 79);
-        for i in 0..(MAX_QUEUED_PER_GPU as u64 + 1000) {
-            q.push("GPU-a".into(), i);
-        }
-        q.push("GPU-b".into(), 48);
+        let kept: Vec<bool> = (0..(MAX_QUEUED_PER_GPU as u64 + 1000))
+            .map(|i| q.push("GPU-a".into(), i))
+            .collect();
+        // Full from the 257th on (those are not logged one by one).
+        assert!(kept[..MAX_QUEUED_PER_GPU].iter().all(|&k| k));
+        assert!(kept[MAX_QUEUED_PER_GPU..].iter().all(|&k| !k));
+        assert!(q.push("GPU-b".into(), 48), "the other GPU's queue has room");
         assert_eq!(q.dropped(), 1000);
         let got = q.drain();
         assert_eq!(got.len(), MAX_QUEUED_PER_GPU + 2);
