@@ -359,7 +359,9 @@ def cluster():
     # Utilization in percent: whole GPUs' GPU_UTIL, MIG instances' graphics engine activity.
     mig, held = ', GPU_I_ID!=""', ', pod!=""'
     util = f'{m("DCGM_FI_DEV_GPU_UTIL", R)} or 100 * {m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", R + mig)}'
-    health_all = f'max by (cluster, hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}, health_watch="ALL"}})'
+    # The worst of every watch (ALL is not a summary: it carries only DCGM_HEALTH_WATCH_ALL's
+    # incidents, as dcgm-exporter's does), as the hostname:dcgm_gpus_by_health:count rules take it.
+    health_all = f'max by (cluster, hostname, UUID) (DCGM_EXP_GPU_HEALTH_STATUS{{{R}}})'
     avg30 = "avg_over_time({}[30m])"
     idle_whole = f'{m("DCGM_FI_DEV_GPU_UTIL", R + held, avg30)} < 10'
     idle_mig = m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", R + held + mig, avg30)

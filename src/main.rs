@@ -267,6 +267,9 @@ async fn serve<S: GpuSource>(
         build: config.build_options(),
     };
     let mut sampler = Sampler::new(source, catalog_rx, pods_rx, opts, metrics.sampler());
+    if config.args.enable_exporter_metrics {
+        sampler = sampler.with_exporter_metrics();
+    }
     // The devices found, for the pod refresher (kubelet device ids) and the HPC watcher (which
     // mapping files to read).
     let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Vec::new()));
@@ -425,7 +428,6 @@ async fn serve<S: GpuSource>(
         http::HttpOptions {
             max_concurrent_scrapes: config.args.max_concurrent_scrapes as usize,
             health_require_gpus: config.args.health_require_gpus,
-            exporter_metrics: config.args.enable_exporter_metrics,
         },
     );
     let stop = shutdown.clone();

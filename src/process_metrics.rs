@@ -1,5 +1,6 @@
 //! The standard `process_*` series of the exporter itself (`--enable-exporter-metrics`), as the
-//! Prometheus client libraries name them, read from `/proc/self` at each scrape.
+//! Prometheus client libraries name them, read from `/proc/self` at each sample by the sampler,
+//! on the blocking thread that reads the GPUs (never by a scrape, on the async workers).
 //!
 //! Parsing is pure ([`render`] over the text of the proc files) so it is tested on fixed
 //! inputs; [`read`] does the I/O. A file that cannot be read drops its series, not the scrape.

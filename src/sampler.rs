@@ -65,6 +65,8 @@ struct LastSample {
     begun: Instant,
     duration_seconds: f64,
     timestamp_seconds: f64,
+    /// The `process_*` series read at this sample's tick (`--enable-exporter-metrics`).
+    process_text: Option<String>,
 }
 
 /// Sampler settings.
@@ -110,6 +112,8 @@ pub struct Sampler<S: GpuSource> {
     last: Option<LastSample>,
     /// Bumped whenever discovery finds a different device list.
     device_generation: u64,
+    /// Append the exporter's own `process_*` series (`--enable-exporter-metrics`).
+    exporter_metrics: bool,
     /// The fields that can never be read on which GPUs.
     gaps: fields::FieldGapCheck,
 }
@@ -146,6 +150,7 @@ impl<S: GpuSource> Sampler<S> {
             first_answers: FirstAnswers::default(),
             last: None,
             device_generation: 0,
+            exporter_metrics: false,
             gaps: fields::FieldGapCheck::default(),
         }
     }
@@ -186,6 +191,15 @@ impl<S: GpuSource> Sampler<S> {
     pub fn with_process_usage(mut self, root: ProcRoot) -> Self {
         self.metrics.processes.enable();
         self.processes = Some(ProcessAttribution::new(root));
+        self
+    }
+
+    /// Appends the exporter's own `process_*` series (`--enable-exporter-metrics`) to each
+    /// sample: `/proc/self` is read at each tick on the blocking thread that reads the GPUs, so
+    /// scrapes only serve the published bytes.
+    #[must_use]
+    pub fn with_exporter_metrics(mut self) -> Self {
+        self.exporter_metrics = true;
         self
     }
 
@@ -304,17 +318,28 @@ impl<S: GpuSource> Sampler<S> {
         );
         let devices = self.devices.clone();
         let proc_root = self.processes.as_ref().map(|p| p.root.clone());
+        let exporter_metrics = self.exporter_metrics;
         let read = tokio::task::spawn_blocking(move || {
-            read_devices(&*source, devices, &fields, proc_root.as_ref())
+            let read = read_devices(&*source, devices, &fields, proc_root.as_ref());
+            let own = exporter_metrics.then(|| {
+                crate::process_metrics::render(
+                    &crate::process_metrics::read(),
+                    crate::process_metrics::Units::system(),
+                )
+            });
+            (read, own)
         })
         .await;
-        let TickRead {
-            samples,
-            processes,
-            owners,
-            examples,
-            xids,
-        } = match read {
+        let (
+            TickRead {
+                samples,
+                processes,
+                owners,
+                examples,
+                xids,
+            },
+            process_text,
+        ) = match read {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "sampling thread failed; every device counts as unreadable this tick");
@@ -330,13 +355,14 @@ impl<S: GpuSource> Sampler<S> {
                         (d.clone(), Err(err))
                     })
                     .collect();
-                TickRead {
+                let read = TickRead {
                     samples: failed,
                     processes: Vec::new(),
                     owners: HashMap::new(),
                     examples: BTreeMap::new(),
                     xids: Vec::new(),
-                }
+                };
+                (read, None)
             }
         };
         let now_ms = u64::try_from((begun - self.started).as_millis()).unwrap_or(u64::MAX);
@@ -390,6 +416,7 @@ impl<S: GpuSource> Sampler<S> {
             begun,
             duration_seconds: 0.0,
             timestamp_seconds: 0.0,
+            process_text,
         };
         let published = self.render_last_with(&mut last, Some(&examples));
         self.last = Some(last);
@@ -473,6 +500,10 @@ impl<S: GpuSource> Sampler<S> {
         };
         self.metrics.samples.record(self.source.name(), stats);
         self_metrics::encode_into(&self.metrics.registry, &mut body);
+        if let Some(text) = &last.process_text {
+            body.push_str(text);
+        }
+        // Compressed here, once, before it is published: no scrape waits for or pays it.
         Arc::new(Published::new(
             Bytes::from(body),
             last.begun,

@@ -388,37 +388,6 @@ async fn health_require_gpus_fails_health_until_a_gpu_series_is_published() {
     assert_eq!(call(&r, Method::GET, "/health").await.0, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn exporter_metrics_follow_the_sample_plain_and_as_a_second_gzip_member() {
-    use std::io::Read as _;
-    let (r, tx) = app_with(gpu_exporter::http::HttpOptions {
-        exporter_metrics: true,
-        ..Default::default()
-    });
-    let sample = "# HELP x y\n# TYPE x gauge\nx 1\n";
-    publish(&tx, sample);
-    let (_, _, plain) = get_with_encoding(&r, None).await;
-    let plain = String::from_utf8(plain.to_vec()).unwrap();
-    assert!(plain.starts_with(sample), "{plain}");
-    assert_eq!(
-        common::series(&plain, "process_open_fds").len(),
-        1,
-        "{plain}"
-    );
-    let (encoding, _, gz) = get_with_encoding(&r, Some("gzip")).await;
-    assert_eq!(encoding.as_deref(), Some("gzip"));
-    let mut text = String::new();
-    flate2::read::MultiGzDecoder::new(&gz[..])
-        .read_to_string(&mut text)
-        .expect("valid multi-member gzip");
-    assert!(text.starts_with(sample), "{text}");
-    assert_eq!(common::series(&text, "process_cpu_seconds_total").len(), 1);
-    // Without the option: the sample alone.
-    let (r, tx) = app_with(Default::default());
-    publish(&tx, sample);
-    assert_eq!(&get_with_encoding(&r, None).await.2[..], sample.as_bytes());
-}
-
 /// Sends `request` to `addr` and returns the response's status line, the headers named in
 /// `keep` (lower case, in that order) and the body.
 async fn exchange(

@@ -118,6 +118,46 @@ async fn run_publishes_once_per_interval() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn exporter_metrics_are_read_at_the_tick_and_published_compressed_with_the_sample() {
+    use std::io::Read as _;
+    // Issue 35 item 13: --enable-exporter-metrics read /proc at every scrape, on the async
+    // workers, and the first scrape of a sample gzipped it. Now the sampler reads /proc at its
+    // tick and publishes the body with its gzipped copy.
+    let h = common::harness(
+        common::sim("1xA100-40GB", None),
+        common::shipped_catalog(),
+        common::build_options(),
+    );
+    let mut sampler = h.sampler.with_exporter_metrics();
+    let p = sampler.tick().await;
+    let body = body_of(&p);
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert_eq!(common::series(&body, name).len(), 1, "{name}: {body}");
+    }
+    // After the self-metrics, as the scrape appended them before.
+    let own = body.find("\n# HELP process_").expect("process_* families");
+    assert!(body[..own].contains("gpu_exporter_samples_total 1\n"));
+    assert!(!body[own..].contains("gpu_exporter_"));
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&p.gzip_body()[..])
+        .read_to_string(&mut text)
+        .expect("one gzip member");
+    assert_eq!(text, body);
+    // Without the option: no process_* series.
+    let mut h = common::harness(
+        common::sim("1xA100-40GB", None),
+        common::shipped_catalog(),
+        common::build_options(),
+    );
+    assert!(!body_of(&h.sampler.tick().await).contains("\nprocess_"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failing_field_removes_only_its_series_and_is_counted() {
     let mut src = faulty();
     src.fail_field = Some((2, Field::FbUsed));

@@ -333,15 +333,18 @@ pub struct Args {
     #[arg(short = 'r', long, env = "DCGM_REMOTE_HOSTENGINE_INFO", hide = true)]
     pub remote_hostengine_info: Option<String>,
 
-    /// dcgm-exporter's DCGM log switch. No effect: there is no DCGM.
+    /// dcgm-exporter's DCGM log switch. No effect: there is no embedded hostengine to log, and
+    /// the DCGM library's logging (`-r`) is left as it is.
     #[arg(long, env = "DCGM_EXPORTER_ENABLE_DCGM_LOG", hide = true)]
     pub enable_dcgm_log: bool,
 
-    /// dcgm-exporter's DCGM log level. No effect: there is no DCGM.
+    /// dcgm-exporter's DCGM log level. No effect: there is no embedded hostengine to log, and
+    /// the DCGM library's logging (`-r`) is left as it is.
     #[arg(long, env = "DCGM_EXPORTER_DCGM_LOG_LEVEL", hide = true)]
     pub dcgm_log_level: Option<String>,
 
-    /// dcgm-exporter's libdcgm check switch. No effect: there is no libdcgm to check.
+    /// dcgm-exporter's libdcgm check switch. No effect: startup never requires `libdcgm.so.4`
+    /// (with `-r`, a missing library leaves only the series DCGM would serve absent).
     #[arg(long, env = "DISABLE_STARTUP_VALIDATE", hide = true)]
     pub disable_startup_validate: bool,
 
@@ -433,12 +436,14 @@ pub struct Args {
           require_equals = true, default_missing_value = "true", value_parser = goflags::parse_bool)]
     pub dump_compression: Option<bool>,
 
-    /// dcgm-exporter's DCGM watch retention age. No effect: there are no DCGM watches.
+    /// dcgm-exporter's DCGM watch retention age. No effect: the DCGM watches (`-r`, profiling
+    /// fields only) keep the last 2 samples, all the exporter reads.
     #[arg(long, env = "DCGM_EXPORTER_WATCH_MAX_KEEP_AGE", hide = true,
           value_parser = goflags::parse_duration)]
     pub watch_max_keep_age: Option<Duration>,
 
-    /// dcgm-exporter's DCGM watch retention samples. No effect: there are no DCGM watches.
+    /// dcgm-exporter's DCGM watch retention samples. No effect: the DCGM watches (`-r`,
+    /// profiling fields only) keep the last 2 samples, all the exporter reads.
     #[arg(long, env = "DCGM_EXPORTER_WATCH_MAX_KEEP_SAMPLES", hide = true)]
     pub watch_max_keep_samples: Option<i64>,
 

@@ -1,17 +1,22 @@
-//! dcgm-exporter flags that mean nothing without DCGM: accepted, one warning line each.
+//! dcgm-exporter flags that mean nothing here (they set up DCGM's embedded hostengine, its watches
+//! or its entities, which gpu-exporter's DCGM source, `-r`, does not use): accepted, one warning
+//! line each.
 
 use super::Args;
 
 /// dcgm-exporter flags that mean nothing here: (Args field, why). Each one given (by flag,
 /// environment or a non-default value) is reported once.
+/// Why DCGM watch retention settings have no effect; shared with the config file's notices.
+pub(super) const DCGM_WATCHES_FIXED: &str = "DCGM's field watches, made only with -r for the DCGM_FI_PROF_* fields, sample once per interval and keep the last 2 samples, all the exporter reads; every other field is read from NVML each interval";
+
 const INERT: &[(&str, &str)] = &[
     (
         "cpu_devices",
-        "gpu-exporter has no CPU entities (they come from DCGM)",
+        "gpu-exporter exports no CPU entities (its DCGM source, -r, reads GPU profiling fields only)",
     ),
     (
         "fake_gpus",
-        "there are no DCGM fake GPUs; --backend sim runs a simulated fleet",
+        "GPUs come from NVML, so DCGM's fake GPUs are never exported (-r only adds profiling fields to NVML's GPUs); --backend sim runs a simulated fleet",
     ),
     (
         "dump_enabled",
@@ -22,11 +27,11 @@ const INERT: &[(&str, &str)] = &[
     ("dump_compression", "gpu-exporter writes no debug dumps"),
     (
         "watch_max_keep_age",
-        "there are no DCGM field watches; NVML is read each interval",
+        DCGM_WATCHES_FIXED,
     ),
     (
         "watch_max_keep_samples",
-        "there are no DCGM field watches; NVML is read each interval",
+        DCGM_WATCHES_FIXED,
     ),
     (
         "enable_gpu_bind_unbind_watch",

@@ -148,7 +148,7 @@ impl Config {
             notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect with --backend sim: the simulated fleet reads no DCGM hostengine".to_owned());
         }
         if args.enable_dcgm_log || args.dcgm_log_level.is_some() {
-            notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: there is no DCGM library to log".to_owned());
+            notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: gpu-exporter runs no embedded hostengine and leaves the DCGM library's logging as it is; with -r the hostengine logs on its own (nv-hostengine --log-level)".to_owned());
         }
         if switches != DeviceSelection::Flex {
             notices.push(format!(
@@ -161,7 +161,7 @@ impl Config {
         }
         if args.disable_startup_validate {
             notices.push(
-                "--disable-startup-validate has no effect: there is no libdcgm to validate"
+                "--disable-startup-validate has no effect: startup never requires libdcgm.so.4 (with -r, a missing library or hostengine leaves the DCGM_FI_PROF_* series it would serve absent, and NVML serves the rest)"
                     .to_owned(),
             );
         }

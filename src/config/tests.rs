@@ -164,6 +164,53 @@ fn inert_flags_warn_once_each_whatever_their_value() {
 }
 
 #[test]
+fn dcgm_notices_do_not_say_there_is_no_dcgm() {
+    // Issue 35 item 13: the exporter has a DCGM source (-r) with field watches; the notices of
+    // the flags and config-file keys it ignores said there was no DCGM library or watch.
+    let c = Config::resolve(go(&[
+        "-p",
+        "g",
+        "--fake-gpus",
+        "--watch-max-keep-age=10m",
+        "--watch-max-keep-samples=5",
+        "--enable-dcgm-log",
+        "--disable-startup-validate",
+    ]))
+    .unwrap();
+    assert_eq!(c.notices.len(), 6, "{:?}", c.notices);
+    let file = super::file::parse(
+        "version: 2\nsources:\n  dcgm:\n    watch:\n      maxKeepAge: 10m\n",
+        "c.yaml",
+    )
+    .unwrap();
+    assert_eq!(file.notices.len(), 1, "{:?}", file.notices);
+    for n in c.notices.iter().chain(&file.notices) {
+        let l = n.to_lowercase();
+        for false_claim in [
+            "no dcgm library",
+            "no libdcgm",
+            "no dcgm field watches",
+            "no dcgm watches",
+            "there is no dcgm",
+            "come from dcgm",
+            "no dcgm fake gpus",
+        ] {
+            assert!(!l.contains(false_claim), "{n}");
+        }
+    }
+    let watch = c
+        .notices
+        .iter()
+        .find(|n| n.contains("--watch-max-keep-age"));
+    assert!(watch.is_some_and(|n| n.contains("-r")), "{:?}", c.notices);
+    assert!(
+        file.notices[0].contains("keep the last 2 samples"),
+        "{:?}",
+        file.notices
+    );
+}
+
+#[test]
 fn log_colour_needs_a_terminal_and_no_no_color() {
     use std::ffi::OsStr;
     assert!(log_colour(true, None));

@@ -20,6 +20,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// The largest `count` an event may carry. The simulated counters are `i64`, as DCGM's are; a
+/// larger count is refused with an error naming the line, and the sums of many events saturate.
+pub const MAX_COUNT: u64 = 1_000_000_000_000;
+
 /// A parsed scenario.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Scenario {
@@ -268,6 +272,13 @@ pub fn parse(text: &str, origin: &str) -> Result<Scenario, ScenarioError> {
 fn event_action(ev: &RawEvent) -> Result<Action, String> {
     let need =
         |v: Option<u64>, key: &str| v.ok_or_else(|| format!("`{}` needs `{key}`", ev.action));
+    let count = || match ev.count {
+        Some(n) if n > MAX_COUNT => Err(format!(
+            "`count` = {n} is too large for `{}` (at most {MAX_COUNT})",
+            ev.action
+        )),
+        n => Ok(n.unwrap_or(1)),
+    };
     let dur = |v: &Option<String>, key: &str| -> Result<Option<Duration>, String> {
         v.as_deref()
             .map(|s| parse_duration(s).map_err(|r| format!("`{key}`: {r}")))
@@ -277,8 +288,8 @@ fn event_action(ev: &RawEvent) -> Result<Action, String> {
         "fall-off-bus" => Action::FallOffBus,
         "recover" => Action::Recover,
         "xid" => Action::Xid(need(ev.xid, "xid")?),
-        "ecc-dbe" => Action::EccDbe(ev.count.unwrap_or(1)),
-        "ecc-sbe" => Action::EccSbe(ev.count.unwrap_or(1)),
+        "ecc-dbe" => Action::EccDbe(count()?),
+        "ecc-sbe" => Action::EccSbe(count()?),
         "thermal-throttle" => Action::ThermalThrottle {
             temperature: ev.temperature.unwrap_or(92),
             duration: dur(&ev.duration, "duration")?.unwrap_or(Duration::from_secs(300)),
@@ -324,8 +335,8 @@ fn event_action(ev: &RawEvent) -> Result<Action, String> {
         }
         "row-remap-failure" => Action::RowRemapFailure,
         "retired-pages-pending" => Action::RetiredPagesPending,
-        "pcie-replays" => Action::PcieReplays(ev.count.unwrap_or(1)),
-        "nvlink-errors" => Action::NvlinkErrors(ev.count.unwrap_or(1)),
+        "pcie-replays" => Action::PcieReplays(count()?),
+        "nvlink-errors" => Action::NvlinkErrors(count()?),
         other => {
             return Err(format!(
                 "unknown action {other:?}; expected one of fall-off-bus, recover, xid, ecc-dbe, ecc-sbe, thermal-throttle, utilization, row-remap-failure, retired-pages-pending, pcie-replays, nvlink-errors"
@@ -439,6 +450,27 @@ period = "1m"
         .unwrap_err()
         .to_string();
         assert!(e.contains("needs `xid`"), "{e}");
+    }
+
+    #[test]
+    fn absurd_counts_are_refused_with_the_line() {
+        // Issue 35 item 13: i64::MAX errors twice overflowed the simulated counters.
+        for action in ["ecc-dbe", "ecc-sbe", "pcie-replays", "nvlink-errors"] {
+            let text = format!(
+                "seed = 1\n\n[[event]]\nat = \"1s\"\ngpu = 0\naction = \"{action}\"\ncount = 9223372036854775807\n"
+            );
+            let e = parse(&text, "s.toml").unwrap_err().to_string();
+            assert!(
+                e.starts_with("s.toml:3: `count` = 9223372036854775807 is too large"),
+                "{e}"
+            );
+        }
+        let ok =
+            format!("[[event]]\nat = \"1s\"\ngpu = 0\naction = \"ecc-sbe\"\ncount = {MAX_COUNT}\n");
+        assert_eq!(
+            parse(&ok, "s.toml").unwrap().events[0].action,
+            Action::EccSbe(MAX_COUNT)
+        );
     }
 
     #[test]

@@ -217,6 +217,11 @@ impl History {
 
 /// Derives the health checks of one GPU, one per [`WATCHES`] entry. `sample` is `None` when
 /// the GPU could not be read; `lost` says it fell off the bus.
+///
+/// Each finding is filed under the watch DCGM files it under; `ALL` is not a summary of the
+/// others but carries only the incidents DCGM files under `DCGM_HEALTH_WATCH_ALL` (a GPU fallen
+/// off the bus, an uncontained error), as upstream's `gpu_health_collector.go` reports them: a
+/// volatile DBE fails `MEM` and leaves `ALL` passing.
 pub fn derive(
     sample: Option<&DeviceSample>,
     lost: bool,
@@ -284,18 +289,6 @@ pub fn derive(
         }
         if reasons & 0x80 != 0 {
             set("POWER", Status::Warn, "DCGM_FR_CLOCKS_EVENT_POWER");
-        }
-    }
-    // ALL summarises: the worst of every watch.
-    let worst = checks
-        .iter()
-        .filter(|c| c.watch != "ALL")
-        .max_by_key(|c| c.status)
-        .copied();
-    if let (Some(w), Some(all)) = (worst, checks.iter_mut().find(|c| c.watch == "ALL")) {
-        if w.status > all.status {
-            all.status = w.status;
-            all.code = w.code;
         }
     }
     checks
@@ -384,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn dbe_fails_mem_and_all_and_pending_retirement_warns() {
+    fn dbe_fails_mem_only_and_pending_retirement_warns() {
         let checks = derive(
             Some(&sample(&[
                 (Field::EccDbeVolTotal, 2),
@@ -398,7 +391,8 @@ mod tests {
             status(&checks, "MEM"),
             (Status::Fail, "DCGM_FR_VOLATILE_DBE_DETECTED")
         );
-        assert_eq!(status(&checks, "ALL").0, Status::Fail);
+        // DCGM files a volatile DBE under MEM, not under ALL (issue 35 item 10).
+        assert_eq!(status(&checks, "ALL"), (Status::Pass, "DCGM_FR_OK"));
         let checks = derive(
             Some(&sample(&[(Field::RetiredPending, 1)])),
             false,
@@ -430,6 +424,41 @@ mod tests {
             status(&checks, "PCIE"),
             (Status::Warn, "DCGM_FR_PCI_REPLAY_RATE")
         );
-        assert_eq!(status(&checks, "ALL").0, Status::Warn);
+        assert_eq!(status(&checks, "ALL"), (Status::Pass, "DCGM_FR_OK"));
+    }
+
+    #[test]
+    fn all_carries_only_incidents_filed_under_the_all_watch() {
+        // Every per-watch finding at once: none of them reaches ALL.
+        let checks = derive(
+            Some(&sample(&[
+                (Field::EccDbeVolTotal, 1),
+                (Field::RowRemapFailure, 1),
+                (Field::ClocksEventReasons, 0xe0),
+            ])),
+            false,
+            &Recent {
+                xid_counts: vec![(48, 1), (74, 1), (119, 1)],
+                pcie_replays: 1000,
+                nvlink_errors: 3,
+                ..Recent::default()
+            },
+            300_000,
+        );
+        assert_eq!(status(&checks, "MEM").0, Status::Fail);
+        assert_eq!(status(&checks, "DRIVER").0, Status::Fail);
+        assert_eq!(status(&checks, "ALL"), (Status::Pass, "DCGM_FR_OK"));
+        // XID 95 and XID 79 are filed under ALL.
+        for (xid, code) in [
+            (95, "DCGM_FR_UNCONTAINED_ERROR"),
+            (79, "DCGM_FR_FALLEN_OFF_BUS"),
+        ] {
+            let recent = Recent {
+                xid_counts: vec![(xid, 1)],
+                ..Recent::default()
+            };
+            let checks = derive(Some(&sample(&[])), false, &recent, 300_000);
+            assert_eq!(status(&checks, "ALL"), (Status::Fail, code));
+        }
     }
 }

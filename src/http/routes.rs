@@ -1,5 +1,5 @@
-//! The routes: `/metrics` (the published body, gzipped once per sample for scrapers that accept
-//! it, with `--max-concurrent-scrapes` slots), `/health`, `/ready` and a landing page. A plain
+//! The routes: `/metrics` (the published body, or its gzipped copy made by the sampler for
+//! scrapers that accept it, with `--max-concurrent-scrapes` slots), `/health`, `/ready` and a landing page. A plain
 //! function of its state ([`router`]), so tests drive it as a `tower::Service`; the server
 //! ([`super::serve_with`]) adds the connection handling and the web configuration around it.
 
@@ -42,8 +42,6 @@ pub struct HttpOptions {
     pub max_concurrent_scrapes: usize,
     /// `/health` answers 503 while no GPU is collected (`--health-require-gpus`).
     pub health_require_gpus: bool,
-    /// Append the `process_*` series to `/metrics` (`--enable-exporter-metrics`).
-    pub exporter_metrics: bool,
 }
 
 /// The router's state: the published sample and the options.
@@ -235,7 +233,7 @@ impl ScrapeSlot {
     }
 }
 
-/// A response body: a scrape's chunks, sent as they are, or any other body (boxed).
+/// A response body: a scrape's bytes, sent as they are, or any other body (boxed).
 #[derive(Debug)]
 pub(super) enum AnyBody {
     /// A scrape's answer.
@@ -281,12 +279,12 @@ impl http_body::Body for AnyBody {
     }
 }
 
-/// A body of one or two byte chunks that holds its scrape slot (with
-/// `--max-concurrent-scrapes`) until dropped.
+/// A body of one byte chunk that holds its scrape slot (with `--max-concurrent-scrapes`) until
+/// dropped.
 #[derive(Debug)]
 pub(super) struct SlotBody {
-    /// Sent front to back; taken as sent.
-    chunks: [Option<Bytes>; 2],
+    /// Taken as sent.
+    chunk: Option<Bytes>,
     _slot: Option<ScrapeSlot>,
 }
 
@@ -298,16 +296,16 @@ impl http_body::Body for SlotBody {
         mut self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        let next = self.chunks.iter_mut().find_map(Option::take);
+        let next = self.chunk.take();
         std::task::Poll::Ready(next.map(|c| Ok(http_body::Frame::data(c))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.chunks.iter().all(Option::is_none)
+        self.chunk.is_none()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.chunks.iter().flatten().map(|c| c.len() as u64).sum())
+        http_body::SizeHint::with_exact(self.chunk.as_ref().map_or(0, |c| c.len() as u64))
     }
 }
 
@@ -359,22 +357,10 @@ fn metrics_response(sh: &Shared, headers: &header::HeaderMap, shard: usize) -> R
         },
     };
     st.metrics.count_scrape(shard);
-    let mut chunks = [Some(body), None];
-    if sh.opts.exporter_metrics {
-        let text = crate::process_metrics::render(
-            &crate::process_metrics::read(),
-            crate::process_metrics::Units::system(),
-        );
-        // With gzip, a second gzip member: a multi-member stream is one gzip body (RFC 1952),
-        // and the published body stays compressed once per sample.
-        chunks[1] = Some(if gzip {
-            gzip_member(text.as_bytes())
-        } else {
-            Bytes::from(text)
-        });
-    }
+    // The `process_*` series (`--enable-exporter-metrics`) are in the body: the sampler reads
+    // `/proc` at its tick, so a scrape does no file I/O and no compression.
     let mut response = Response::new(AnyBody::Scrape(SlotBody {
-        chunks,
+        chunk: Some(body),
         _slot: slot,
     }));
     *response.headers_mut() = if gzip {
@@ -383,20 +369,6 @@ fn metrics_response(sh: &Shared, headers: &header::HeaderMap, shard: usize) -> R
         sh.headers.identity.clone()
     };
     response
-}
-
-/// `data` as one gzip member.
-fn gzip_member(data: &[u8]) -> Bytes {
-    use std::io::Write;
-    let mut enc = flate2::write::GzEncoder::new(
-        Vec::with_capacity(data.len() / 2 + 64),
-        flate2::Compression::fast(),
-    );
-    let out = enc
-        .write_all(data)
-        .and_then(|()| enc.finish())
-        .expect("gzip into a Vec: writing to memory cannot fail");
-    Bytes::from(out)
 }
 
 /// Whether an `Accept-Encoding` value accepts gzip: `gzip` (or `x-gzip`) with a non-zero

@@ -1,8 +1,7 @@
-//! What the sampler publishes and `/metrics` serves: the rendered body, gzip-compressed at
-//! most once per sample.
+//! What the sampler publishes and `/metrics` serves: the rendered body and the same body
+//! gzip-compressed, both made by the sampler before the sample is published.
 
 use std::io::Write as _;
-use std::sync::OnceLock;
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -19,36 +18,62 @@ pub struct Published {
     /// Why the GPU source is not ready (device discovery failing, e.g. NVML not loaded yet);
     /// `None` once a discovery has succeeded. `/ready` answers 503 with this text.
     pub not_ready: Option<String>,
-    /// The body gzip-compressed, made by the first scrape that asks for it.
-    gzip: OnceLock<Bytes>,
+    /// The body gzip-compressed, made with it.
+    gzip: Bytes,
 }
 
 impl Published {
-    /// A published sample.
+    /// A published sample; compresses `body` (on the caller's thread: the sampler's), so that
+    /// no scrape compresses it or waits for another scrape to.
     pub fn new(body: Bytes, at: Instant, series: usize, not_ready: Option<String>) -> Self {
+        let gzip = gzip(&body);
         Self {
             body,
             at,
             series,
             not_ready,
-            gzip: OnceLock::new(),
+            gzip,
         }
     }
 
-    /// The body, gzip-compressed. Compressed once per sample, by the first scrape that accepts
-    /// gzip (Prometheus always does); later scrapes of the same sample get the same bytes. The
-    /// fast level: exposition text shrinks about tenfold at a fraction of the default's cost.
+    /// The body, gzip-compressed (made by [`Published::new`]); every scrape that accepts gzip
+    /// (Prometheus always does) gets the same bytes.
     pub fn gzip_body(&self) -> &Bytes {
-        self.gzip.get_or_init(|| {
-            let mut enc = flate2::write::GzEncoder::new(
-                Vec::with_capacity(self.body.len() / 8 + 64),
-                flate2::Compression::fast(),
-            );
-            let compressed = enc
-                .write_all(&self.body)
-                .and_then(|()| enc.finish())
-                .expect("gzip into a Vec: writing to memory cannot fail");
-            Bytes::from(compressed)
-        })
+        &self.gzip
+    }
+}
+
+/// `body` gzip-compressed at the fast level: exposition text shrinks about tenfold at a
+/// fraction of the default level's cost.
+fn gzip(body: &[u8]) -> Bytes {
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 8 + 64),
+        flate2::Compression::fast(),
+    );
+    let compressed = enc
+        .write_all(body)
+        .and_then(|()| enc.finish())
+        .expect("gzip into a Vec: writing to memory cannot fail");
+    Bytes::from(compressed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read as _;
+
+    #[test]
+    fn the_gzip_body_is_made_when_the_sample_is_published() {
+        // Issue 35 item 13: the first scrape of a sample compressed it, inside a OnceLock that
+        // blocked the scrapes beside it. Now the compressed bytes exist before any scrape.
+        let body = Bytes::from("# TYPE x gauge\nx 1\n".repeat(100));
+        let p = Published::new(body.clone(), Instant::now(), 1, None);
+        let mut text = Vec::new();
+        flate2::read::GzDecoder::new(&p.gzip[..])
+            .read_to_end(&mut text)
+            .expect("a gzip member");
+        assert_eq!(text, body);
+        assert!(p.gzip.len() < body.len() / 4);
+        assert_eq!(p.gzip_body().as_ptr(), p.gzip.as_ptr(), "the same bytes");
     }
 }

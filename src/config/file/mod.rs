@@ -20,8 +20,9 @@
 //! What gpu-exporter applies: the metric source, `enableExporterMetrics`,
 //! `maxConcurrentScrapes`, and the default cadence (v1 `collection.interval`, v2 the
 //! collection including `*`) as the sampling interval. Per-field cadences and DCGM watch
-//! settings are validated and reported as having no effect: every field is read from NVML
-//! each interval. Flags and environment variables given explicitly win over the file.
+//! settings are validated and reported as having no effect: every field is read each interval,
+//! from NVML or, for the DCGM_FI_PROF_* fields with `-r`, from DCGM watches of fixed retention.
+//! Flags and environment variables given explicitly win over the file.
 //!
 //! Layout: `settings` holds what the file yields ([`FileSettings`], [`FileError`]); `schema` the
 //! file as serde reads it (both versions); `sections` the checks of each section; this file

@@ -144,7 +144,8 @@ pub(super) fn watch(
         int64(n).map_err(|r| invalid(&format!("{key}.maxKeepSamples"), r))?;
     }
     out.notices.push(format!(
-        "{key} has no effect: there are no DCGM field watches (NVML is read each interval)"
+        "{key} has no effect: {}",
+        crate::config::inert::DCGM_WATCHES_FIXED
     ));
     Ok(())
 }
@@ -162,7 +163,8 @@ pub(super) fn retention(
         int64(n).map_err(|e| invalid(&format!("{key}.maxSamples"), e))?;
     }
     out.notices.push(format!(
-        "{key} has no effect: there are no DCGM field watches (NVML is read each interval)"
+        "{key} has no effect: {}",
+        crate::config::inert::DCGM_WATCHES_FIXED
     ));
     Ok(())
 }

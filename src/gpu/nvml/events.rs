@@ -1,7 +1,11 @@
 //! The XID event thread: registers `nvmlEventTypeXidCriticalError` on every GPU, waits on the
 //! event set, and queues each XID under its GPU's UUID for [`GpuSource::drain_xids`].
 //!
-//! The thread outlives any NVML error: a failed wait is retried with backoff, and after
+//! The thread outlives any NVML error and never spins: each wait round lasts at least a minimum
+//! period measured on the clock (the wait's own timeout when it answered nothing, a short one per
+//! XID, the backoff after an error), so a driver whose `nvmlEventSetWait_v2` returns at once
+//! (TIMEOUT, an error, or the same XID again and again) costs a bounded number of calls per
+//! second. A failed wait is retried with backoff, and after
 //! [`REREGISTER_AFTER`] failures in a row the GPUs are registered on a fresh event set (GPUs
 //! that cannot register any more, such as one that fell off the bus, are left out). Each event
 //! names its GPU by the UUID recorded at registration, so no NVML call is needed per event: a
@@ -9,10 +13,10 @@
 //!
 //! [`GpuSource::drain_xids`]: crate::gpu::GpuSource::drain_xids
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::gpu::XidEvent;
 
@@ -20,6 +24,10 @@ use super::api::{ApiError, EventWait, NvmlApi};
 
 /// How long the event thread waits per `nvmlEventSetWait` call (bounds shutdown latency).
 const EVENT_WAIT_MS: u32 = 500;
+
+/// The shortest round that delivered an XID: a driver that answers an XID at once for ever is
+/// read at most 100 times a second (a real burst of XIDs is drained between two ticks anyway).
+const MIN_XID_ROUND: Duration = Duration::from_millis(10);
 
 /// Failed waits in a row after which the GPUs are registered on a new event set.
 pub(super) const REREGISTER_AFTER: u32 = 5;
@@ -29,22 +37,61 @@ pub(super) const REREGISTER_AFTER: u32 = 5;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// XIDs recorded by the event thread, waiting for [`GpuSource::drain_xids`].
+/// The most XIDs kept per GPU between two drains: beyond it the oldest of that GPU's are
+/// dropped (and counted), so a GPU flooding XIDs cannot grow the queue without bound, nor crowd
+/// out the other GPUs' XIDs.
+pub(super) const MAX_QUEUED_PER_GPU: usize = 256;
+
+/// XIDs recorded by the event thread, waiting for [`GpuSource::drain_xids`]: at most
+/// [`MAX_QUEUED_PER_GPU`] per GPU, the newest.
 ///
 /// [`GpuSource::drain_xids`]: crate::gpu::GpuSource::drain_xids
 #[derive(Debug, Default)]
 pub(super) struct XidQueue {
     pub(super) items: Mutex<Vec<(String, XidEvent)>>,
     pub(super) added: Condvar,
+    /// XIDs dropped since the last drain (the queue was full for their GPU).
+    dropped: AtomicU64,
 }
 
 impl XidQueue {
-    fn push(&self, uuid: String, xid: u64) {
-        self.items
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((uuid, XidEvent { xid }));
+    /// Queues an XID of GPU `uuid`; false when the GPU's queue was full, so that its oldest XID
+    /// was dropped for it.
+    fn push(&self, uuid: String, xid: u64) -> bool {
+        let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept_all = true;
+        if items.iter().filter(|(u, _)| *u == uuid).count() >= MAX_QUEUED_PER_GPU {
+            if let Some(oldest) = items.iter().position(|(u, _)| *u == uuid) {
+                items.remove(oldest);
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                kept_all = false;
+            }
+        }
+        items.push((uuid, XidEvent { xid }));
+        drop(items);
         self.added.notify_all();
+        kept_all
+    }
+
+    /// Takes every queued XID, in arrival order; logs once how many were dropped since the
+    /// last drain, if any.
+    pub(super) fn drain(&self) -> Vec<(String, XidEvent)> {
+        let items = std::mem::take(&mut *self.items.lock().unwrap_or_else(PoisonError::into_inner));
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                kept_per_gpu = MAX_QUEUED_PER_GPU,
+                "more XIDs arrived between two samples than are kept per GPU; the oldest were dropped"
+            );
+        }
+        items
+    }
+
+    /// XIDs dropped since the last drain.
+    #[cfg(test)]
+    pub(super) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 }
 
@@ -102,6 +149,27 @@ fn backoff(failures: u32) -> Duration {
         .min(MAX_BACKOFF)
 }
 
+/// The event loop's clock: what paces its rounds. [`RealClock`] in the exporter; tests use a
+/// simulated one to count rounds without sleeping.
+trait Clock {
+    /// The current instant.
+    fn now(&self) -> Instant;
+    /// Waits `d`, returning early when `stop` is set.
+    fn pause(&self, d: Duration, stop: &AtomicBool);
+}
+
+/// Wall-clock time and real sleeps.
+struct RealClock;
+
+impl Clock for RealClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+    fn pause(&self, d: Duration, stop: &AtomicBool) {
+        pause(d, stop);
+    }
+}
+
 /// Sleeps `d`, in short steps, returning early when `stop` is set.
 fn pause(d: Duration, stop: &AtomicBool) {
     let step = Duration::from_millis(50);
@@ -113,27 +181,44 @@ fn pause(d: Duration, stop: &AtomicBool) {
     }
 }
 
-/// The event thread's loop: wait, record XIDs, until stopped. Never ends on an NVML error.
-fn pump_events<A: NvmlApi>(mut w: Watch<A>, queue: &XidQueue, stop: &AtomicBool) {
+/// The event thread's loop: wait, record XIDs, until stopped. Never ends on an NVML error, and
+/// never spins: a round that took less than its minimum period (see the module doc) is padded
+/// with a pause, whatever the driver answered.
+fn pump_events<A: NvmlApi, C: Clock>(
+    mut w: Watch<A>,
+    queue: &XidQueue,
+    stop: &AtomicBool,
+    clock: &C,
+) {
     let mut failures = 0u32;
     while !stop.load(Ordering::Relaxed) {
-        match w.events.wait(EVENT_WAIT_MS) {
+        let started = clock.now();
+        let min_round = match w.events.wait(EVENT_WAIT_MS) {
             Ok(Some(r)) => {
                 failures = 0;
-                let Some(uuid) = w.uuids.get(r.device) else {
-                    tracing::warn!(
+                match w.uuids.get(r.device) {
+                    // Logged while the GPU's queue has room: a flood costs at most
+                    // MAX_QUEUED_PER_GPU lines per sample, then one line with the drops.
+                    Some(uuid) => {
+                        if queue.push(uuid.clone(), r.xid) {
+                            tracing::warn!(gpu = %uuid, xid = r.xid, "XID {}: {}", r.xid, crate::health::xid_message(r.xid));
+                        }
+                    }
+                    None => tracing::warn!(
                         device = r.device,
                         xid = r.xid,
                         "XID from a device that was not registered; dropped"
-                    );
-                    continue;
-                };
-                tracing::warn!(gpu = %uuid, xid = r.xid, "XID {}: {}", r.xid, crate::health::xid_message(r.xid));
-                queue.push(uuid.clone(), r.xid);
+                    ),
+                }
+                MIN_XID_ROUND
             }
-            Ok(None) | Err(ApiError::Timeout) => failures = 0,
+            // A wait that answered nothing lasts its timeout, even if the driver returned early.
+            Ok(None) | Err(ApiError::Timeout) => {
+                failures = 0;
+                Duration::from_millis(u64::from(EVENT_WAIT_MS))
+            }
             Err(e) => {
-                failures += 1;
+                failures = failures.saturating_add(1);
                 if failures == 1 {
                     tracing::warn!(error = %e, "NVML event wait failed; retrying with backoff");
                 } else {
@@ -143,8 +228,12 @@ fn pump_events<A: NvmlApi>(mut w: Watch<A>, queue: &XidQueue, stop: &AtomicBool)
                     tracing::warn!(error = %e, failures, "NVML event waits keep failing; registering the GPUs on a new event set");
                     w.register_again();
                 }
-                pause(backoff(failures), stop);
+                backoff(failures)
             }
+        };
+        let spent = clock.now().saturating_duration_since(started);
+        if spent < min_round {
+            clock.pause(min_round - spent, stop);
         }
     }
 }
@@ -185,7 +274,7 @@ pub(super) fn ensure<A: NvmlApi>(
     let (q, s) = (Arc::clone(xids), Arc::clone(&stop));
     match std::thread::Builder::new()
         .name("nvml-events".into())
-        .spawn(move || pump_events(watch, &q, &s))
+        .spawn(move || pump_events(watch, &q, &s, &RealClock))
     {
         Ok(thread) => {
             *slot = Some(EventThread {
@@ -203,6 +292,123 @@ pub(super) fn ensure<A: NvmlApi>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::nvml::api::XidReport;
+    use crate::testing::fake_nvml::{FakeGpu, FakeNvml, WaitAnswer};
+    use std::cell::Cell;
+
+    /// Simulated time: only pauses move it. It stops the loop once `limit` has passed, or after
+    /// `max_rounds` rounds (two clock reads each) so that a loop that never pauses ends too.
+    struct FakeClock {
+        start: Instant,
+        elapsed: Cell<Duration>,
+        reads: Cell<u64>,
+        limit: Duration,
+        max_rounds: u64,
+        stop: Arc<AtomicBool>,
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> Instant {
+            self.reads.set(self.reads.get() + 1);
+            if self.reads.get() > 2 * self.max_rounds {
+                self.stop.store(true, Ordering::Relaxed);
+            }
+            self.start + self.elapsed.get()
+        }
+        fn pause(&self, d: Duration, _stop: &AtomicBool) {
+            self.elapsed.set(self.elapsed.get() + d);
+            if self.elapsed.get() >= self.limit {
+                self.stop.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Runs the event loop against a fake NVML whose waits all return `answer` at once, for
+    /// 60 simulated seconds (or 100 000 rounds); returns the waits made and the simulated time.
+    fn waits_in_a_minute(answer: WaitAnswer) -> (u64, Duration, usize) {
+        let fake = FakeNvml::new("570.172.08", vec![FakeGpu::h100(0)]);
+        let api = Arc::new(fake.clone());
+        let handle = api.device_by_index(0).unwrap();
+        let (events, _) = api.xid_events(std::slice::from_ref(&handle)).unwrap();
+        let watch = Watch {
+            api,
+            handles: vec![handle],
+            uuids: vec!["GPU-fake-0000".into()],
+            events,
+        };
+        fake.answer_event_waits_at_once(Some(answer));
+        let stop = Arc::new(AtomicBool::new(false));
+        let clock = FakeClock {
+            start: Instant::now(),
+            elapsed: Cell::new(Duration::ZERO),
+            reads: Cell::new(0),
+            limit: Duration::from_secs(60),
+            max_rounds: 100_000,
+            stop: Arc::clone(&stop),
+        };
+        let queue = XidQueue::default();
+        pump_events(watch, &queue, &stop, &clock);
+        let queued = queue.items.lock().unwrap().len();
+        assert!(queued <= MAX_QUEUED_PER_GPU);
+        (fake.event_waits(), clock.elapsed.get(), queued)
+    }
+
+    #[test]
+    fn a_wait_that_returns_at_once_never_makes_the_loop_spin() {
+        // Issue 35 item 12: a TIMEOUT (or nothing) at once costs one wait per 500 ms...
+        for answer in [Err(ApiError::Timeout), Ok(None)] {
+            let (waits, elapsed, _) = waits_in_a_minute(answer.clone());
+            assert!(
+                elapsed >= Duration::from_secs(60),
+                "{answer:?}: {elapsed:?}"
+            );
+            assert!(waits <= 121, "{answer:?}: {waits} waits in a minute");
+        }
+        // ...an error at once backs off (100 ms doubling to 5 s)...
+        let (waits, elapsed, _) = waits_in_a_minute(Err(ApiError::Other("Unknown Error".into())));
+        assert!(elapsed >= Duration::from_secs(60), "{elapsed:?}");
+        assert!(waits <= 20, "{waits} failed waits in a minute");
+        // ...and the same XID answered at once for ever is read at most 100 times a second.
+        let xid = Ok(Some(XidReport { device: 0, xid: 13 }));
+        let (waits, elapsed, queued) = waits_in_a_minute(xid);
+        assert!(elapsed >= Duration::from_secs(60), "{elapsed:?}");
+        assert!(waits <= 6001, "{waits} XID waits in a minute");
+        assert!(queued > 0);
+    }
+
+    #[test]
+    fn the_queue_keeps_the_newest_xids_per_gpu_and_counts_the_dropped() {
+        // Issue 35 item 13: a GPU flooding XIDs between two ticks grew the queue without bound.
+        let q = XidQueue::default();
+        q.push("GPU-b".into(), 79);
+        let kept: Vec<bool> = (0..(MAX_QUEUED_PER_GPU as u64 + 1000))
+            .map(|i| q.push("GPU-a".into(), i))
+            .collect();
+        // Full from the 257th on (those are not logged one by one).
+        assert!(kept[..MAX_QUEUED_PER_GPU].iter().all(|&k| k));
+        assert!(kept[MAX_QUEUED_PER_GPU..].iter().all(|&k| !k));
+        assert!(q.push("GPU-b".into(), 48), "the other GPU's queue has room");
+        assert_eq!(q.dropped(), 1000);
+        let got = q.drain();
+        assert_eq!(got.len(), MAX_QUEUED_PER_GPU + 2);
+        let a: Vec<u64> = got
+            .iter()
+            .filter(|(u, _)| u == "GPU-a")
+            .map(|(_, x)| x.xid)
+            .collect();
+        assert_eq!(
+            a,
+            (1000..MAX_QUEUED_PER_GPU as u64 + 1000).collect::<Vec<_>>()
+        );
+        let b: Vec<u64> = got
+            .iter()
+            .filter(|(u, _)| u == "GPU-b")
+            .map(|(_, x)| x.xid)
+            .collect();
+        assert_eq!(b, [79, 48], "the other GPU's XIDs are all kept");
+        assert_eq!(q.dropped(), 0, "the count restarts after a drain");
+        assert!(q.drain().is_empty());
+    }
 
     #[test]
     fn backoff_doubles_from_100_ms_to_5_s() {

@@ -282,13 +282,7 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
     }
 
     fn drain_xids(&self) -> Vec<(String, XidEvent)> {
-        std::mem::take(
-            &mut *self
-                .xids
-                .items
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
+        self.xids.drain()
     }
 }
 

@@ -181,7 +181,7 @@ pub(super) fn read<A: NvmlApi>(
         }
     }
 
-    let mbps = |kib_per_s: f64| Value::Int((kib_per_s / 1000.0).round() as i64);
+    let mbps = |kib_per_s: f64| Value::Int(convert::kib_per_s_to_mbps(kib_per_s));
     Ok(links
         .active
         .iter()

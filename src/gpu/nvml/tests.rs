@@ -308,6 +308,42 @@ fn mig_instances_skip_empty_slots_and_read_per_instance_fields() {
 }
 
 #[test]
+fn fb_used_percent_is_bytes_over_usable_bytes_on_gpus_and_mig_instances() {
+    // Byte counts whose truncated MiB give another ratio (issue 35 item 11): DCGM divides
+    // used by total - reserved in bytes.
+    let gpu_mem = MemoryInfo {
+        total: mib(1000) + 999_999,
+        reserved: mib(24) + 1,
+        used: mib(250) + 1_048_575,
+        free: mib(700),
+    };
+    let mig_mem = MemoryInfo {
+        total: mib(40_192) + 1_048_575,
+        reserved: 0,
+        used: mib(3000) + 1_048_575,
+        free: mib(37_000),
+    };
+    let ratio = |m: &MemoryInfo| Value::Float(m.used as f64 / (m.total - m.reserved) as f64);
+    let mut g = mig_gpu();
+    g.memory = gpu_mem;
+    for m in g.mig.iter_mut().flatten() {
+        m.memory = mig_mem;
+    }
+    let fake = FakeNvml::new("570.172.08", vec![g]);
+    let src = source(&fake);
+    let d = src.devices().unwrap().remove(0);
+    let s = src.sample(&d, &[Field::FbUsedPercent]).unwrap();
+    assert_eq!(reading(&s, Field::FbUsedPercent), Ok(ratio(&gpu_mem)));
+    assert_ne!(ratio(&gpu_mem), Value::Float(250.0 / (1000.0 - 24.0)));
+    assert_eq!(s.instances.len(), 2);
+    for i in &s.instances {
+        let r = i.readings.iter().find(|(f, _)| *f == Field::FbUsedPercent);
+        assert_eq!(r.map(|(_, r)| r.clone()), Some(Ok(ratio(&mig_mem))));
+    }
+    assert_ne!(ratio(&mig_mem), Value::Float(3000.0 / 40_192.0));
+}
+
+#[test]
 fn mig_profiles_are_named_as_dcgm_names_them_with_or_without_privileges() {
     let mut g = mig_gpu();
     if let Some(m) = g.mig[0].as_mut() {

@@ -243,7 +243,8 @@ impl SimulatedSource {
         }
     }
 
-    /// Applies scenario events due at or before `now` to `st`.
+    /// Applies scenario events due at or before `now` to `st`. Counts add up saturating: a
+    /// scenario built in code can carry any `u64` (files are capped at `scenario::MAX_COUNT`).
     fn apply_events(&self, index: u32, st: &mut GpuState, now: Duration) {
         while let Some(ev) = self.scenario.events.get(st.next_event) {
             if ev.at > now {
@@ -261,12 +262,12 @@ impl SimulatedSource {
                 Action::Recover => st.lost = false,
                 Action::Xid(x) => st.pending_xids.push(XidEvent { xid: *x }),
                 Action::EccDbe(n) => {
-                    st.ecc_dbe_vol += to_i64(*n);
+                    st.ecc_dbe_vol = st.ecc_dbe_vol.saturating_add(to_i64(*n));
                     st.retired_pending = true;
-                    st.remap_unc += to_i64(*n);
+                    st.remap_unc = st.remap_unc.saturating_add(to_i64(*n));
                     st.pending_xids.push(XidEvent { xid: 48 });
                 }
-                Action::EccSbe(n) => st.ecc_sbe_vol += to_i64(*n),
+                Action::EccSbe(n) => st.ecc_sbe_vol = st.ecc_sbe_vol.saturating_add(to_i64(*n)),
                 Action::ThermalThrottle {
                     temperature,
                     duration,
@@ -276,10 +277,12 @@ impl SimulatedSource {
                 }
                 Action::RowRemapFailure => st.remap_failure = true,
                 Action::RetiredPagesPending => st.retired_pending = true,
-                Action::PcieReplays(n) => st.pcie_replays += to_i64(*n),
+                Action::PcieReplays(n) => {
+                    st.pcie_replays = st.pcie_replays.saturating_add(to_i64(*n))
+                }
                 Action::NvlinkErrors(n) => {
-                    st.nvlink_crc_flit += to_i64(*n);
-                    st.nvlink_replay += (to_i64(*n) + 3) / 4;
+                    st.nvlink_crc_flit = st.nvlink_crc_flit.saturating_add(to_i64(*n));
+                    st.nvlink_replay = st.nvlink_replay.saturating_add(to_i64(n.div_ceil(4)));
                 }
             }
         }

@@ -359,3 +359,44 @@ fn processes_must_name_real_entities() {
     assert!(e(vec![p(0, None)]).contains("has MIG enabled"));
     assert!(e(vec![p(3, Some(0))]).contains("MIG instance 0 of GPU 3"));
 }
+
+#[test]
+fn huge_scenario_counts_saturate_instead_of_overflowing() {
+    // Issue 35 item 13: two events of i64::MAX errors overflowed the i64 counters (a panic in
+    // a debug build, a negative count in a release one). Files are capped at
+    // scenario::MAX_COUNT; a scenario built in code still saturates.
+    use crate::gpu::scenario::{Action, Event, Scenario, Target};
+    let ev = |action| Event {
+        at: Duration::ZERO,
+        target: Target::All,
+        action,
+        line: 1,
+    };
+    let mut events = Vec::new();
+    for _ in 0..2 {
+        events.push(ev(Action::EccDbe(u64::MAX)));
+        events.push(ev(Action::EccSbe(u64::MAX)));
+        events.push(ev(Action::PcieReplays(u64::MAX)));
+        events.push(ev(Action::NvlinkErrors(u64::MAX)));
+    }
+    let sc = Scenario {
+        events,
+        ..Scenario::default()
+    };
+    let s = SimulatedSource::new("8xH100-SXM", 1, Duration::from_secs(10), sc, "t.toml").unwrap();
+    let d = s.devices().unwrap().remove(0);
+    for _ in 0..3 {
+        let x = s.sample(&d, Field::ALL).unwrap();
+        for f in [
+            Field::EccDbeVolTotal,
+            Field::EccSbeVolTotal,
+            Field::EccDbeAggTotal,
+            Field::EccSbeAggTotal,
+            Field::PcieReplayCounter,
+            Field::NvlinkCrcFlitErrorCountTotal,
+        ] {
+            assert_eq!(int(&x, f), i64::MAX, "{f:?}");
+        }
+        assert!(int(&x, Field::NvlinkReplayErrorCountTotal) > 0);
+    }
+}

@@ -60,10 +60,10 @@ impl SimulatedSource {
         };
         st.energy_mj += (power * dt * 1000.0) as u64;
         if n(21) < 0.02 {
-            st.pcie_replays += 1;
+            st.pcie_replays = st.pcie_replays.saturating_add(1);
         }
         if n(22) < 0.01 {
-            st.ecc_sbe_vol += 1;
+            st.ecc_sbe_vol = st.ecc_sbe_vol.saturating_add(1);
         }
         let power_capped = util > 95.0;
         if power_capped {
@@ -186,8 +186,8 @@ impl SimulatedSource {
                 Field::EccCurrent => int(1),
                 Field::EccSbeVolTotal => int(st.ecc_sbe_vol),
                 Field::EccDbeVolTotal => int(st.ecc_dbe_vol),
-                Field::EccSbeAggTotal => int(st.ecc_sbe_agg_base + st.ecc_sbe_vol),
-                Field::EccDbeAggTotal => int(st.ecc_dbe_agg_base + st.ecc_dbe_vol),
+                Field::EccSbeAggTotal => int(st.ecc_sbe_agg_base.saturating_add(st.ecc_sbe_vol)),
+                Field::EccDbeAggTotal => int(st.ecc_dbe_agg_base.saturating_add(st.ecc_dbe_vol)),
                 Field::RetiredSbe => int(st.retired_sbe),
                 Field::RetiredDbe => int(st.retired_dbe),
                 Field::RetiredPending => int(i64::from(st.retired_pending)),

@@ -318,6 +318,8 @@ impl NvmlApi for FakeNvml {
             FakeEvents {
                 rx,
                 failures: Arc::clone(&self.wait_failures),
+                at_once: Arc::clone(&self.wait_at_once),
+                waits: Arc::clone(&self.waits),
             },
             skipped,
         ))

@@ -10,6 +10,7 @@ mod api;
 mod gpu;
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -48,10 +49,24 @@ pub struct FakeGpmSample {
 pub struct FakeEvents {
     rx: mpsc::Receiver<XidReport>,
     failures: Arc<Mutex<VecDeque<ApiError>>>,
+    at_once: Arc<Mutex<Option<WaitAnswer>>>,
+    waits: Arc<AtomicU64>,
 }
+
+/// What `nvmlEventSetWait_v2` answers: an XID, nothing (`Ok(None)`), or an error.
+pub type WaitAnswer = Result<Option<XidReport>, ApiError>;
 
 impl EventWait for FakeEvents {
     fn wait(&mut self, timeout_ms: u32) -> Result<Option<XidReport>, ApiError> {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let at_once = self
+            .at_once
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(answer) = at_once {
+            return answer;
+        }
         let failure = self
             .failures
             .lock()
@@ -80,6 +95,8 @@ pub struct FakeNvml {
     state: Arc<Mutex<FakeState>>,
     events: Arc<Mutex<Option<Registration>>>,
     wait_failures: Arc<Mutex<VecDeque<ApiError>>>,
+    wait_at_once: Arc<Mutex<Option<WaitAnswer>>>,
+    waits: Arc<AtomicU64>,
     sets_created: Arc<Mutex<u64>>,
     seq: Arc<Mutex<u64>>,
 }
@@ -134,6 +151,21 @@ impl FakeNvml {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(errors);
+    }
+
+    /// Makes every wait on any event set return `answer` at once instead of blocking (a driver
+    /// that answers `NVML_ERROR_TIMEOUT` or an error without waiting, or floods XIDs); `None`
+    /// restores blocking waits.
+    pub fn answer_event_waits_at_once(&self, answer: Option<WaitAnswer>) {
+        *self
+            .wait_at_once
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = answer;
+    }
+
+    /// `nvmlEventSetWait_v2` calls so far, on every event set.
+    pub fn event_waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
     }
 
     /// Event sets created so far.

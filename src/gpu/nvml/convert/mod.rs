@@ -17,7 +17,7 @@ pub use ids::{fi, field_id_to_v12, translate_field_id, FieldIdScheme, ALL_LINKS}
 pub use plan::{plan, MemoryPart, Plan, StaticFact, Unit};
 pub use values::{
     as_counter, brand_name, bytes_to_mib, dcgm_profile_name, field_error, field_value, gpm_value,
-    in_field_unit, memory_value, milliwatts_to_watts, next_backoff, nvlink_bandwidth_mbps,
-    nvlink_rate_kib_per_s, profile_from_device_name, vgpu_license_status, NvlinkCounter,
-    GRID_LICENSE_FEATURE_CODE_VGPU, MAX_MEMORY_TEMP_C,
+    in_field_unit, kib_per_s_to_mbps, memory_value, milliwatts_to_watts, next_backoff,
+    nvlink_bandwidth_mbps, nvlink_rate_kib_per_s, profile_from_device_name, vgpu_license_status,
+    NvlinkCounter, GRID_LICENSE_FEATURE_CODE_VGPU, MAX_MEMORY_TEMP_C,
 };

@@ -192,7 +192,32 @@ fn framebuffer_is_integer_mib_and_ratio_excludes_reserved() {
     };
     assert_eq!(memory_value(&m, MemoryPart::Used), Value::Int(250));
     assert_eq!(memory_value(&m, MemoryPart::Reserved), Value::Int(24));
-    assert_eq!(memory_value(&m, MemoryPart::UsedRatio), Value::Float(0.25));
+    assert_eq!(
+        memory_value(&m, MemoryPart::UsedRatio),
+        Value::Float((250.0 * 1_048_576.0 + 5.0) / (1000.0 * 1_048_576.0))
+    );
+}
+
+#[test]
+fn used_ratio_is_computed_in_bytes_as_dcgm_does() {
+    // DCGM: used / (total - reserved) in bytes. From the truncated MiB (5 / 10) it was 0.5.
+    let m = super::super::api::MemoryInfo {
+        total: 11 * 1_048_576 - 1,
+        reserved: 0,
+        used: 6 * 1_048_576 - 1,
+        free: 5 * 1_048_576,
+    };
+    assert_eq!(memory_value(&m, MemoryPart::Used), Value::Int(5));
+    assert_eq!(memory_value(&m, MemoryPart::Total), Value::Int(10));
+    assert_eq!(
+        memory_value(&m, MemoryPart::UsedRatio),
+        Value::Float((6.0 * 1_048_576.0 - 1.0) / (11.0 * 1_048_576.0 - 1.0))
+    );
+    // Nothing usable (reserved >= total): 0, not a division by zero or an underflow.
+    for reserved in [11 * 1_048_576 - 1, 12 * 1_048_576] {
+        let m = super::super::api::MemoryInfo { reserved, ..m };
+        assert_eq!(memory_value(&m, MemoryPart::UsedRatio), Value::Float(0.0));
+    }
 }
 
 fn v(n: FieldNum) -> FieldValue {
@@ -299,6 +324,21 @@ fn nvlink_bandwidth_is_a_rate_over_the_interval() {
     );
     assert_eq!(nvlink_bandwidth_mbps(Some(at(10, 5)), at(5, 6)), 0);
     assert_eq!(nvlink_bandwidth_mbps(Some(at(10, 5)), at(20, 5)), 0);
+}
+
+#[test]
+fn nvlink_bandwidth_truncates_as_dcgm_does() {
+    let at = |kib, s: i64| NvlinkCounter {
+        kib,
+        timestamp_us: s * 1_000_000,
+    };
+    // 59 999 KiB over 30 s = 1999.97 KiB/s: DCGM's 1 "MB/s", not 2 (issue 35 item 11).
+    assert_eq!(nvlink_bandwidth_mbps(Some(at(0, 0)), at(59_999, 30)), 1);
+    assert_eq!(kib_per_s_to_mbps(999.999), 0);
+    assert_eq!(
+        in_field_unit(Field::NvlinkBandwidthTotal, Ok(Value::Float(1999.9))),
+        Ok(Value::Int(1))
+    );
 }
 
 #[test]

@@ -90,7 +90,7 @@ pub fn in_field_unit(field: Field, reading: Reading) -> Reading {
             .map(|pct| Value::Float(pct / 100.0))
             .ok_or(FieldError::Invalid),
         F::NvlinkBandwidthTotal => num(&v)
-            .map(|kibps| Value::Int((kibps / 1000.0).round() as i64))
+            .map(|kibps| Value::Int(kib_per_s_to_mbps(kibps)))
             .ok_or(FieldError::Invalid),
         F::NvlinkThroughputBytesPerSecond => num(&v)
             .map(|kibps| Value::Int((kibps * 1024.0).round() as i64))
@@ -119,14 +119,12 @@ pub fn memory_value(m: &super::super::api::MemoryInfo, part: MemoryPart) -> Valu
         MemoryPart::FreeBytes => Value::Int(bytes_to_i64(m.free)),
         MemoryPart::UsedBytes => Value::Int(bytes_to_i64(m.used)),
         MemoryPart::ReservedBytes => Value::Int(bytes_to_i64(m.reserved)),
-        MemoryPart::UsedRatio => {
-            let usable = bytes_to_mib(m.total) - bytes_to_mib(m.reserved);
-            if usable <= 0 {
-                Value::Float(0.0)
-            } else {
-                Value::Float(bytes_to_mib(m.used) as f64 / usable as f64)
-            }
-        }
+        // DCGM (`DcgmCacheManager::ReadAndCacheFBMemoryInfo`): used / (total - reserved), in
+        // bytes, not in the truncated MiB it publishes; 0 when nothing is usable.
+        MemoryPart::UsedRatio => match m.total.checked_sub(m.reserved) {
+            Some(usable) if usable > 0 => Value::Float(m.used as f64 / usable as f64),
+            _ => Value::Float(0.0),
+        },
     }
 }
 
@@ -230,7 +228,13 @@ pub fn nvlink_rate_kib_per_s(prev: Option<NvlinkCounter>, cur: NvlinkCounter) ->
 
 /// `DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL` (and the per-link MB/s fields): the rate ÷ 1000.
 pub fn nvlink_bandwidth_mbps(prev: Option<NvlinkCounter>, cur: NvlinkCounter) -> i64 {
-    (nvlink_rate_kib_per_s(prev, cur) / 1000.0).round() as i64
+    kib_per_s_to_mbps(nvlink_rate_kib_per_s(prev, cur))
+}
+
+/// A KiB/s rate in DCGM's NVLink "MB/s" (÷ 1000), truncated as DCGM's integer arithmetic
+/// truncates it (not rounded): 1999.9 KiB/s is 1.
+pub fn kib_per_s_to_mbps(kib_per_s: f64) -> i64 {
+    (kib_per_s / 1000.0).trunc() as i64
 }
 
 /// A GPM metric in DCGM's unit: utilisations 0–100 % → 0–1 ratios (DCGM divides by 100),
