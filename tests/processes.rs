@@ -1002,3 +1002,124 @@ async fn fake_kubelet_serves_the_runtime_and_writes_the_proc_tree() {
     }
     drop(fk);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Accounting (issue 37)
+
+/// `gpu_exporter_container_*` accounting series of `body`: (gpu, GPU_I_ID, consumer, pod) ->
+/// value.
+fn accounts(body: &str, family: &str) -> BTreeMap<(String, String, String, String), f64> {
+    let label = |l: &str, k: &str| {
+        l.split(&format!("{k}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("")
+            .to_owned()
+    };
+    series(body, family)
+        .into_iter()
+        .map(|l| {
+            (
+                (
+                    label(l, "gpu"),
+                    label(l, "GPU_I_ID"),
+                    label(l, "consumer"),
+                    label(l, ",pod"),
+                ),
+                value(l),
+            )
+        })
+        .collect()
+}
+
+/// The GPU's own energy counter in `body`, mJ (the same on every copy of its series).
+fn gpu_energy_mj(body: &str, gpu: u32) -> u64 {
+    let g = format!("gpu=\"{gpu}\",");
+    let l = series(body, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+        .into_iter()
+        .find(|l| l.contains(&g))
+        .unwrap_or_else(|| panic!("no energy series for GPU {gpu}"));
+    value(l) as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounting_splits_each_gpus_own_energy_exactly_by_holders_and_activity() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("cri.sock");
+    let (server, _tx) = fake_cri(&sock, common::shared_node().runtime_snapshot());
+    let mut n = node(cri_client(&sock), &common::proc_fixture(), false);
+    assert_eq!(n.refresher.refresh_once().await, RefreshOutcome::Fresh);
+    // Idle power 0 W (the flag): all of each change is dynamic, split by measured activity.
+    n.metrics
+        .accounting
+        .enable(Some(0), true, Duration::from_secs(3600));
+    let first = n.body().await;
+    let mut last = String::new();
+    for _ in 0..6 {
+        last = n.body().await;
+    }
+    let energy = accounts(&last, "gpu_exporter_container_energy_joules_total");
+    // Every GPU: its accounts add up to its own counter's increase, to the millijoule.
+    for gpu in 0..4u32 {
+        let charged: f64 = energy
+            .iter()
+            .filter(|((g, ..), _)| *g == gpu.to_string())
+            .map(|(_, j)| j)
+            .sum();
+        let rose = gpu_energy_mj(&last, gpu) - gpu_energy_mj(&first, gpu);
+        assert!(rose > 0, "GPU {gpu} drew no energy");
+        assert_eq!(
+            (charged * 1000.0).round() as u64,
+            rose,
+            "GPU {gpu}: {energy:#?}"
+        );
+    }
+    // GPU 3, time-sliced by embed-a, -b, -c running at weights 3:2:1: the energy follows.
+    let on3 = |pod: &str| energy[&("3".into(), String::new(), "holder".into(), pod.into())];
+    let total3 = on3("embed-a") + on3("embed-b") + on3("embed-c");
+    for (pod, want) in [
+        ("embed-a", 0.5),
+        ("embed-b", 1.0 / 3.0),
+        ("embed-c", 1.0 / 6.0),
+    ] {
+        let share = on3(pod) / total3;
+        assert!(
+            (share - want).abs() < 0.05,
+            "{pod}: {share} of GPU 3's energy, want {want}"
+        );
+    }
+    // GPUs 1 and 2: nobody holds them; all of their energy is unallocated.
+    for gpu in ["1", "2"] {
+        assert!(energy
+            .keys()
+            .filter(|(g, ..)| g == gpu)
+            .all(|(_, _, consumer, _)| consumer == "unallocated"));
+    }
+    // GPU 0's instance 9: shell-b holds a replica and runs nothing (waste); shell-a runs.
+    let idle = accounts(
+        &last,
+        "gpu_exporter_container_idle_allocated_gpu_seconds_total",
+    );
+    let waste = |pod: &str| idle[&("0".into(), "9".into(), "holder".into(), pod.into())];
+    assert!(waste("shell-b") > 0.0, "{idle:#?}");
+    assert_eq!(waste("shell-a"), 0.0, "{idle:#?}");
+    let allocated = accounts(&last, "gpu_exporter_container_allocated_gpu_seconds_total");
+    let held = |pod: &str| allocated[&("0".into(), "9".into(), "holder".into(), pod.into())];
+    assert!((waste("shell-b") - held("shell-b")).abs() < 1e-9);
+    // Busy time only where processes ran: GPU 3's three pods.
+    let busy = accounts(&last, "gpu_exporter_container_sm_busy_gpu_seconds_total");
+    assert!(
+        busy.keys().any(|(g, _, _, p)| g == "3" && p == "embed-a"),
+        "{busy:#?}"
+    );
+    assert!(!busy.keys().any(|(_, _, _, p)| p == "shell-b"), "{busy:#?}");
+    // The idle power in use, from the flag.
+    assert_eq!(
+        series(&last, "gpu_exporter_gpu_idle_power_watts")
+            .iter()
+            .filter(|l| l.contains("source=\"flag\""))
+            .count(),
+        4
+    );
+    server.stop().await;
+}

@@ -223,9 +223,28 @@ def main():
         outcomes = {s[1]["outcome"]: s[2] for s in series(samples, "gpu_exporter_gpu_processes")}
         check(outcomes == {"attributed": 5, "outside_pods": 1, "unknown_container": 0, "unreadable": 0},
               "5 processes attributed, the host process outside pods, none unknown or unreadable", str(outcomes))
-        pods_seen = {(s[1].get("namespace"), s[1].get("pod")) for s in samples if s[0].startswith("gpu_exporter_container_")}
+        pods_seen = {(s[1].get("namespace"), s[1].get("pod")) for s in samples
+                     if s[0].startswith("gpu_exporter_container_") and not s[0].endswith("_total")}
         check(pods_seen == {("ml", "trainer"), ("serve", "embed")}, "per-container series name only the two real pods",
               str(pods_seen))
+
+        # Accounting (issue 37): the real containers' own counters, and they increase.
+        def trainer_accounts(smp):
+            return {(s[1].get("gpu"), s[1].get("consumer")): s[2]
+                    for s in series(smp, "gpu_exporter_container_allocated_gpu_seconds_total",
+                                    namespace="ml", pod="trainer")}
+        def trainer_energy(smp):
+            return sum(s[2] for s in series(smp, "gpu_exporter_container_energy_joules_total",
+                                            namespace="ml", pod="trainer"))
+        before = trainer_accounts(samples)
+        check(before and all(c in ("holder", "not_holder") for _, c in before),
+              "accounting: ml/trainer has allocated GPU-seconds on the GPUs it holds", str(before))
+        energy_before = trainer_energy(samples)
+        later = wait_for(lambda: (lambda smp: smp if all(trainer_accounts(smp).get(k, 0) > v for k, v in before.items())
+                                  and trainer_energy(smp) > energy_before else None)(scrape(port)),
+                         PATIENCE, "ml/trainer's allocated GPU-seconds and energy increase")
+        check(trainer_energy(later) > energy_before,
+              f"accounting: ml/trainer's energy rose from {energy_before:.3f} J to {trainer_energy(later):.3f} J")
 
         # 3. The pause process.
         s = [x for x in series(samples, "gpu_exporter_container_processes", namespace="ml", pod="trainer", gpu="1")]

@@ -234,7 +234,8 @@ fn container_series(s: &Scrape) -> Vec<Series> {
     let mut v: Vec<Series> = s
         .series
         .iter()
-        .filter(|x| x.name.starts_with("gpu_exporter_container_"))
+        // The per-process usage gauges; the accounting counters (`_total`) are tested apart.
+        .filter(|x| x.name.starts_with("gpu_exporter_container_") && !x.name.ends_with("_total"))
         .cloned()
         .collect();
     v.sort_by(|a, b| {
