@@ -349,14 +349,18 @@ async fn serve<S: GpuSource>(
     if config.args.kubernetes && !config.args.no_accounting {
         // Accounts kept this long after they last grew (a pod long gone).
         const RETENTION: Duration = Duration::from_secs(15 * 60);
-        metrics.accounting.enable(
-            config
-                .args
-                .accounting_idle_power_watts
-                .map(|w| u64::from(w) * 1000),
-            config.process_usage,
-            RETENTION,
-        );
+        let build = config.build_options();
+        metrics
+            .accounting
+            .enable(gpu_exporter::accounting::AccountingOptions {
+                idle_mw: config
+                    .args
+                    .accounting_idle_power_watts
+                    .map(|w| u64::from(w) * 1000),
+                processes: config.process_usage,
+                retention: RETENTION,
+                hostname: (build.hostname_label, build.hostname),
+            });
         tracing::info!(
             idle_power_watts = ?config.args.accounting_idle_power_watts,
             per_process = config.process_usage,

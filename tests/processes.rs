@@ -1052,7 +1052,12 @@ async fn accounting_splits_each_gpus_own_energy_exactly_by_holders_and_activity(
     // Idle power 0 W (the flag): all of each change is dynamic, split by measured activity.
     n.metrics
         .accounting
-        .enable(Some(0), true, Duration::from_secs(3600));
+        .enable(gpu_exporter::accounting::AccountingOptions {
+            idle_mw: Some(0),
+            processes: true,
+            retention: Duration::from_secs(3600),
+            hostname: ("hostname".into(), "node-a".into()),
+        });
     let first = n.body().await;
     let mut last = String::new();
     for _ in 0..6 {
@@ -1113,6 +1118,10 @@ async fn accounting_splits_each_gpus_own_energy_exactly_by_holders_and_activity(
         "{busy:#?}"
     );
     assert!(!busy.keys().any(|(_, _, _, p)| p == "shell-b"), "{busy:#?}");
+    // The node label, as on the GPU series.
+    assert!(series(&last, "gpu_exporter_container_energy_joules_total")
+        .iter()
+        .all(|l| l.contains(",hostname=\"node-a\",")));
     // The idle power in use, from the flag.
     assert_eq!(
         series(&last, "gpu_exporter_gpu_idle_power_watts")

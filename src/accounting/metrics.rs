@@ -27,7 +27,21 @@ use super::{Account, Consumer, GpuTick};
 use crate::self_metrics::{self, Collector, Num};
 
 /// A label set in the families' order.
-type Labels = Vec<(&'static str, String)>;
+type Labels = Vec<(String, String)>;
+
+/// How accounting runs.
+#[derive(Debug, Clone)]
+pub struct AccountingOptions {
+    /// Fixes every GPU's idle power, milliwatts (else it is learnt).
+    pub idle_mw: Option<u64>,
+    /// Per-process readings are on: busy time of containers and waste are known.
+    pub processes: bool,
+    /// Accounts idle this long are dropped.
+    pub retention: Duration,
+    /// The node label's name (`hostname`, or `Hostname` as dcgm-exporter 4.8.2 and older
+    /// named it) and value, as on the GPU series.
+    pub hostname: (String, String),
+}
 
 /// The ledger and its families; off (nothing rendered, nothing recorded) until enabled.
 #[derive(Debug)]
@@ -39,6 +53,7 @@ pub struct AccountingMetrics {
 struct Inner {
     ledger: Option<Ledger>,
     processes: bool,
+    hostname: (String, String),
 }
 
 impl Default for AccountingMetrics {
@@ -47,6 +62,7 @@ impl Default for AccountingMetrics {
             inner: Mutex::new(Inner {
                 ledger: None,
                 processes: false,
+                hostname: ("hostname".into(), String::new()),
             }),
         }
     }
@@ -57,13 +73,12 @@ impl AccountingMetrics {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Turns accounting on: `idle_mw` fixes every GPU's idle power (else it is learnt);
-    /// `processes`: per-process readings are on (busy time and waste are rendered);
-    /// accounts idle for `retention` are dropped.
-    pub fn enable(&self, idle_mw: Option<u64>, processes: bool, retention: Duration) {
+    /// Turns accounting on.
+    pub fn enable(&self, opts: AccountingOptions) {
         let mut i = self.lock();
-        i.ledger = Some(Ledger::new(idle_mw, retention));
-        i.processes = processes;
+        i.ledger = Some(Ledger::new(opts.idle_mw, opts.retention));
+        i.processes = opts.processes;
+        i.hostname = opts.hostname;
     }
 
     /// Whether accounting is on.
@@ -88,7 +103,7 @@ impl AccountingMetrics {
     }
 }
 
-fn labels(uuid: &str, index: u32, a: &Account) -> Labels {
+fn labels(uuid: &str, index: u32, host: &(String, String), a: &Account) -> Labels {
     let (ns, pod, container) = match &a.consumer {
         Consumer::Container { pod, .. } => (
             pod.namespace.clone(),
@@ -115,6 +130,7 @@ fn labels(uuid: &str, index: u32, a: &Account) -> Labels {
 fn family(
     e: &mut DescriptorEncoder,
     gpus: &std::collections::BTreeMap<String, GpuAccounts>,
+    host: &(String, String),
     name: &str,
     help: &str,
     value: impl Fn(&Account, &Totals) -> Option<f64>,
@@ -124,7 +140,7 @@ fn family(
         .flat_map(|(uuid, g)| {
             g.accounts
                 .iter()
-                .filter_map(|(a, t)| Some((labels(uuid, g.index, a), value(a, t)?)))
+                .filter_map(|(a, t)| Some((labels(uuid, g.index, host, a), value(a, t)?)))
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -140,18 +156,19 @@ fn family(
 
 impl Collector for AccountingMetrics {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
-        let processes = {
+        let (processes, host) = {
             let i = self.lock();
             if i.ledger.is_none() {
                 return Ok(());
             }
-            i.processes
+            (i.processes, i.hostname.clone())
         };
         let gpus = self.accounts();
         #[allow(clippy::cast_precision_loss)]
         family(
             &mut e,
             &gpus,
+            &host,
             "gpu_exporter_container_energy_joules",
             "Energy charged to each consumer of a GPU (J): summed by UUID, the GPU's own energy counter's increase since the exporter first read it, to the millijoule (static part by allocation, dynamic part by measured activity: docs/accounting.md).",
             |_, t| Some(t.energy_mj as f64 / 1000.0),
@@ -159,6 +176,7 @@ impl Collector for AccountingMetrics {
         family(
             &mut e,
             &gpus,
+            &host,
             "gpu_exporter_container_allocated_gpu_seconds",
             "Share of the GPU held x seconds (a whole GPU for a second is 1; unallocated capacity is consumer=\"unallocated\").",
             |_, t| (t.allocated_gpu_seconds > 0.0).then_some(t.allocated_gpu_seconds),
@@ -166,6 +184,7 @@ impl Collector for AccountingMetrics {
         family(
             &mut e,
             &gpus,
+            &host,
             "gpu_exporter_container_sm_busy_gpu_seconds",
             "Measured activity x seconds, as a share of the whole GPU (per-process SM utilisation; on MIG, the instance's engine activity).",
             |_, t| (t.busy_gpu_seconds > 0.0).then_some(t.busy_gpu_seconds),

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use crate::pods::PodRef;
 
 pub use ledger::{GpuAccounts, IdleSource, Ledger, Totals};
-pub use metrics::AccountingMetrics;
+pub use metrics::{AccountingMetrics, AccountingOptions};
 
 /// Who is charged on a GPU.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
