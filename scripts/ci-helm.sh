@@ -8,15 +8,24 @@
 #   1. the chart's files/ copies equal metrics-config/, alerts/, dashboards/ (scripts/sync-chart-files.sh --check)
 #   2. helm lint --strict over every tests/helm/values-*.yaml
 #   3. tests/helm/check_chart.py: helm template over every values file, each render validated by
-#      scripts/validate-manifests.py and checked for what the values file is about; the default
-#      render equivalent to `kubectl kustomize deploy/`, the process-usage one to
+#      scripts/validate-manifests.py and checked for what the values file is about; dcgm-exporter
+#      chart files as users have them (values-upstream-*.yaml: upstream 4.8.2's defaults, a
+#      typical 4.8.x override file, a newer-chart file with its own ConfigMap) checked for what
+#      they meant upstream (volumes resolve, args, the CSV read at the args' path, selectors,
+#      tolerations, ServiceMonitor relabelings, RBAC); the render of tests/helm/kustomize-base.yaml
+#      equivalent to `kubectl kustomize deploy/`, with values-process-usage.yaml to
 #      overlays/process-usage/; overlays/web-config/ (TLS + basic auth) valid with HTTPS probes;
-#      invalid TLS values refused with a message naming the value
+#      invalid TLS values and a headless NodePort/LoadBalancer Service refused naming the value
 #   4. helm package (what a chart repository would serve) renders the same as the directory
 #   5. tests/helm/probe_e2e.py: the release binary (built here unless GPU_EXPORTER_BIN names one)
-#      started with a render's args, env and mounted ConfigMaps/Secrets; its rendered probes sent as
-#      the kubelet sends them (HTTPS unverified, no credentials) must get 200, with and without TLS
-#      and basic auth; /metrics must need the values file's passwords
+#      started with a render's args, env and mounted ConfigMaps/Secrets (items and subPath as the
+#      kubelet mounts them; the user's own ConfigMap from tests/helm/objects-*.yaml); its rendered
+#      probes sent as the kubelet sends them (HTTPS unverified, no credentials) must get 200, with
+#      and without TLS and basic auth; /metrics must need the values file's passwords; for the
+#      values-upstream-*.yaml renders /metrics must serve the families of the CSV the file means
+#      (customMetrics through upstream's default -f path, the user's ConfigMap). No container
+#      runtime runs these pods (scripts/ci-containerd.sh runs the image, not the chart): the
+#      process gets what the pod would get.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -85,7 +94,7 @@ trap 'rm -rf "$pkg"' EXIT
 diff -u <("$helm" template gpu-exporter "$chart" -n gpu-exporter) \
         <("$helm" template gpu-exporter "$pkg"/gpu-exporter-*.tgz -n gpu-exporter)
 
-step "the exporter run as the chart renders it, probed as the kubelet probes (plain, TLS, TLS + basic auth)"
+step "the exporter run as the chart renders it, probed as the kubelet probes (plain, TLS, TLS + basic auth, upstream values files)"
 # Always (re)build unless a binary is given, so a stale release build is never tested.
 if [[ -n "${GPU_EXPORTER_BIN:-}" ]]; then
   bin="$GPU_EXPORTER_BIN"

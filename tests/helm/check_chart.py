@@ -6,11 +6,18 @@
 For each values file: `helm template` (release gpu-exporter, namespace gpu-exporter), every
 document validated by scripts/validate-manifests.py (kubernetes-validate, strict, oldest and
 newest schema; own schemas for ServiceMonitor and PrometheusRule), then what that values file is
-about is asserted (probes, web config, mounts, ...). Then the chart's default render is compared
-with `kubectl kustomize deploy/`, and the process-usage render with overlays/process-usage/
-("equivalent" is defined in equivalent() below), and overlays/web-config/ (TLS + basic auth)
-is rendered, validated and checked for HTTPS probes. Values that must make `helm template` fail
-(a missing certificate) are checked to fail with a message naming the value.
+about is asserted (probes, web config, mounts, ...). The values-upstream-*.yaml files are
+dcgm-exporter chart files as users have them (upstream 4.8.2's defaults, a typical 4.8.x override
+file, a newer-chart file with its own ConfigMap): each render's volumes must resolve to objects the
+chart renders or the user names, its args must be the file's `arguments`, the CSV the container
+reads at the path its args name must be the file's customMetrics (or the chart's default, or the
+user's ConfigMap), and selectors, tolerations, node selector and ServiceMonitor relabelings must
+mean what they meant upstream (upstream_shape() below). Then the chart rendered with
+tests/helm/kustomize-base.yaml is compared with `kubectl kustomize deploy/`, and with
+values-process-usage.yaml on top with overlays/process-usage/ ("equivalent" is defined in
+equivalent() below), and overlays/web-config/ (TLS + basic auth) is rendered, validated and
+checked for HTTPS probes. Values that must make `helm template` fail (a missing certificate, a
+headless NodePort Service) are checked to fail with a message naming the value.
 Exits 1 listing every failure.
 """
 
@@ -46,8 +53,8 @@ def check(cond, what):
 
 def helm_template(helm, values=None, sets=(), expect_fail=False):
     cmd = [helm, "template", RELEASE, CHART, "--namespace", NAMESPACE]
-    if values:
-        cmd += ["-f", values]
+    for v in ([values] if isinstance(values, str) else values or []):
+        cmd += ["-f", v]
     for s in sets:
         cmd += ["--set", s]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -105,10 +112,12 @@ def normalize_pod_template(tpl):
     strategic-merge patch appends in does not matter; service account, token automount,
     priority class, node selector, tolerations, pod securityContext). ConfigMap volume names are
     compared without kustomize's content-hash suffix. Not compared: metadata labels beyond
-    kustomize's (the chart adds app.kubernetes.io/instance etc.) and the chart's checksum/*
-    annotations (its equivalent of the hash suffix)."""
+    kustomize's (the chart adds app.kubernetes.io/instance etc.), the chart's checksum/*
+    annotations (its equivalent of the hash suffix) and the container's name (the chart's is
+    upstream's `exporter`, checked by case_defaults)."""
     spec = copy.deepcopy(tpl["spec"])
     for c in spec["containers"]:
+        c.pop("name", None)
         c["env"] = by_name(c.get("env"))
         c["volumeMounts"] = by_name(c.get("volumeMounts"))
     vols = by_name(spec.get("volumes"))
@@ -236,8 +245,35 @@ def tls_files(docs, cfg, label, secret_rendered):
     return tls
 
 
+UPSTREAM_TOLERATIONS = [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]
+CHART_RELABELINGS = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"},
+                     {"action": "labeldrop", "regex": "pod|namespace|container|service|endpoint"}]
+EXPORTED_COPIES = [{"sourceLabels": [n], "targetLabel": f"exported_{n}"} for n in ("pod", "namespace", "container")]
+
+
 def case_defaults(docs, label):
+    """An empty values file: upstream 4.8.2's defaults where the meaning is the same."""
     probes_plain(docs, label)
+    c, p, ds = container(docs), pod(docs), one(docs, "DaemonSet")
+    check(c["name"] == "exporter", f"{label}: container name {c['name']}, upstream's is exporter")
+    check(c["args"] == ["-f", "/etc/dcgm-exporter/default-counters.csv"], f"{label}: args {c['args']}")
+    check("nodeSelector" not in p, f"{label}: a default nodeSelector {p.get('nodeSelector')} (upstream: none)")
+    check(p["tolerations"] == UPSTREAM_TOLERATIONS, f"{label}: tolerations {p['tolerations']}")
+    check(p["automountServiceAccountToken"] is False and not [d for d in docs if d["kind"].startswith("ClusterRole")],
+          f"{label}: no token, no RBAC without pod labels")
+    check(ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}, f"{label}: rollingUpdate")
+    svc = one(docs, "Service")["spec"]
+    check("clusterIP" not in svc and svc["type"] == "ClusterIP" and svc["internalTrafficPolicy"] == "Cluster",
+          f"{label}: Service {svc}")
+    ep = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
+    check(ep["honorLabels"] is False and ep["relabelings"] == CHART_RELABELINGS and ep["metricRelabelings"] == EXPORTED_COPIES,
+          f"{label}: ServiceMonitor {ep}")
+    # The CSV the default args read is the chart's default, in upstream's ConfigMap and key.
+    with open(os.path.join(CHART, "files", "default-counters.csv")) as f:
+        default_csv = f.read()
+    text, source = csv_read(docs, {}, label)
+    check(source == "ConfigMap exporter-metrics-config-map key metrics", f"{label}: the CSV comes from {source}")
+    check(text is not None and text.strip() == default_csv.strip(), f"{label}: the CSV read is not files/default-counters.csv")
     check("DCGM_EXPORTER_WEB_CONFIG_FILE" not in env(docs), f"{label}: no web config by default")
     check(not [d for d in docs if d["kind"] in ("Secret", "NetworkPolicy")], f"{label}: no Secret/NetworkPolicy by default")
     check(not [d for d in docs if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"]],
@@ -248,7 +284,8 @@ def case_operator(docs, label):
     probes_plain(docs, label)
     c, e, p = container(docs), env(docs), pod(docs)
     check(c["image"] == "registry.example.com/gpu-exporter:0.1.0@sha256:" + "0123456789abcdef" * 4, f"{label}: image {c['image']}")
-    check(c["args"] == ["-f", "/etc/dcgm-exporter/dcgm-metrics.csv"], f"{label}: args {c['args']}")
+    check(c["args"] == ["-f", "/etc/dcgm-exporter/dcgm-metrics.csv", "--dump-enabled", "--dump-directory=/tmp/dcgm-exporter-debug",
+                        "--dump-retention=24", "--dump-compression"], f"{label}: args {c['args']}")
     check(e["DCGM_EXPORTER_COLLECTORS"]["value"] == "/etc/dcgm-exporter/dcp-metrics-included.csv", f"{label}: Operator env")
     check(e["DCGM_EXPORTER_LISTEN"]["value"] == ":9400" and e["DCGM_EXPORTER_KUBERNETES"]["value"] == "true", f"{label}: Operator env")
     m = by_name(c["volumeMounts"])["metrics-csv"]
@@ -265,11 +302,13 @@ def case_operator(docs, label):
     for kind in ("ServiceMonitor", "PrometheusRule"):
         check(one(docs, kind)["metadata"]["labels"].get("release") == "kube-prometheus-stack", f"{label}: {kind} release label")
     ep = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
-    check(ep["interval"] == "15s" and ep["honorLabels"] is False and "relabelings" not in ep
-          and ep["metricRelabelings"][0]["action"] == "labeldrop", f"{label}: ServiceMonitor {ep}")
+    check(ep["interval"] == "15s" and ep["honorLabels"] is False and ep["relabelings"] == CHART_RELABELINGS
+          and ep["metricRelabelings"] == EXPORTED_COPIES + [{"action": "labeldrop", "regex": "DCGM_FI_DRIVER_VERSION"}],
+          f"{label}: ServiceMonitor {ep}")
     svc = one(docs, "Service")["spec"]
     check("clusterIP" not in svc and svc["internalTrafficPolicy"] == "Local", f"{label}: Service {svc}")
-    check(not [a for a in c["args"] if "dump" in a], f"{label}: debugDump is ignored")
+    check(not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "exporter-metrics-config-map"],
+          f"{label}: exporter-metrics-config-map rendered though nothing names it")
     check([i["name"] for i in p["initContainers"]] == ["toolkit-validation"], f"{label}: initContainers")
 
 
@@ -349,8 +388,223 @@ def case_ipv6(docs, label):
     check(p["hostNetwork"] is True and p["dnsPolicy"] == "ClusterFirstWithHostNet", f"{label}: hostNetwork")
     for d in docs:
         check(d["metadata"].get("namespace") == "monitoring", f"{label}: {d['kind']} not in namespaceOverride")
-        check(d["metadata"]["name"].startswith("gpu-metrics"), f"{label}: {d['kind']}/{d['metadata']['name']} ignores fullnameOverride")
+        # exporter-metrics-config-map: upstream's fixed name, which upstream-shaped values mount.
+        check(d["metadata"]["name"].startswith("gpu-metrics") or d["metadata"]["name"] == "exporter-metrics-config-map",
+              f"{label}: {d['kind']}/{d['metadata']['name']} ignores fullnameOverride")
     check(one(docs, "ServiceMonitor")["spec"]["namespaceSelector"]["matchNames"] == ["monitoring"], f"{label}: ServiceMonitor namespace")
+
+
+# ---------------------------------------------------------------- upstream-shaped values files
+
+USER_OBJECTS = os.path.join(VALUES_DIR, "objects-team-gpu-metrics.yaml")
+
+
+def user_objects():
+    """Objects a values file names that the user creates outside the chart."""
+    with open(USER_OBJECTS) as f:
+        return {(d["kind"], d["metadata"]["name"]): d for d in docs_of(f.read())}
+
+
+def objects_of(docs):
+    out = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    for k, d in user_objects().items():
+        check(k not in out, f"the chart renders {k}, which the user's file creates")
+        out.setdefault(k, d)
+    return out
+
+
+def volumes_resolve(docs, values, label):
+    """Every volume of the pod names an object the chart renders or the user creates (or an
+    existingSecret), every key it picks exists there, and every mount names a volume and a
+    subPath that volume has. Returns {volume name: {file name in the volume: text}}."""
+    objs, files = objects_of(docs), {}
+    existing = (values.get("tlsServerConfig") or {}).get("existingSecret")
+    for v in pod(docs).get("volumes", []):
+        name = v["name"]
+        if "configMap" in v:
+            cm = objs.get(("ConfigMap", v["configMap"]["name"]))
+            if not check(cm is not None, f"{label}: volume {name} names ConfigMap {v['configMap']['name']}, "
+                         "which neither the chart renders nor the user creates"):
+                continue
+            data = cm.get("data") or {}
+            items = v["configMap"].get("items")
+            for i in items or []:
+                check(i["key"] in data, f"{label}: volume {name} picks key {i['key']} that ConfigMap {cm['metadata']['name']} lacks")
+            files[name] = {i["path"]: data.get(i["key"]) for i in items} if items else dict(data)
+        elif "secret" in v:
+            sec = objs.get(("Secret", v["secret"]["secretName"]))
+            check(sec is not None or v["secret"]["secretName"] == existing,
+                  f"{label}: volume {name} names Secret {v['secret']['secretName']}, not rendered nor existingSecret")
+            files[name] = {}
+        else:
+            check("hostPath" in v, f"{label}: volume {name} is neither a ConfigMap, a Secret nor a hostPath: {v}")
+    vols = by_name(pod(docs).get("volumes"))
+    for m in container(docs).get("volumeMounts", []):
+        if not check(m["name"] in vols, f"{label}: mount {m['mountPath']} names no volume ({m['name']})"):
+            continue
+        if "subPath" in m and m["name"] in files and files[m["name"]]:
+            check(m["subPath"] in files[m["name"]], f"{label}: mount {m['mountPath']} subPath {m['subPath']} is not in volume {m['name']}")
+    return files
+
+
+def csv_path(c):
+    """The metrics CSV the exporter reads: -f/--collectors (last one wins), else
+    DCGM_EXPORTER_COLLECTORS, else upstream's default path."""
+    path, args = None, [str(a) for a in c.get("args", [])]
+    for i, a in enumerate(args):
+        if a in ("-f", "--collectors") and i + 1 < len(args):
+            path = args[i + 1]
+        elif a.startswith("--collectors=") or a.startswith("-f="):
+            path = a.split("=", 1)[1]
+    if path is None:
+        e = by_name(c.get("env"))
+        path = e.get("DCGM_EXPORTER_COLLECTORS", {}).get("value") or "/etc/dcgm-exporter/default-counters.csv"
+    return path
+
+
+def csv_read(docs, values, label):
+    """(text, source) of the CSV file at the path the container's args name, through its mounts:
+    a subPath mount of that very file, or a directory mount above it. (None, why) when no mount
+    provides it (the image's own file would be read)."""
+    c, files = container(docs), volumes_resolve(docs, values, label)
+    path = csv_path(c)
+    vols = by_name(pod(docs).get("volumes"))
+    for m in c.get("volumeMounts", []):
+        mp = m["mountPath"].rstrip("/")
+        if m.get("subPath"):
+            if path == mp:
+                return files.get(m["name"], {}).get(m["subPath"]), source_of(vols[m["name"]], m["subPath"])
+        elif path.startswith(mp + "/"):
+            rel = path[len(mp) + 1:]
+            return files.get(m["name"], {}).get(rel), source_of(vols[m["name"]], rel)
+    return None, f"no mount (the image's {path})"
+
+
+def source_of(vol, fname):
+    if "configMap" not in vol:
+        return f"volume {vol['name']}"
+    key = {i["path"]: i["key"] for i in vol["configMap"].get("items") or []}.get(fname, fname)
+    return f"ConfigMap {vol['configMap']['name']} key {key}"
+
+
+def upstream_shape(docs, values, label):
+    """What a dcgm-exporter chart values file means, asserted on our chart's render of it."""
+    c, p, ds = container(docs), pod(docs), one(docs, "DaemonSet")
+    check(c["name"] == "exporter", f"{label}: container {c['name']}")
+    # Args: the file's arguments, then upstream's --dump-* flags when debugDump.enabled.
+    dump = values.get("debugDump") or {}
+    want = [str(a) for a in values.get("arguments", ["-f", "/etc/dcgm-exporter/default-counters.csv"])]
+    if dump.get("enabled"):
+        want += ["--dump-enabled", f"--dump-directory={dump.get('directory', '/tmp/dcgm-exporter-debug')}",
+                 f"--dump-retention={dump.get('retention', 24)}"] + (["--dump-compression"] if dump.get("compression", True) else [])
+    check(c.get("args") == want, f"{label}: args {c.get('args')}, want {want}")
+    # Env: the file's extraEnv, as given, after the chart's.
+    extra = values.get("extraEnv") or []
+    check(c["env"][len(c["env"]) - len(extra):] == extra, f"{label}: extraEnv not at the end of env as given")
+    # The CSV read at the path the args name.
+    text, source = csv_read(docs, values, label)
+    if values.get("customMetrics"):
+        check(text is not None and text.strip() == values["customMetrics"].strip(),
+              f"{label}: the container reads {csv_path(c)} from {source}, not customMetrics")
+    elif text is None:
+        check(False, f"{label}: the container reads {csv_path(c)}: {source}")
+    # Scheduling exactly as given.
+    check(p.get("nodeSelector", {}) == values.get("nodeSelector", {}), f"{label}: nodeSelector {p.get('nodeSelector')}")
+    check(p.get("tolerations") == values.get("tolerations", UPSTREAM_TOLERATIONS), f"{label}: tolerations {p.get('tolerations')}")
+    if "resources" in values:
+        check(c["resources"] == values["resources"], f"{label}: resources {c['resources']}")
+    if "rollingUpdate" in values:
+        check(ds["spec"]["updateStrategy"]["rollingUpdate"] == values["rollingUpdate"], f"{label}: rollingUpdate")
+    check(p.get("hostNetwork", False) == values.get("hostNetwork", False), f"{label}: hostNetwork")
+    if values.get("hostNetwork"):
+        check(p.get("dnsPolicy") == "ClusterFirstWithHostNet", f"{label}: dnsPolicy with hostNetwork")
+    anns = ds["spec"]["template"]["metadata"].get("annotations", {})
+    check(subset(values.get("podAnnotations"), anns), f"{label}: podAnnotations {anns}")
+    # Selectors: upstream's three labels, the same on the DaemonSet, its pods, the Service and the
+    # ServiceMonitor.
+    sel = ds["spec"]["selector"]["matchLabels"]
+    check(sorted(sel) == ["app.kubernetes.io/component", "app.kubernetes.io/instance", "app.kubernetes.io/name"],
+          f"{label}: selector labels {sorted(sel)}")
+    check(subset(sel, ds["spec"]["template"]["metadata"]["labels"]), f"{label}: the selector does not select the pods")
+    svc_values = {"enable": True, "type": "ClusterIP", "port": 9400, **(values.get("service") or {})}
+    if svc_values["enable"]:
+        svc = one(docs, "Service")
+        check(svc["spec"]["selector"] == sel, f"{label}: Service selector {svc['spec']['selector']}")
+        check(svc["spec"]["type"] == svc_values["type"] and svc["spec"]["ports"][0]["port"] == svc_values["port"],
+              f"{label}: Service type/port {svc['spec']}")
+        if svc_values["type"] != "ClusterIP":
+            check(svc["spec"].get("clusterIP") in (None, ""), f"{label}: clusterIP {svc['spec'].get('clusterIP')} with {svc_values['type']}")
+        check(subset(svc_values.get("annotations"), svc["metadata"].get("annotations", {})), f"{label}: Service annotations")
+    sm_values = {"enabled": True, **(values.get("serviceMonitor") or {})}
+    if sm_values["enabled"]:
+        sm = one(docs, "ServiceMonitor")
+        check(subset(sm["spec"]["selector"]["matchLabels"], one(docs, "Service")["metadata"]["labels"]),
+              f"{label}: the ServiceMonitor does not select the Service")
+        check(subset(sm_values.get("additionalLabels"), sm["metadata"]["labels"]), f"{label}: ServiceMonitor labels")
+        ep = sm["spec"]["endpoints"][0]
+        check(ep["honorLabels"] is bool(sm_values.get("honorLabels", False)), f"{label}: honorLabels {ep['honorLabels']}")
+        check(ep["relabelings"] == CHART_RELABELINGS + (sm_values.get("relabelings") or []),
+              f"{label}: relabelings are not the chart's own followed by the file's: {ep['relabelings']}")
+        check(ep.get("metricRelabelings", []) == EXPORTED_COPIES + (sm_values.get("metricRelabelings") or []),
+              f"{label}: metricRelabelings {ep.get('metricRelabelings')}")
+        if "interval" in sm_values:
+            check(ep["interval"] == sm_values["interval"], f"{label}: interval {ep['interval']}")
+    # kubernetes.*: the env upstream's chart sets, and its RBAC under its condition.
+    k = values.get("kubernetes") or {}
+    e = env(docs)
+    for key, var in (("enablePodLabels", "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"), ("enablePodUID", "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID")):
+        check((var in e) == bool(k.get(key)), f"{label}: kubernetes.{key} {k.get(key)} but {var} {'set' if var in e else 'unset'}")
+    if k.get("podLabelAllowlistRegex"):
+        check(e["DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"]["value"] == ",".join(k["podLabelAllowlistRegex"]), f"{label}: allowlist")
+    rbac = bool((k.get("rbac") or {}).get("create", True) and (k.get("enablePodLabels") or k.get("enablePodUID")))
+    roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    binds = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    check(len(roles) == len(binds) == int(rbac), f"{label}: kubernetes.rbac.create: {len(roles)} ClusterRoles, {len(binds)} bindings, want {int(rbac)}")
+    if rbac and roles and binds:
+        check(roles[0]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}], f"{label}: ClusterRole rules")
+        check(binds[0]["roleRef"]["name"] == roles[0]["metadata"]["name"]
+              and binds[0]["subjects"] == [{"kind": "ServiceAccount", "name": p["serviceAccountName"], "namespace": NAMESPACE}],
+              f"{label}: ClusterRoleBinding {binds[0]}")
+    token = rbac or bool((values.get("serviceAccount") or {}).get("automountServiceAccountToken"))
+    check(p["automountServiceAccountToken"] is token, f"{label}: automountServiceAccountToken {p['automountServiceAccountToken']}, want {token}")
+    return c, p, e
+
+
+def case_upstream_defaults(docs, label):
+    with open(os.path.join(VALUES_DIR, "values-upstream-defaults.yaml")) as f:
+        values = yaml.safe_load(f)
+    c, p, e = upstream_shape(docs, values, label)
+    check(c["livenessProbe"]["initialDelaySeconds"] == 45 and c["livenessProbe"]["periodSeconds"] == 5, f"{label}: probe delays")
+    check(c["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"], f"{label}: securityContext from the file")
+    check("KUBERNETES_ENABLE_DRA" not in e, f"{label}: kubernetesDRA.enabled false")
+    # customMetrics unset: the chart's default CSV in upstream's ConfigMap.
+    text, source = csv_read(docs, values, label)
+    with open(os.path.join(CHART, "files", "default-counters.csv")) as f:
+        check(text is not None and text.strip() == f.read().strip() and source == "ConfigMap exporter-metrics-config-map key metrics",
+              f"{label}: the CSV read comes from {source}")
+
+
+def case_upstream_user(docs, label):
+    with open(os.path.join(VALUES_DIR, "values-upstream-user.yaml")) as f:
+        values = yaml.safe_load(f)
+    upstream_shape(docs, values, label)
+    check(csv_read(docs, values, label)[1] == "ConfigMap exporter-metrics-config-map key metrics", f"{label}: CSV source")
+
+
+def case_upstream_newer(docs, label):
+    with open(os.path.join(VALUES_DIR, "values-upstream-newer.yaml")) as f:
+        values = yaml.safe_load(f)
+    c, p, e = upstream_shape(docs, values, label)
+    text, source = csv_read(docs, values, label)
+    check(source == "ConfigMap team-gpu-metrics key metrics.csv"
+          and text == user_objects()[("ConfigMap", "team-gpu-metrics")]["data"]["metrics.csv"], f"{label}: CSV from {source}")
+    check(not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] in ("exporter-metrics-config-map", "team-gpu-metrics")],
+          f"{label}: the chart renders a metrics ConfigMap nothing names, or the user's own")
+    check(c["image"].endswith("@" + values["image"]["digest"]), f"{label}: image.digest")
+    check(one(docs, "NetworkPolicy")["spec"]["ingress"][0]["from"] == values["networkPolicy"]["from"], f"{label}: networkPolicy.from")
+    check("DCGM_EXPORTER_CONFIG_FILE" in e, f"{label}: config.enabled")
+    check(not [v for v in p["volumes"] if v["name"] == "debug-dumps" or "dcgm-exporter-debug" in json.dumps(v)],
+          f"{label}: no host directory for dumps that are never written")
 
 
 CASES = {
@@ -362,12 +616,17 @@ CASES = {
     "dra": case_dra,
     "non-root": case_non_root,
     "ipv6": case_ipv6,
+    "upstream-defaults": case_upstream_defaults,
+    "upstream-user": case_upstream_user,
+    "upstream-newer": case_upstream_newer,
 }
 
 MUST_FAIL = [
     (["tlsServerConfig.enabled=true", "tlsServerConfig.autoGenerated=false"], "tlsServerConfig.cert"),
     (["tlsServerConfig.enabled=true", "tlsServerConfig.autoGenerated=false", "tlsServerConfig.cert=C",
       "tlsServerConfig.key=K", "tlsServerConfig.clientAuthType=RequireAndVerifyClientCert"], "tlsServerConfig.ca"),
+    (["service.type=NodePort", "service.clusterIP=None"], "service.clusterIP"),
+    (["service.type=LoadBalancer", "service.clusterIP=None"], "service.clusterIP"),
 ]
 
 
@@ -403,13 +662,20 @@ def main():
                 except (KeyError, AssertionError, TypeError, IndexError) as e:
                     failures.append(f"values-{name}.yaml: {type(e).__name__}: {e}")
 
-    for label, kdir, name in (("deploy/ vs chart defaults", "deploy", "defaults"),
-                              ("overlays/process-usage/ vs values-process-usage.yaml", "overlays/process-usage", "process-usage")):
+    base = os.path.join(VALUES_DIR, "kustomize-base.yaml")
+    for label, kdir, values in (("deploy/ vs kustomize-base.yaml", "deploy", [base]),
+                                ("overlays/process-usage/ vs kustomize-base.yaml + values-process-usage.yaml",
+                                 "overlays/process-usage", [base, os.path.join(VALUES_DIR, "values-process-usage.yaml")])):
         r = subprocess.run([a.kubectl, "kustomize", os.path.join(ROOT, kdir)], capture_output=True, text=True)
         if not check(r.returncode == 0, f"kubectl kustomize {kdir}: {r.stderr}"):
             continue
+        text = helm_template(a.helm, values)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as tmp:
+            tmp.write(text)
+            tmp.flush()
+            check(validate_manifests.main(tmp.name, {"DaemonSet", "ConfigMap"}) == 0, f"{label}: render fails validation")
         before = len(failures)
-        equivalent(docs_of(r.stdout), renders.get(name, []), label)
+        equivalent(docs_of(r.stdout), docs_of(text), label)
         print(f"--- {label}: {'equivalent' if len(failures) == before else 'DIFFERENT'}")
 
     # The kustomize overlay for TLS + basic auth: valid, HTTPS probes without credentials, the

@@ -4,19 +4,26 @@ kubelet does.
 
     python3 tests/helm/probe_e2e.py --helm HELM --bin target/release/gpu-exporter
 
-For each case (chart defaults; TLS alone; TLS + basic auth): `helm template`, then every ConfigMap
-and Secret the container mounts is written to a temporary directory standing in for its
-mountPath (paths in args, env and the web config are mapped the same way, as the kubelet's mounts
-would make them), and the exporter is started with the container's args and env (plus
-`--backend sim`, and 127.0.0.1:0 instead of the rendered listen address so traffic stays on
-loopback). Then:
+For each case (chart defaults; TLS alone; TLS + basic auth; dcgm-exporter chart values files as
+users have them: upstream 4.8.2's defaults, a typical 4.8.x override file with customMetrics and
+-n, a newer-chart file mounting the user's own ConfigMap): `helm template`, then every ConfigMap
+and Secret the container mounts (the chart's, or the user's own from tests/helm/objects-*.yaml)
+is written to a temporary directory standing in for its mountPath, honouring `items` and
+`subPath` (paths in args, env and the web config are mapped the same way, as the kubelet's mounts
+would make them); a volume naming an object nobody creates fails the case, as the pod would
+never start. The exporter is started with the container's args and env (plus `--backend sim`,
+127.0.0.1:0 instead of the rendered listen address so traffic stays on loopback, and a runtime
+socket path that does not exist). Then:
 - each rendered probe (readiness, liveness) is sent as the kubelet sends it: an HTTP(S) GET of its
   path and scheme, no credentials, no certificate verification; it must answer 200 (readiness
   within a deadline: /ready is 503 until the first sample);
 - with basic auth, /metrics must answer 401 without credentials and with a wrong password, and 200
   with each user's password from the values file: the chart's bcrypt hashes (helm's htpasswd) and
   generated certificate (genSignedCert) work with the exporter;
-- with TLS, plain HTTP must not get a metrics page.
+- with TLS, plain HTTP must not get a metrics page;
+- for the upstream-shaped files, the DCGM_FI_* families served must be exactly those of the CSV
+  the values file means (customMetrics, the user's ConfigMap), or a subset of the chart's default
+  with DCGM_FI_DEV_GPU_UTIL among them; with -n no series has a hostname label.
 Exits 1 naming each failed check.
 """
 
@@ -42,10 +49,32 @@ import harness  # noqa: E402
 CHART = ROOT / "deploy" / "helm" / "gpu-exporter"
 log = harness.make_log("probe-e2e")
 
+VALUES = ROOT / "tests" / "helm"
+
+
+def csv_fields(text):
+    return {line.split(",")[0].strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")}
+
+
+def user_cm(name, key):
+    docs = [d for d in yaml.safe_load_all((VALUES / "objects-team-gpu-metrics.yaml").read_text()) if d]
+    return next(d for d in docs if d["metadata"]["name"] == name)["data"][key]
+
+
+# name, helm args, basic-auth users (None: the values file's), the DCGM_FI_* families /metrics
+# must serve: "exactly" a set, or "within" a set and including "must".
 CASES = [
-    ("defaults", [], {}),
-    ("tls", ["--set", "tlsServerConfig.enabled=true"], {}),
-    ("tls-basic-auth", ["-f", str(ROOT / "tests" / "helm" / "values-tls-basic-auth.yaml")], None),
+    ("defaults", [], {}, None),
+    ("tls", ["--set", "tlsServerConfig.enabled=true"], {}, None),
+    ("tls-basic-auth", ["-f", str(VALUES / "values-tls-basic-auth.yaml")], None, None),
+    ("upstream-defaults", ["-f", str(VALUES / "values-upstream-defaults.yaml")], {},
+     lambda: {"within": csv_fields((ROOT / "deploy" / "helm" / "gpu-exporter" / "files" / "default-counters.csv").read_text()),
+              "must": {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"}}),
+    ("upstream-user", ["-f", str(VALUES / "values-upstream-user.yaml")], {},
+     lambda: {"exactly": csv_fields(yaml.safe_load((VALUES / "values-upstream-user.yaml").read_text())["customMetrics"]),
+              "no_hostname": True}),
+    ("upstream-newer", ["-f", str(VALUES / "values-upstream-newer.yaml")], {},
+     lambda: {"exactly": csv_fields(user_cm("team-gpu-metrics", "metrics.csv"))}),
 ]
 
 
@@ -56,19 +85,29 @@ def render(helm, args):
 
 
 def materialize(docs, root):
-    """Writes each ConfigMap/Secret volume of the container under root; returns the container and
-    a function mapping an in-container path to the host path."""
+    """Writes each ConfigMap/Secret volume of the container under root (the chart's objects, or
+    the user's own from tests/helm/objects-*.yaml); returns the container and a function mapping
+    an in-container path to the host path."""
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     spec = ds["spec"]["template"]["spec"]
     c = spec["containers"][0]
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
-    objects = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-    mounts = []
-    for m in c.get("volumeMounts", []):
+    objects = {}
+    for f in sorted(VALUES.glob("objects-*.yaml")):
+        objects.update({(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(f.read_text()) if d})
+    objects.update({(d["kind"], d["metadata"]["name"]): d for d in docs})
+    mounts, dirs = [], []
+    for n, m in enumerate(c.get("volumeMounts", [])):
         v = volumes[m["name"]]
         if "configMap" in v:
             obj = objects.get(("ConfigMap", v["configMap"]["name"]))
             files = dict(obj["data"]) if obj else None
+            items = v["configMap"].get("items")
+            if files is not None and items:
+                missing = [i["key"] for i in items if i["key"] not in files]
+                if missing:
+                    raise harness.Failure(f"volume {m['name']}: ConfigMap {v['configMap']['name']} lacks keys {missing}")
+                files = {i["path"]: files[i["key"]] for i in items}
         elif "secret" in v:
             obj = objects.get(("Secret", v["secret"]["secretName"]))
             files = None
@@ -78,12 +117,19 @@ def materialize(docs, root):
         else:
             continue  # hostPath: the node's directories are not needed with --backend sim
         if files is None:
-            raise harness.Failure(f"volume {m['name']} names an object the chart does not render")
-        d = root / m["name"]
+            raise harness.Failure(f"volume {m['name']} names an object neither the chart renders nor the user creates: "
+                                  "the pod would never start")
+        d = root / f"{n}-{m['name']}"
         d.mkdir()
         for k, x in files.items():
             (d / k).write_bytes(x if isinstance(x, bytes) else x.encode())
-        mounts.append((m["mountPath"].rstrip("/"), d))
+        target = d
+        if m.get("subPath"):
+            target = d / m["subPath"]
+            if not target.is_file():
+                raise harness.Failure(f"mount {m['mountPath']}: subPath {m['subPath']} is not in volume {m['name']}")
+        mounts.append((m["mountPath"].rstrip("/"), target))
+        dirs.append(d)
     mounts.sort(key=lambda t: -len(t[0]))
 
     def host(path):
@@ -96,7 +142,7 @@ def materialize(docs, root):
         return path
 
     # The web config names the TLS files by their in-container paths: map them too.
-    for mp, d in mounts:
+    for d in dirs:
         for f in d.iterdir():
             text = f.read_bytes()
             for mp2, d2 in mounts:
@@ -121,7 +167,25 @@ def fetch(url, auth=None, timeout=5):
         return e.code, e.read()
 
 
-def run_case(name, helm_args, users, binary, failures):
+def check_families(name, body, want, failures):
+    """The DCGM_FI_* families /metrics serves against what the values file means."""
+    served = set()
+    hostnames = 0
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("DCGM_FI_"):
+            served.add(line.split("{")[0].split(" ")[0])
+            hostnames += 'hostname="' in line or 'Hostname="' in line
+    if "exactly" in want and served != want["exactly"]:
+        failures.append(f"{name}: /metrics serves {sorted(served)}, want exactly the CSV's {sorted(want['exactly'])}")
+    if "within" in want and not (served <= want["within"] and want["must"] <= served):
+        failures.append(f"{name}: /metrics serves {sorted(served)}: not within the chart's default CSV or lacking {sorted(want['must'])}")
+    if want.get("no_hostname") and hostnames:
+        failures.append(f"{name}: -n given, but {hostnames} DCGM_FI_* series carry a hostname label")
+    log(f"{name}: /metrics serves {len(served)} DCGM_FI_* families, as the values file's CSV says"
+        + ("; no hostname label (-n)" if want.get("no_hostname") else ""))
+
+
+def run_case(name, helm_args, users, want, binary, failures):
     docs = render(HELM, helm_args)
     with tempfile.TemporaryDirectory(prefix=f"probe-e2e-{name}-") as tmp:
         tmp = pathlib.Path(tmp)
@@ -134,6 +198,8 @@ def run_case(name, helm_args, users, binary, failures):
             elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
                 env[e["name"]] = "node-1"
         env["DCGM_EXPORTER_LISTEN"] = "127.0.0.1:0"
+        if "CONTAINER_RUNTIME_ENDPOINT" in env:  # pod labels on: never the host's real runtime
+            env["CONTAINER_RUNTIME_ENDPOINT"] = f"unix://{tmp}/no-runtime.sock"
         env["DCGM_EXPORTER_INTERVAL"] = "1000"  # the first sample, and /ready, come quickly
         args = [host(a) for a in c.get("args", [])] + ["--backend", "sim"]
         procs = harness.Procs(tmp)
@@ -177,8 +243,12 @@ def run_case(name, helm_args, users, binary, failures):
                 log(f"{name}: /metrics 401 without or with wrong credentials, 200 with each of {sorted(users)}")
             else:
                 s, body = fetch(metrics)
-                if s != 200 or b"DCGM_FI_DEV_GPU_UTIL" not in body:
+                if want is None and (s != 200 or b"DCGM_FI_DEV_GPU_UTIL" not in body):
                     failures.append(f"{name}: /metrics: {s}, want 200 with DCGM_FI_DEV_GPU_UTIL")
+                elif want is not None:
+                    if s != 200:
+                        failures.append(f"{name}: /metrics: {s}, want 200")
+                    check_families(name, body, want(), failures)
             if scheme == "https":
                 try:
                     s, body = fetch(f"http://127.0.0.1:{port}/metrics")
@@ -205,11 +275,11 @@ def main():
     HELM = a.helm
     binary = shutil.which(a.bin) or os.path.abspath(a.bin)
     failures = []
-    for name, helm_args, users in CASES:
+    for name, helm_args, users, want in CASES:
         if users is None:
             with open(ROOT / "tests" / "helm" / "values-tls-basic-auth.yaml") as f:
                 users = yaml.safe_load(f)["basicAuth"]["users"]
-        run_case(name, helm_args, users, binary, failures)
+        run_case(name, helm_args, users, want, binary, failures)
     for f in failures:
         print(f"FAIL {f}", file=sys.stderr)
     print(f"{'FAILED' if failures else 'ok'}: {len(CASES)} renders run and probed, {len(failures)} failures")

@@ -24,9 +24,12 @@ name (`helm install gpu-exporter ...` gives `gpu-exporter`), else `<release>-<na
 {{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
+{{/* Selector labels: upstream's three (name, instance, component), so a selector written for
+dcgm-exporter's chart matches with nameOverride: dcgm-exporter. */}}
 {{- define "gpu-exporter.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "gpu-exporter.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: {{ include "gpu-exporter.name" . }}
 {{- end -}}
 
 {{- define "gpu-exporter.labels" -}}
@@ -78,3 +81,32 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 
 {{/* Where the metrics CSV ConfigMap is mounted. */}}
 {{- define "gpu-exporter.metricsConfigDir" -}}/etc/gpu-exporter{{- end -}}
+
+{{/* The ConfigMap upstream's chart creates for customMetrics (a fixed name, key `metrics`). */}}
+{{- define "gpu-exporter.upstreamMetricsConfigMap" -}}exporter-metrics-config-map{{- end -}}
+
+{{/* "true" when the values name exporter-metrics-config-map: an extraConfigMapVolumes entry (as
+upstream's defaults do) or an argument (-m NAMESPACE:exporter-metrics-config-map). */}}
+{{- define "gpu-exporter.upstreamMetricsConfigMapUsed" -}}
+{{- $cm := include "gpu-exporter.upstreamMetricsConfigMap" . -}}
+{{- $used := false -}}
+{{- range .Values.extraConfigMapVolumes -}}
+{{- if and .configMap (eq (toString .configMap.name) $cm) -}}{{- $used = true -}}{{- end -}}
+{{- end -}}
+{{- range .Values.arguments -}}
+{{- if contains $cm (toString .) -}}{{- $used = true -}}{{- end -}}
+{{- end -}}
+{{- if $used -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart makes RBAC for reading pods (upstream's condition, less DRA, which is
+node-local here): kubernetes.rbac.create with pod labels or pod UIDs. */}}
+{{- define "gpu-exporter.podRbac" -}}
+{{- $k := .Values.kubernetes -}}
+{{- if and $k.enabled (dig "rbac" "create" false $k) (or $k.enablePodLabels $k.enablePodUID) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The pod's automountServiceAccountToken. */}}
+{{- define "gpu-exporter.automountToken" -}}
+{{- if or .Values.serviceAccount.automountServiceAccountToken (include "gpu-exporter.podRbac" .) -}}true{{- else -}}false{{- end -}}
+{{- end -}}
