@@ -707,7 +707,94 @@ def workloads():
     return b.build()
 
 
-DASHBOARDS = {"gpu-cluster.json": cluster, "gpu-node.json": node, "gpu-workloads.json": workloads}
+def usage():
+    """GPU usage and cost: the accounting counters (docs/accounting.md), which integrate every sample
+    and add up to the GPUs' own energy. Raw counters only: a node serves a handful per GPU."""
+    H = 'cluster=~"$cluster", hostname=~"$hostname"'
+    NS = H + ', namespace=~"$namespace"'
+    POD = NS + ', pod=~"$pod"'
+    E, A = "gpu_exporter_container_energy_joules_total", "gpu_exporter_container_allocated_gpu_seconds_total"
+    B, I = "gpu_exporter_container_sm_busy_gpu_seconds_total", "gpu_exporter_container_idle_allocated_gpu_seconds_total"
+    containers = ', consumer=~"holder|not_holder"'
+    b = Board("gpu-exporter-usage", "GPU usage and cost",
+              "Who used how much: energy and GPU-hours per namespace and pod, idle allocations and work "
+              "outside allocations, exact on shared GPUs (gpu-exporter with -k; docs/accounting.md).",
+              ["accounting", "kubernetes"])
+    b.variable("hostname", "Node", f'label_values({E}{{cluster=~"$cluster"}}, hostname)')
+    b.variable("namespace", "Namespace",
+               f'label_values({E}{{cluster=~"$cluster", hostname=~"$hostname", namespace!=""}}, namespace)')
+    b.variable("pod", "Pod",
+               f'label_values({E}{{cluster=~"$cluster", hostname=~"$hostname", namespace=~"$namespace", '
+               f'pod!=""}}, pod)')
+    b.variables.append(dash.TextBoxVariable("price").label("Price per kWh").default_value("0.15")
+                       .description("Your price of a kWh, in your currency: cost = energy x price."))
+    RANGE = " over the dashboard's time range"
+
+    b.row("Energy and cost")
+    b.add(6, 6, stat_panel("Containers' energy (kWh)", [
+        q(f'sum(increase({E}{{{NS}{containers}}}[$__range])) / 3.6e6', instant=True)],
+        unit="kwatth", desc="Energy charged to the selected namespaces' containers" + RANGE + ": the static "
+                            "part (idle power) by allocation, the rest by measured activity."))
+    b.add(6, 6, stat_panel("Containers' cost", [
+        q(f'sum(increase({E}{{{NS}{containers}}}[$__range])) / 3.6e6 * $price', instant=True)],
+        desc="Energy x the price per kWh (the dashboard's price variable)" + RANGE + "."))
+    b.add(12, 6, piechart_panel("Energy by consumer", [
+        q(f'sum by (consumer) (increase({E}{{{H}}}[$__range])) / 3.6e6', "{{consumer}}", instant=True)],
+        unit="kwatth",
+        desc="Every consumer of the selected nodes' GPUs" + RANGE + ": holders, containers without an "
+             "allocation (not_holder), processes outside pods and the capacity nobody holds; together "
+             "the GPUs' own energy counters."))
+    b.add(12, 8, timeseries_panel("Power per namespace", [
+        q(f'sum by (namespace) (rate({E}{{{NS}{containers}}}[$__rate_interval]))', "{{namespace}}")],
+        unit="watt", minv=0, desc="Energy charged per second to each namespace's containers."))
+    b.add(12, 8, table_panel("Energy and cost per namespace", [
+        q(f'sum by (namespace) (increase({E}{{{NS}{containers}}}[$__range])) / 3.6e6', table=True, instant=True),
+        q(f'sum by (namespace) (increase({E}{{{NS}{containers}}}[$__range])) / 3.6e6 * $price',
+          table=True, instant=True)],
+        merge=True, rename={"Value #A": "kWh", "Value #B": "cost"},
+        desc="Per namespace" + RANGE + "; the cost at the price variable."))
+
+    b.row("Allocated and used GPU time")
+    b.add(12, 8, timeseries_panel("GPUs allocated and busy per namespace", [
+        q(f'sum by (namespace) (rate({A}{{{NS}, consumer="holder"}}[$__rate_interval]))', "{{namespace}} allocated"),
+        q(f'sum by (namespace) (rate({B}{{{NS}{containers}}}[$__rate_interval]))', "{{namespace}} busy")],
+        minv=0, desc="GPUs held (a whole GPU is 1; a replica or MIG slice its share) and GPUs' worth of "
+                     "measured activity (SM busy time; MIG instances' engine activity)."))
+    b.add(12, 8, bargauge_panel("GPU-hours allocated and busy per namespace", [
+        q(f'sum by (namespace) (increase({A}{{{NS}, consumer="holder"}}[$__range])) / 3600',
+          "{{namespace}} allocated", instant=True),
+        q(f'sum by (namespace) (increase({B}{{{NS}{containers}}}[$__range])) / 3600',
+          "{{namespace}} busy", instant=True)],
+        desc="GPU-hours held and busy" + RANGE + "."))
+
+    b.row("Waste and misuse")
+    b.add(12, 8, table_panel("Idle allocations by pod", [
+        q(f'topk(20, sum by (namespace, pod, container, hostname, gpu, GPU_I_ID) '
+          f'(increase({I}{{{POD}}}[$__range])) / 3600 > 0)', table=True, instant=True)],
+        rename={"Value": "GPU-hours held, nothing running"},
+        desc="GPU-hours in which the pod held a GPU or MIG instance and ran no process on it" + RANGE +
+             " (needs --kubernetes-process-usage)."))
+    b.add(12, 8, timeseries_panel("Waste per namespace", [
+        q(f'sum by (namespace) (rate({I}{{{NS}}}[$__rate_interval])) / '
+          f'sum by (namespace) (rate({A}{{{NS}, consumer="holder"}}[$__rate_interval]))', "{{namespace}}")],
+        unit="percentunit", minv=0, maxv=1,
+        desc="The share of held GPU time in which nothing ran (needs --kubernetes-process-usage)."))
+    b.add(12, 8, timeseries_panel("Use outside allocations", [
+        q(f'sum by (hostname, gpu, GPU_I_ID, consumer, namespace, pod) '
+          f'(rate({B}{{{H}, consumer=~"not_holder|outside_pods"}}[$__rate_interval]))',
+          "{{hostname}} GPU {{gpu}} {{consumer}} {{namespace}}/{{pod}}")],
+        minv=0, desc="Activity of processes outside any pod, and of containers on GPUs they do not hold "
+                     "(GPUWorkOutsideAllocation warns about it)."))
+    b.add(12, 8, timeseries_panel("Idle power per GPU", [
+        q(f'gpu_exporter_gpu_idle_power_watts{{{H}}}', "{{hostname}} GPU {{gpu}} ({{source}})")],
+        unit="watt", minv=0, desc="The idle power each GPU's energy split uses for its static part: the "
+                                  "--accounting-idle-power-watts flag, or measured (the lowest power over an "
+                                  "interval without processes)."))
+    return b.build()
+
+
+DASHBOARDS = {"gpu-cluster.json": cluster, "gpu-node.json": node, "gpu-workloads.json": workloads,
+              "gpu-usage.json": usage}
 
 
 def render(d):

@@ -113,16 +113,17 @@ fn labels(uuid: &str, index: u32, host: &(String, String), a: &Account) -> Label
         _ => (String::new(), String::new(), String::new()),
     };
     vec![
-        ("gpu", index.to_string()),
-        ("UUID", uuid.to_owned()),
+        ("gpu".into(), index.to_string()),
+        ("UUID".into(), uuid.to_owned()),
         (
-            "GPU_I_ID",
+            "GPU_I_ID".into(),
             a.gi_id.map(|g| g.to_string()).unwrap_or_default(),
         ),
-        ("consumer", a.consumer.as_str().to_owned()),
-        ("namespace", ns),
-        ("pod", pod),
-        ("container", container),
+        host.clone(),
+        ("consumer".into(), a.consumer.as_str().to_owned()),
+        ("namespace".into(), ns),
+        ("pod".into(), pod),
+        ("container".into(), container),
     ]
 }
 
@@ -193,6 +194,7 @@ impl Collector for AccountingMetrics {
             family(
                 &mut e,
                 &gpus,
+                &host,
                 "gpu_exporter_container_idle_allocated_gpu_seconds",
                 "Allocated GPU-seconds in which the holder ran no process on the GPU or MIG instance (waste).",
                 |a, t| {

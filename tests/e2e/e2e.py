@@ -207,6 +207,7 @@ VARIABLES = {
     "gpu-exporter-cluster": {"cluster": ".*", "hostname": ".*", "raw": "none", "per_node": "none"},
     "gpu-exporter-node": {"cluster": ".*", "hostname": "node-03", "gpu": ".*"},
     "gpu-exporter-workloads": {"cluster": ".*", "hostname": ".*", "namespace": ".*", "pod": ".*", "raw": "none"},
+    "gpu-exporter-usage": {"cluster": ".*", "hostname": ".*", "namespace": ".*", "pod": ".*", "price": "0.15"},
 }
 # A recorded series name (alerts/gpu-exporter.recording.yml): level:metric:operation.
 RECORDED = re.compile(r"\b[a-z_]+:[a-z_]+:[a-z_0-9]+\b")
