@@ -2,6 +2,9 @@
 //! between samples, time-sliced and MIG shares, readings that go missing, counters that reset
 //! or wrap, GPUs that vanish and come back.
 
+// Parallel per-GPU vectors (counter, oracle, baseline) are indexed by GPU.
+#![allow(clippy::needless_range_loop)]
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
