@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Account, GpuTick};
+use super::types::{Account, Consumer, GpuTick};
 use crate::catalog::Field;
 use crate::gpu::{FieldError, GpuProcess, MigInstance, Value};
 use crate::pods::usage::EntityUsage;
@@ -146,7 +146,7 @@ fn whole(tick: &mut GpuTick, i: Inputs<'_>, index: u32, processes: Option<&[GpuP
         .sum();
     let outside = Account {
         gi_id: None,
-        consumer: super::Consumer::OutsidePods,
+        consumer: Consumer::OutsidePods,
     };
     if list.len() > attributed_procs {
         if let Some(r) = tick.running.as_mut() {
@@ -201,7 +201,7 @@ fn mig(tick: &mut GpuTick, i: Inputs<'_>, o: &DeviceOutcome, processes: Option<&
                 users.push((
                     Account {
                         gi_id: gi,
-                        consumer: super::Consumer::OutsidePods,
+                        consumer: Consumer::OutsidePods,
                     },
                     fb.saturating_sub(attributed_fb),
                 ));

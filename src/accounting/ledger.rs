@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{Account, Consumer, GpuTick};
+use super::types::{Account, Consumer, GpuTick};
 
 /// An interval must be this long to teach the idle power (shorter ones are too noisy).
 const IDLE_LEARN_MIN: Duration = Duration::from_secs(1);

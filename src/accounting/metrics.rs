@@ -23,7 +23,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::MetricType;
 
 use super::ledger::{GpuAccounts, Ledger, Totals};
-use super::{Account, Consumer, GpuTick};
+use super::types::{Account, Consumer, GpuTick};
 use crate::self_metrics::{self, Collector, Num};
 
 /// A label set in the families' order.

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::{Account, Consumer, GpuTick, Ledger};
+use super::ledger::Ledger;
+use super::types::{Account, Consumer, GpuTick};
 use crate::pods::PodRef;
 
 /// One GPU's reading at one step.

@@ -2,7 +2,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::*;
-use crate::accounting::{Account, Consumer, GpuTick};
+use crate::accounting::types::{Account, Consumer, GpuTick};
 use crate::pods::PodRef;
 
 fn pod(name: &str) -> PodRef {
