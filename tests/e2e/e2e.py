@@ -260,6 +260,10 @@ def expected_alerts(pods_mode):
         want += [("GPUUnderutilized", node, str(h.gpu))
                  for node, hs in POD_HOLDERS.items() for h in hs
                  if not h.busy and not (h.gi is not None and node in PRE_HOPPER)]
+        # Accounting (issue 37): every held GPU or MIG instance its holder runs no process on,
+        # MIG instances of pre-Hopper GPUs too (it needs processes, not engine activity).
+        want += [("GPUAllocatedIdle", node, str(h.gpu))
+                 for node, hs in POD_HOLDERS.items() for h in hs if not h.pids]
     return sorted(want)
 
 
