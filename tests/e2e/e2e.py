@@ -97,6 +97,10 @@ POD_HOLDERS = {
                pids=(10201, 10202), labels={"app": "etl"}),
     ],
 }
+# Processes outside any pod (a host daemon): (pid, gpu) per node; the sim runs them on that GPU,
+# which no pod holds, and the fake kubelet's /proc places them under a systemd unit. Accounting
+# charges them as consumer="outside_pods" and GPUWorkOutsideAllocation must fire.
+HOST_PROCESSES = {"node-09": [(9901, 3)]}
 # Pods nodes whose GPUs are older than Hopper (A100): without a DCGM source they have no
 # DCGM_FI_PROF_* series, so their MIG instances have no activity series and GPUUnderutilized
 # cannot see an idle MIG instance there (as on a real A100 node read through NVML alone).
@@ -264,6 +268,8 @@ def expected_alerts(pods_mode):
         # MIG instances of pre-Hopper GPUs too (it needs processes, not engine activity).
         want += [("GPUAllocatedIdle", node, str(h.gpu))
                  for node, hs in POD_HOLDERS.items() for h in hs if not h.pids]
+        want += [("GPUWorkOutsideAllocation", node, str(gpu))
+                 for node, hps in HOST_PROCESSES.items() for _, gpu in hps]
     return sorted(want)
 
 
@@ -793,6 +799,9 @@ def assignments_toml(node, holders, gpus):
             out.append("labels = { " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}"
                                                  for k, v in sorted(h.labels.items())) + " }")
         out.append("")
+    for pid, gpu in HOST_PROCESSES.get(node, []):
+        out += ["[[host_process]]", f"pid = {pid}", f"device = {json.dumps(gpus[gpu][0])}",
+                'unit = "gpu-burn"', ""]
     return "\n".join(out)
 
 

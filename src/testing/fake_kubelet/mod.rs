@@ -23,6 +23,14 @@
 //! labels = { app = "trainer" }     # pod labels (merged over the pod's assignments)
 //! pids = [4242, 4243]              # host PIDs of processes running on each listed device
 //! weight = 2.0                     # share of its devices' use against other processes there (default 1)
+//!
+//! # A process outside any pod (a host daemon, another runtime's job): the simulated fleet runs
+//! # it and the proc tree places it under a systemd unit; no kubelet or runtime lists it.
+//! [[host_process]]
+//! pid = 7001                       # required
+//! device = "GPU-0b8f5a3e-…"        # required: a device-plugin id
+//! weight = 1.0                     # optional, as above
+//! unit = "nvidia-persistenced"     # optional: its cgroup is /system.slice/<unit>.service
 //! ```
 //!
 //! An assignment with `claim` is a DRA allocation instead: it goes into the container's
@@ -79,7 +87,7 @@ use crate::pods::proto::{
 
 pub use model::{
     Assignments, AssignmentsError, CgroupDriver, CgroupLayout, DeviceNaming, FakeContainer,
-    FakePod, FakeProcess, Run, Runtime, DEFAULT_POOL,
+    FakePod, FakeProcess, HostProcess, Run, Runtime, DEFAULT_POOL,
 };
 pub use node::cgroup_file;
 

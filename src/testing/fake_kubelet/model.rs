@@ -60,6 +60,20 @@ pub(super) struct File {
     pub(super) runtime: Option<Runtime>,
     #[serde(default)]
     pub(super) assignment: Vec<toml::Spanned<Entry>>,
+    #[serde(default)]
+    pub(super) host_process: Vec<toml::Spanned<HostEntry>>,
+}
+
+/// A `[[host_process]]`: a process outside any pod (a host daemon, another runtime's job).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HostEntry {
+    pub(super) pid: u32,
+    pub(super) device: String,
+    #[serde(default)]
+    pub(super) weight: Option<f64>,
+    #[serde(default)]
+    pub(super) unit: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -203,6 +217,19 @@ pub struct FakeProcess {
     pub weight: f64,
 }
 
+/// A process outside any pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostProcess {
+    /// Host PID.
+    pub pid: u32,
+    /// Its device, as a device-plugin id (`GPU-…`, `MIG-…`).
+    pub device: String,
+    /// Its share of the device against the other processes there.
+    pub weight: f64,
+    /// The systemd unit its cgroup names (`<unit>.service`).
+    pub unit: String,
+}
+
 /// Parsed assignments: the reply `List` will give, and the pods behind it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Assignments {
@@ -210,6 +237,9 @@ pub struct Assignments {
     pub reply: ListPodResourcesResponse,
     /// The pods, for the fake CRI server, the proc tree and the simulated processes.
     pub pods: Vec<FakePod>,
+    /// Processes outside any pod: in the proc tree under a systemd unit, run by the simulated
+    /// fleet, listed by no kubelet or runtime.
+    pub host_processes: Vec<HostProcess>,
     /// How the proc tree spells cgroups.
     pub layout: CgroupLayout,
 }

@@ -84,6 +84,12 @@ impl Assignments {
                 }
             }
         }
+        out.extend(self.host_processes.iter().map(|h| FakeProcess {
+            pid: h.pid,
+            device_id: h.device.clone(),
+            naming: DeviceNaming::Plugin,
+            weight: h.weight,
+        }));
         out
     }
 
@@ -133,6 +139,14 @@ impl Assignments {
                     }
                 }
             }
+        }
+        for h in &self.host_processes {
+            let path = format!("/system.slice/{}.service", h.unit);
+            let text = match self.layout.version {
+                1 => format!("4:memory:{path}\n1:name=systemd:{path}\n"),
+                _ => format!("0::{path}\n"),
+            };
+            out.insert(h.pid, text);
         }
         out
     }

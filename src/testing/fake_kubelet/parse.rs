@@ -251,11 +251,47 @@ impl Assignments {
                 }),
             }
         }
+        let mut host_processes = Vec::new();
+        for h in file.host_process {
+            let at = h.span().start;
+            let h = h.into_inner();
+            if let Some(owner) = pids_seen.get(&h.pid) {
+                return Err(invalid(
+                    at,
+                    format!(
+                        "host_process {}: pid is already a process of container {owner}",
+                        h.pid
+                    ),
+                ));
+            }
+            pids_seen.insert(h.pid, "(host)".to_owned());
+            let weight = h.weight.unwrap_or(1.0);
+            if !(weight.is_finite() && weight > 0.0) {
+                return Err(invalid(
+                    at,
+                    format!("host_process {}: weight must be a positive number", h.pid),
+                ));
+            }
+            let unit = h.unit.unwrap_or_else(|| format!("host-{}", h.pid));
+            if unit.is_empty() || unit.contains(['/', '\n']) {
+                return Err(invalid(
+                    at,
+                    format!("host_process {}: unit {unit:?} is not a unit name", h.pid),
+                ));
+            }
+            host_processes.push(HostProcess {
+                pid: h.pid,
+                device: h.device,
+                weight,
+                unit,
+            });
+        }
         Ok(Self {
             reply: ListPodResourcesResponse {
                 pod_resources: pods,
             },
             pods: fakes,
+            host_processes,
             layout,
         })
     }

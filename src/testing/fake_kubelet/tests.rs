@@ -303,3 +303,56 @@ fn dra_fields_are_checked() {
     let e = Assignments::parse(empty, "c.toml").unwrap_err().to_string();
     assert!(e.contains("empty claim"), "{e}");
 }
+
+#[test]
+fn host_processes_run_outside_pods_under_a_systemd_unit() {
+    let text = r#"
+[[assignment]]
+namespace = "ml"
+pod = "p"
+container = "c"
+devices = ["GPU-a"]
+pids = [10]
+
+[[host_process]]
+pid = 7001
+device = "GPU-b"
+unit = "nvidia-persistenced"
+
+[[host_process]]
+pid = 7002
+device = "GPU-a"
+weight = 2.0
+"#;
+    let a = Assignments::parse(text, "t.toml").unwrap();
+    assert_eq!(a.host_processes.len(), 2);
+    let cg = a.cgroup_files();
+    assert_eq!(cg[&7001], "0::/system.slice/nvidia-persistenced.service\n");
+    assert_eq!(cg[&7002], "0::/system.slice/host-7002.service\n");
+    let procs = a.processes();
+    assert!(procs
+        .iter()
+        .any(|p| p.pid == 7002 && p.device_id == "GPU-a" && p.weight == 2.0));
+    // No pod or container for them.
+    assert_eq!(a.reply.pod_resources.len(), 1);
+    // A PID of a container cannot also be a host process; bad weights and units are refused.
+    for (bad, says) in [
+        (
+            "[[host_process]]\npid = 10\ndevice = \"GPU-a\"\n",
+            "already a process",
+        ),
+        (
+            "[[host_process]]\npid = 11\ndevice = \"GPU-a\"\nweight = 0.0\n",
+            "weight",
+        ),
+        (
+            "[[host_process]]\npid = 11\ndevice = \"GPU-a\"\nunit = \"a/b\"\n",
+            "not a unit name",
+        ),
+    ] {
+        let e = Assignments::parse(&format!("{text}\n{bad}"), "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says) && e.starts_with("t.toml:"), "{e}");
+    }
+}
