@@ -368,6 +368,7 @@ class Fleet:
             "gpu-exporter-cluster": [dict(base, cluster=".*", hostname=".*", per_node="none")],
             "gpu-exporter-node": [dict(base, cluster=".*", hostname=h, gpu=".*") for h in (whole, mig)],
             "gpu-exporter-workloads": [dict(base, cluster=".*", hostname=".*", namespace=".*", pod=".*")],
+            "gpu-exporter-usage": [dict(base, cluster=".*", hostname=".*", namespace=".*", pod=".*", price="0.15")],
         }
 
     def query_runs(self):

@@ -324,18 +324,27 @@ async fn run(args: Args) -> Result<()> {
         let pod_resources = Arc::new(PodResourcesMetrics::default());
         let processes = Arc::new(ProcessMetrics::default());
         let attribution = Arc::new(AttributionMetrics::default());
+        // Accounting is on with -k, as in main.rs (without per-process readings here).
+        let accounting = Arc::new(gpu_exporter::accounting::AccountingMetrics::default());
+        accounting.enable(gpu_exporter::accounting::AccountingOptions {
+            idle_mw: None,
+            processes: false,
+            retention: Duration::from_secs(15 * 60),
+            hostname: ("hostname".to_owned(), hostname.clone()),
+        });
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Arc::clone(&samples)));
         registry.register_collector(Box::new(reload));
         registry.register_collector(Box::new(Arc::clone(&http_metrics)));
         registry.register_collector(Box::new(Arc::clone(&pod_resources)));
         registry.register_collector(Box::new(Arc::clone(&processes)));
+        registry.register_collector(Box::new(Arc::clone(&accounting)));
         registry.register_collector(Box::new(Arc::clone(&attribution)));
         let metrics = SamplerMetrics {
             samples,
             attribution,
             processes,
-            accounting: Arc::default(),
+            accounting,
             registry: Arc::new(registry),
         };
         let (catalog_tx, catalog_rx) = watch::channel(Arc::new(config.catalog.clone()));
