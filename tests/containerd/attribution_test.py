@@ -236,10 +236,13 @@ def main():
         def trainer_energy(smp):
             return sum(s[2] for s in series(smp, "gpu_exporter_container_energy_joules_total",
                                             namespace="ml", pod="trainer"))
-        before = trainer_accounts(samples)
-        check(before and all(c in ("holder", "not_holder") for _, c in before),
+        # The first sample only sets each GPU's baseline: the counters appear from the second on.
+        acc = wait_for(lambda: (lambda smp: smp if trainer_accounts(smp) else None)(scrape(port)),
+                       PATIENCE, "ml/trainer's accounting series")
+        before = trainer_accounts(acc)
+        check(all(c in ("holder", "not_holder") for _, c in before),
               "accounting: ml/trainer has allocated GPU-seconds on the GPUs it holds", str(before))
-        energy_before = trainer_energy(samples)
+        energy_before = trainer_energy(acc)
         later = wait_for(lambda: (lambda smp: smp if all(trainer_accounts(smp).get(k, 0) > v for k, v in before.items())
                                   and trainer_energy(smp) > energy_before else None)(scrape(port)),
                          PATIENCE, "ml/trainer's allocated GPU-seconds and energy increase")
