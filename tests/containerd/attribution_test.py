@@ -294,7 +294,10 @@ def main():
         t0 = time.monotonic()
 
         def names_embed(s):
-            return [x for x in s if x[1].get("pod") == "embed" or x[1].get("pod_name") == "embed"]
+            # The accounting counters of a gone pod stay (their last values) for the retention
+            # time, so that a scrape every 30 s still sees its last charges (docs/accounting.md).
+            return [x for x in s if (x[1].get("pod") == "embed" or x[1].get("pod_name") == "embed")
+                    and not (x[0].startswith("gpu_exporter_container_") and x[0].endswith("_total"))]
 
         def listed_alone(s):
             # The series (kubelet and process side) and the CRI listing refresh independently:
