@@ -62,3 +62,65 @@ fn promtool_rejects_what_it_should() {
         "{findings:?}"
     );
 }
+
+#[test]
+fn the_accounting_counters_pass_promtool() {
+    // Issue 37: the gpu_exporter_container_*_total families and the idle power gauge, as a node
+    // serves them (a holder, work outside pods, a MIG instance nobody holds).
+    if !promtool_available() {
+        return;
+    }
+    use gpu_exporter::accounting::{Account, AccountingOptions, Consumer, GpuTick};
+    let m = common::SelfMetrics::default();
+    m.accounting.enable(AccountingOptions {
+        idle_mw: Some(60_000),
+        processes: true,
+        retention: std::time::Duration::from_secs(3600),
+        hostname: ("hostname".into(), "node-a".into()),
+    });
+    let holder = Account::container(
+        Some(2),
+        gpu_exporter::pods::PodRef {
+            namespace: "ml".into(),
+            pod: "trainer-0".into(),
+            container: "main".into(),
+        },
+        true,
+    );
+    let outside = Account {
+        gi_id: None,
+        consumer: Consumer::OutsidePods,
+    };
+    for (s, mj) in [(0, 5_000_000u64), (1, 5_250_000), (2, 5_400_000)] {
+        m.accounting.record(
+            std::time::Duration::from_secs(s),
+            &[GpuTick {
+                uuid: "GPU-12fa293c-c901-8b39-0778-9daeeff635a7".into(),
+                index: 0,
+                energy_mj: Some(mj),
+                allocated: vec![
+                    (holder.clone(), 3.0 / 7.0),
+                    (Account::unallocated(Some(9)), 1.0 / 7.0),
+                ],
+                busy: vec![(holder.clone(), 0.2), (outside.clone(), 0.1)],
+                running: Some([outside.clone()].into_iter().collect()),
+            }],
+        );
+    }
+    let text = m.text();
+    for family in [
+        "gpu_exporter_container_energy_joules_total",
+        "gpu_exporter_container_allocated_gpu_seconds_total",
+        "gpu_exporter_container_sm_busy_gpu_seconds_total",
+        "gpu_exporter_container_idle_allocated_gpu_seconds_total",
+        "gpu_exporter_gpu_idle_power_watts",
+    ] {
+        assert!(
+            text.contains(&format!("\n{family}{{")),
+            "{family} missing:\n{text}"
+        );
+    }
+    let (ok, findings) = check(&text);
+    assert!(ok, "promtool rejected the body:\n{text}");
+    assert!(findings.is_empty(), "{findings:?}\n{text}");
+}
