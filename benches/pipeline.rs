@@ -353,6 +353,8 @@ fn self_metrics() -> SamplerMetrics {
     registry.register_collector(Box::new(Arc::clone(&own.samples)));
     registry.register_collector(Box::new(ReloadMetrics::default()));
     registry.register_collector(Box::new(HttpMetrics::default()));
+    // Accounting's families (rendered only once enabled: `-k`).
+    registry.register_collector(Box::new(Arc::clone(&own.accounting)));
     SamplerMetrics {
         registry: Arc::new(registry),
         ..own
@@ -365,11 +367,13 @@ fn bench_tick(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let mut group = c.benchmark_group("tick");
-    for (profile, pods) in [
-        ("1xA100-40GB", 0),
-        ("8xH100-SXM", 200),
-        ("64xH100-SXM", 0),
-        ("8xA100-80GB-7xMIG", 56),
+    // With `-k` accounting runs at every tick: the 200-pod node is measured with it off and on.
+    for (profile, pods, accounting) in [
+        ("1xA100-40GB", 0, false),
+        ("8xH100-SXM", 200, false),
+        ("8xH100-SXM", 200, true),
+        ("64xH100-SXM", 0, false),
+        ("8xA100-80GB-7xMIG", 56, false),
     ] {
         let source = sim(profile);
         let catalog = catalog_for(&source);
@@ -385,12 +389,25 @@ fn bench_tick(c: &mut Criterion) {
                 rediscover_every: Duration::from_secs(3600),
                 build: options(),
             },
-            self_metrics(),
+            {
+                let m = self_metrics();
+                if accounting {
+                    m.accounting
+                        .enable(gpu_exporter::accounting::AccountingOptions {
+                            idle_mw: None,
+                            processes: false,
+                            retention: Duration::from_secs(900),
+                            hostname: ("hostname".into(), "bench".into()),
+                        });
+                }
+                m
+            },
         );
         let series = rt.block_on(sampler.tick()).series;
         group.throughput(Throughput::Elements(series as u64));
+        let suffix = if accounting { "+accounting" } else { "" };
         group.bench_function(
-            BenchmarkId::from_parameter(format!("{profile}/{pods}pods")),
+            BenchmarkId::from_parameter(format!("{profile}/{pods}pods{suffix}")),
             |b| {
                 b.iter(|| rt.block_on(sampler.tick()));
             },
