@@ -241,10 +241,11 @@ pub fn read_text(path: &Path, cap: Cap, symlinks: Symlinks) -> Result<String, Re
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn fifo(path: &Path) {
+    /// A named pipe at `path` (also for other modules' tests of what the reader refuses).
+    pub(crate) fn fifo(path: &Path) {
         rustix::fs::mknodat(
             rustix::fs::CWD,
             path,

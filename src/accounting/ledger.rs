@@ -105,6 +105,19 @@ pub struct GpuAccounts {
     pub accounts: BTreeMap<Account, Totals>,
 }
 
+/// One GPU's accounts, borrowed from the ledger.
+#[derive(Debug, Clone, Copy)]
+pub struct GpuView<'a> {
+    /// Its UUID.
+    pub uuid: &'a str,
+    /// GPU index.
+    pub index: u32,
+    /// The idle power used for the static part, milliwatts, and how it is known.
+    pub idle_mw: Option<(u64, IdleSource)>,
+    /// Every account with its totals.
+    pub accounts: &'a BTreeMap<Account, Totals>,
+}
+
 /// The accounts of every GPU.
 #[derive(Debug)]
 pub struct Ledger {
@@ -160,26 +173,34 @@ impl Ledger {
         }
     }
 
-    /// Every GPU's accounts, by UUID.
+    /// Every GPU's accounts, by UUID (a copy).
     pub fn accounts(&self) -> BTreeMap<String, GpuAccounts> {
-        self.gpus
-            .iter()
-            .map(|(uuid, g)| {
-                let idle_mw = match (self.idle_mw_flag, g.learned_idle_mw) {
-                    (Some(w), _) => Some((w, IdleSource::Flag)),
-                    (None, Some(w)) => Some((w, IdleSource::Measured)),
-                    (None, None) => None,
-                };
+        self.view()
+            .map(|v| {
                 (
-                    uuid.clone(),
+                    v.uuid.to_owned(),
                     GpuAccounts {
-                        index: g.index,
-                        idle_mw,
-                        accounts: g.totals.clone(),
+                        index: v.index,
+                        idle_mw: v.idle_mw,
+                        accounts: v.accounts.clone(),
                     },
                 )
             })
             .collect()
+    }
+
+    /// Every GPU's accounts, borrowed, in UUID order (what the metrics render, without a copy).
+    pub fn view(&self) -> impl Iterator<Item = GpuView<'_>> {
+        self.gpus.iter().map(|(uuid, g)| GpuView {
+            uuid,
+            index: g.index,
+            idle_mw: match (self.idle_mw_flag, g.learned_idle_mw) {
+                (Some(w), _) => Some((w, IdleSource::Flag)),
+                (None, Some(w)) => Some((w, IdleSource::Measured)),
+                (None, None) => None,
+            },
+            accounts: &g.totals,
+        })
     }
 }
 

@@ -22,12 +22,9 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::MetricType;
 
-use super::ledger::{GpuAccounts, Ledger, Totals};
+use super::ledger::{GpuAccounts, GpuView, Ledger, Totals};
 use super::types::{Account, Consumer, GpuTick};
 use crate::self_metrics::{self, Collector, Num};
-
-/// A label set in the families' order.
-type Labels = Vec<(String, String)>;
 
 /// How accounting runs.
 #[derive(Debug, Clone)]
@@ -103,73 +100,64 @@ impl AccountingMetrics {
     }
 }
 
-fn labels(uuid: &str, index: u32, host: &(String, String), a: &Account) -> Labels {
-    let (ns, pod, container) = match &a.consumer {
-        Consumer::Container { pod, .. } => (
-            pod.namespace.clone(),
-            pod.pod.clone(),
-            pod.container.clone(),
-        ),
-        _ => (String::new(), String::new(), String::new()),
-    };
-    vec![
-        ("gpu".into(), index.to_string()),
-        ("UUID".into(), uuid.to_owned()),
-        (
-            "GPU_I_ID".into(),
-            a.gi_id.map(|g| g.to_string()).unwrap_or_default(),
-        ),
-        host.clone(),
-        ("consumer".into(), a.consumer.as_str().to_owned()),
-        ("namespace".into(), ns),
-        ("pod".into(), pod),
-        ("container".into(), container),
-    ]
-}
-
-/// Writes one float counter family over every account `value` gives a number for.
+/// Writes one float counter family over every account `value` gives a number for, with the
+/// labels borrowed from the ledger (nothing is copied but the two numbers of each series).
 fn family(
     e: &mut DescriptorEncoder,
-    gpus: &std::collections::BTreeMap<String, GpuAccounts>,
+    gpus: &[GpuView<'_>],
     host: &(String, String),
     name: &str,
     help: &str,
     value: impl Fn(&Account, &Totals) -> Option<f64>,
 ) -> std::fmt::Result {
-    let rows: Vec<(Labels, f64)> = gpus
+    let mut rows = gpus
         .iter()
-        .flat_map(|(uuid, g)| {
-            g.accounts
-                .iter()
-                .filter_map(|(a, t)| Some((labels(uuid, g.index, host, a), value(a, t)?)))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    if rows.is_empty() {
+        .flat_map(|g| g.accounts.iter().map(move |(a, t)| (g, a, t)))
+        .filter_map(|(g, a, t)| Some((g, a, value(a, t)?)))
+        .peekable();
+    if rows.peek().is_none() {
         return Ok(());
     }
     let mut f = e.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (l, v) in rows {
-        ConstCounter::new(v).encode(f.encode_family(&l)?)?;
+    for (g, a, v) in rows {
+        let (ns, pod, container) = match &a.consumer {
+            Consumer::Container { pod, .. } => (
+                pod.namespace.as_str(),
+                pod.pod.as_str(),
+                pod.container.as_str(),
+            ),
+            _ => ("", "", ""),
+        };
+        let index = g.index.to_string();
+        let gi = a.gi_id.map(|i| i.to_string()).unwrap_or_default();
+        let labels: [(&str, &str); 8] = [
+            ("gpu", &index),
+            ("UUID", g.uuid),
+            ("GPU_I_ID", &gi),
+            (&host.0, &host.1),
+            ("consumer", a.consumer.as_str()),
+            ("namespace", ns),
+            ("pod", pod),
+            ("container", container),
+        ];
+        ConstCounter::new(v).encode(f.encode_family(&labels.to_vec())?)?;
     }
     Ok(())
 }
 
 impl Collector for AccountingMetrics {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
-        let (processes, host) = {
-            let i = self.lock();
-            if i.ledger.is_none() {
-                return Ok(());
-            }
-            (i.processes, i.hostname.clone())
+        let inner = self.lock();
+        let Some(ledger) = inner.ledger.as_ref() else {
+            return Ok(());
         };
-        let gpus = self.accounts();
+        let (processes, host) = (inner.processes, &inner.hostname);
+        let gpus: Vec<GpuView<'_>> = ledger.view().collect();
         #[allow(clippy::cast_precision_loss)]
         family(
             &mut e,
             &gpus,
-            &host,
+            host,
             "gpu_exporter_container_energy_joules",
             "Energy charged to each consumer of a GPU (J): summed by UUID, the GPU's own energy counter's increase since the exporter first read it, to the millijoule (static part by allocation, dynamic part by measured activity: docs/accounting.md).",
             |_, t| Some(t.energy_mj as f64 / 1000.0),
@@ -177,7 +165,7 @@ impl Collector for AccountingMetrics {
         family(
             &mut e,
             &gpus,
-            &host,
+            host,
             "gpu_exporter_container_allocated_gpu_seconds",
             "Share of the GPU held x seconds (a whole GPU for a second is 1; unallocated capacity is consumer=\"unallocated\").",
             |_, t| (t.allocated_gpu_seconds > 0.0).then_some(t.allocated_gpu_seconds),
@@ -185,7 +173,7 @@ impl Collector for AccountingMetrics {
         family(
             &mut e,
             &gpus,
-            &host,
+            host,
             "gpu_exporter_container_sm_busy_gpu_seconds",
             "Measured activity x seconds, as a share of the whole GPU (per-process SM utilisation; on MIG, the instance's engine activity).",
             |_, t| (t.busy_gpu_seconds > 0.0).then_some(t.busy_gpu_seconds),
@@ -194,7 +182,7 @@ impl Collector for AccountingMetrics {
             family(
                 &mut e,
                 &gpus,
-                &host,
+                host,
                 "gpu_exporter_container_idle_allocated_gpu_seconds",
                 "Allocated GPU-seconds in which the holder ran no process on the GPU or MIG instance (waste).",
                 |a, t| {
@@ -216,13 +204,13 @@ impl Collector for AccountingMetrics {
             &mut e,
             "gpu_exporter_gpu_idle_power_watts",
             "The idle power of each GPU the energy split uses for its static part (W), and how it is known: flag (--accounting-idle-power-watts) or measured (the lowest power over an interval without processes).",
-            gpus.iter().filter_map(|(uuid, g)| {
+            gpus.iter().filter_map(|g| {
                 let (mw, source) = g.idle_mw?;
                 #[allow(clippy::cast_precision_loss)]
                 Some((
                     Idle {
                         gpu: g.index.to_string(),
-                        UUID: uuid.clone(),
+                        UUID: g.uuid.to_owned(),
                         source: source.as_str(),
                     },
                     Num::Float(mw as f64 / 1000.0),

@@ -87,17 +87,7 @@ fn errors_name_the_file_and_key() {
     assert!(e.contains("duplicate"), "{e}");
 }
 
-/// A named pipe at `path`.
-fn fifo(path: &std::path::Path) {
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        path,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .expect("mkfifo");
-}
+use crate::fsread::tests::fifo;
 
 #[test]
 fn the_file_is_read_through_the_bounded_reader() {
