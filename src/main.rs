@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use gpu_exporter::config::{Args, Backend, Config};
 use gpu_exporter::exporter_metrics::ExporterMetrics;
-use gpu_exporter::gpu::dcgm::source::{DcgmOptions, DcgmSource};
+use gpu_exporter::gpu::dcgm::source::{DcgmMode, DcgmOptions, DcgmSource};
 use gpu_exporter::gpu::dcgm::DcgmLibrary;
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::hpc::{HpcJobs, HpcWatcher};
@@ -108,27 +108,38 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
             if config.args.list_devices {
                 return list_devices(&source);
             }
-            if let Some(address) = config.args.remote_hostengine_info.clone() {
-                // NVML plus a DCGM hostengine for the profiling fields NVML cannot read. Without
-                // DCGM's library (an image without it under the GPU Operator's standalone DCGM)
-                // NVML alone serves, as before -r had an effect.
-                let opts = DcgmOptions::new(&address, config.interval);
-                match DcgmLibrary::load(&opts.library) {
-                    Ok(lib) => {
-                        let source = DcgmSource::start(source, lib, opts)
-                            .context("-r / --remote-hostengine-info")?;
-                        return serve(
-                            config_with_supported(&mut config, &source)?,
-                            Arc::new(source),
-                            hup,
-                            log_write_errors,
-                        )
-                        .await;
-                    }
-                    Err(e) => tracing::warn!(
+            // NVML plus DCGM for the profiling fields NVML cannot read, as dcgm-exporter: with
+            // -r the hostengine there, without it DCGM embedded in the exporter. Without DCGM's
+            // library (the image without it) NVML alone serves.
+            let opts = match config.args.remote_hostengine_info.clone() {
+                Some(address) => DcgmOptions::new(&address, config.interval),
+                None => DcgmOptions::embedded(config.interval),
+            };
+            match DcgmLibrary::load(&opts.library) {
+                Ok(lib) => {
+                    tracing::info!(library = %opts.library, "reading the DCGM_FI_PROF_* fields NVML cannot read (GPUs before Hopper) from {}", opts.mode);
+                    let flag = match opts.mode {
+                        DcgmMode::Remote(_) => "-r / --remote-hostengine-info",
+                        DcgmMode::Embedded => "the embedded DCGM hostengine",
+                    };
+                    let source = DcgmSource::start(source, lib, opts).context(flag)?;
+                    return serve(
+                        config_with_supported(&mut config, &source)?,
+                        Arc::new(source),
+                        hup,
+                        log_write_errors,
+                    )
+                    .await;
+                }
+                Err(e) => match &opts.mode {
+                    DcgmMode::Remote(address) => tracing::warn!(
                         "-r / --remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO {address}: {e}; serving NVML only: the DCGM_FI_PROF_* series of GPUs before Hopper stay absent"
                     ),
-                }
+                    // Most images lack DCGM: not a warning.
+                    DcgmMode::Embedded => tracing::info!(
+                        "no DCGM library ({e}); serving NVML only: the DCGM_FI_PROF_* series of GPUs before Hopper stay absent (the image variant with DCGM, or -r, serves them)"
+                    ),
+                },
             }
             serve(
                 config_with_supported(&mut config, &source)?,

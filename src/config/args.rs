@@ -329,22 +329,23 @@ pub struct Args {
 
     /// DCGM hostengine (`host:port` or a unix socket path), e.g. the GPU Operator's
     /// `nvidia-dcgm:5555`: serves the DCGM_FI_PROF_* fields NVML cannot read (GPUs before
-    /// Hopper) through `libdcgm.so.4`. NVML stays the source of everything else.
+    /// Hopper) through `libdcgm.so.4`. NVML stays the source of everything else. Without it,
+    /// DCGM runs embedded in the exporter where `libdcgm.so.4` loads (as dcgm-exporter).
     #[arg(short = 'r', long, env = "DCGM_REMOTE_HOSTENGINE_INFO", hide = true)]
     pub remote_hostengine_info: Option<String>,
 
-    /// dcgm-exporter's DCGM log switch. No effect: there is no embedded hostengine to log, and
-    /// the DCGM library's logging (`-r`) is left as it is.
+    /// dcgm-exporter's DCGM log switch. No effect: the embedded hostengine is started without a
+    /// log file, and the DCGM library's logging is left as it is.
     #[arg(long, env = "DCGM_EXPORTER_ENABLE_DCGM_LOG", hide = true)]
     pub enable_dcgm_log: bool,
 
-    /// dcgm-exporter's DCGM log level. No effect: there is no embedded hostengine to log, and
-    /// the DCGM library's logging (`-r`) is left as it is.
+    /// dcgm-exporter's DCGM log level. No effect: the embedded hostengine is started without a
+    /// log file, and the DCGM library's logging is left as it is.
     #[arg(long, env = "DCGM_EXPORTER_DCGM_LOG_LEVEL", hide = true)]
     pub dcgm_log_level: Option<String>,
 
     /// dcgm-exporter's libdcgm check switch. No effect: startup never requires `libdcgm.so.4`
-    /// (with `-r`, a missing library leaves only the series DCGM would serve absent).
+    /// (a missing library leaves only the series DCGM would serve absent).
     #[arg(long, env = "DISABLE_STARTUP_VALIDATE", hide = true)]
     pub disable_startup_validate: bool,
 

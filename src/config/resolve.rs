@@ -57,7 +57,7 @@ impl Config {
             // An empty value (a templated `DCGM_REMOTE_HOSTENGINE_INFO=""`) names no hostengine:
             // DCGM would refuse it (DCGM_ST_BADPARAM) at every retry.
             args.remote_hostengine_info = None;
-            notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO is empty: no DCGM hostengine is read; NVML alone serves (the DCGM_FI_PROF_* series of GPUs before Hopper stay absent)".to_owned());
+            notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO is empty: no remote DCGM hostengine is read; as without -r, DCGM runs embedded where its library is present, and NVML alone serves otherwise".to_owned());
         }
         for (value, flag) in [
             (&mut args.web_read_timeout, "--web-read-timeout"),
@@ -148,7 +148,7 @@ impl Config {
             notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect with --backend sim: the simulated fleet reads no DCGM hostengine".to_owned());
         }
         if args.enable_dcgm_log || args.dcgm_log_level.is_some() {
-            notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: gpu-exporter runs no embedded hostengine and leaves the DCGM library's logging as it is; with -r the hostengine logs on its own (nv-hostengine --log-level)".to_owned());
+            notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: gpu-exporter starts its embedded DCGM hostengine without a log file and leaves the DCGM library's logging as it is (its __DCGM_DBG_FILE / __DCGM_DBG_LVL variables); with -r the hostengine logs on its own (nv-hostengine --log-level)".to_owned());
         }
         if switches != DeviceSelection::Flex {
             notices.push(format!(

@@ -7,7 +7,10 @@
  * declarations below are written from those headers' documented layouts; nothing is included
  * from DCGM.
  *
- * The "hostengine" is a key = value file named by DCGM_STANDIN_CONFIG, re-read on every call:
+ * The "hostengine" is a key = value file named by DCGM_STANDIN_CONFIG, re-read on every call. It
+ * plays a remote hostengine (dcgmConnect_v2) and the embedded one (dcgmStartEmbedded_v2 /
+ * dcgmStartEmbedded: no connect; its handle reads the same GPUs, groups and values, and ignores
+ * `hostengine` and `epoch`: it runs in the caller's process, so it cannot go away by itself):
  *   hostengine = up | down          down: dcgmConnect_v2 and every call on a handle fail with
  *                                   DCGM_ST_CONNECTION_NOT_VALID (a hostengine that went away)
  *   epoch = N                       the hostengine's incarnation (default 0): when it changes, the
@@ -36,7 +39,8 @@
  * Faults:
  *   fail.<call> = <code>            the named entry point (e.g. dcgmGroupCreate,
  *                                   dcgmFieldGroupCreate, dcgmWatchFields, dcgmConnect_v2,
- *                                   dcgmInit) returns the code without doing anything
+ *                                   dcgmInit, dcgmStartEmbedded_v2) returns the code without
+ *                                   doing anything
  *   delay.<call> = <ms>             the named entry point sleeps that long first, whatever its
  *                                   timeout says (a slow hostengine, a library that ignores its
  *                                   connect timeout)
@@ -228,8 +232,49 @@ _Static_assert(sizeof(dcgmMigHierarchy_v2) == 8 + 164 * 448, "dcgmMigHierarchy_v
 _Static_assert(sizeof(dcgmDeviceAttributes_v3) == 5220, "dcgmDeviceAttributes_v3 layout");
 _Static_assert(sizeof(dcgmConnectV2Params_v2) == 16, "dcgmConnectV2Params_v2 layout");
 
+/* dcgmStartEmbeddedV2Params_v1/_v2/_v3 (the same members up to the handle; v2 adds a service
+ * account, v3 a longer deny list: DCGM_MODULE_ID_COUNT_V1 10, _V2 16). */
+enum { DCGM_OPERATION_MODE_AUTO = 1, DCGM_OPERATION_MODE_MANUAL = 2 };
+typedef struct {
+    unsigned int version;
+    int opMode;
+    dcgmHandle_t dcgmHandle;
+    const char *logFile;
+    int severity;
+    unsigned int denyListCount;
+    unsigned int denyList[10];
+} dcgmStartEmbeddedV2Params_v1;
+typedef struct {
+    unsigned int version;
+    int opMode;
+    dcgmHandle_t dcgmHandle;
+    const char *logFile;
+    int severity;
+    unsigned int denyListCount;
+    const char *serviceAccount;
+    unsigned int denyList[10];
+} dcgmStartEmbeddedV2Params_v2;
+typedef struct {
+    unsigned int version;
+    int opMode;
+    dcgmHandle_t dcgmHandle;
+    const char *logFile;
+    int severity;
+    unsigned int denyListCount;
+    const char *serviceAccount;
+    unsigned int denyList[16];
+} dcgmStartEmbeddedV2Params_v3;
+#define dcgmStartEmbeddedV2Params_version1 MAKE_DCGM_VERSION(dcgmStartEmbeddedV2Params_v1, 1)
+#define dcgmStartEmbeddedV2Params_version2 MAKE_DCGM_VERSION(dcgmStartEmbeddedV2Params_v2, 2)
+#define dcgmStartEmbeddedV2Params_version3 MAKE_DCGM_VERSION(dcgmStartEmbeddedV2Params_v3, 3)
+_Static_assert(sizeof(dcgmStartEmbeddedV2Params_v1) == 72, "dcgmStartEmbeddedV2Params_v1 layout");
+_Static_assert(sizeof(dcgmStartEmbeddedV2Params_v2) == 80, "dcgmStartEmbeddedV2Params_v2 layout");
+_Static_assert(sizeof(dcgmStartEmbeddedV2Params_v3) == 104, "dcgmStartEmbeddedV2Params_v3 layout");
+
 static int initialised;
 static dcgmHandle_t next_handle = 1;
+/* The handle of the embedded hostengine while it runs, else 0. */
+static dcgmHandle_t embedded_handle;
 
 /* The configured value of `key`, or NULL; `buf` holds it. */
 static const char *config(const char *key, char *buf, size_t len) {
@@ -378,6 +423,10 @@ static void sync_epoch(void) {
 /* Whether a call on `handle` reaches a live hostengine: DCGM_ST_OK or why not. */
 static dcgmReturn_t live(dcgmHandle_t handle) {
     if (!handle) return DCGM_ST_BADPARAM;
+    if (handle == embedded_handle) {
+        if (he.epoch < 0) sync_epoch();
+        return DCGM_ST_OK;
+    }
     if (!hostengine_up()) return DCGM_ST_CONNECTION_NOT_VALID;
     sync_epoch();
     for (int i = 0; i < MAX_OBJECTS; i++)
@@ -489,6 +538,47 @@ API dcgmReturn_t dcgmConnect_v2(const char *ipAddress, dcgmConnectV2Params_v2 *p
         return DCGM_ST_OK;
     }
     return DCGM_ST_MAX_LIMIT;
+}
+
+/* Starts the embedded hostengine: one per process, as DCGM. */
+static dcgmReturn_t start_embedded(int opMode, dcgmHandle_t *handle) {
+    if (!initialised) return DCGM_ST_UNINITIALIZED;
+    if (!handle || (opMode != DCGM_OPERATION_MODE_AUTO && opMode != DCGM_OPERATION_MODE_MANUAL))
+        return DCGM_ST_BADPARAM;
+    if (embedded_handle) return DCGM_ST_DUPLICATE_KEY;
+    embedded_handle = next_handle++;
+    *handle = embedded_handle;
+    status_put("embedded.running", 1, 0);
+    return DCGM_ST_OK;
+}
+
+API dcgmReturn_t dcgmStartEmbedded_v2(dcgmStartEmbeddedV2Params_v1 *params) {
+    FAULT("dcgmStartEmbedded_v2");
+    if (!params) return DCGM_ST_BADPARAM;
+    if (params->version != dcgmStartEmbeddedV2Params_version1 &&
+        params->version != dcgmStartEmbeddedV2Params_version2 &&
+        params->version != dcgmStartEmbeddedV2Params_version3)
+        return DCGM_ST_VER_MISMATCH;
+    return start_embedded(params->opMode, &params->dcgmHandle);
+}
+
+API dcgmReturn_t dcgmStartEmbedded(int opMode, dcgmHandle_t *handle) {
+    FAULT("dcgmStartEmbedded");
+    return start_embedded(opMode, handle);
+}
+
+API dcgmReturn_t dcgmStopEmbedded(dcgmHandle_t handle) {
+    FAULT("dcgmStopEmbedded");
+    if (!initialised) return DCGM_ST_UNINITIALIZED;
+    if (!handle || handle != embedded_handle) return DCGM_ST_BADPARAM;
+    embedded_handle = 0;
+    /* The in-process hostengine's groups and watches go with it. */
+    memset(he.groups, 0, sizeof he.groups);
+    memset(he.field_groups, 0, sizeof he.field_groups);
+    memset(he.watches, 0, sizeof he.watches);
+    publish_live();
+    status_put("embedded.running", 0, 0);
+    return DCGM_ST_OK;
 }
 
 API dcgmReturn_t dcgmDisconnect(dcgmHandle_t handle) {

@@ -1,5 +1,6 @@
-//! `-r` end to end, the way a user runs it: the release-shaped `gpu-exporter` binary with
-//! `--backend nvml -r host:5555` loads the NVML stand-in (tests/nvml_abi, playing two A100s:
+//! `-r` and the embedded hostengine end to end, the way a user runs them: the release-shaped
+//! `gpu-exporter` binary with `--backend nvml -r host:5555` (or without `-r`: DCGM embedded, as
+//! dcgm-exporter's default and the GPU Operator's) loads the NVML stand-in (tests/nvml_abi, playing two A100s:
 //! GPU 0 whole, GPU 1 in MIG mode with GPU instances 2 and 9, no GPM) and this directory's DCGM
 //! stand-in through the real `dlopen` paths. The DCGM stand-in numbers the GPUs the other way
 //! round from NVML and gives its GPU instance entities ids unrelated to the GI ids, so a value
@@ -237,6 +238,15 @@ fn dash_r_serves_the_profiling_fields_of_the_default_and_dcp_csvs_on_a100s_whole
         });
         assert_eq!(s.value("gpu_exporter_dcgm_connected", &[]), Some(1.0));
         assert!(s.value("gpu_exporter_dcgm_reads_total", &[]) >= Some(1.0));
+        assert_eq!(
+            s.value("gpu_exporter_dcgm_mode", &[("mode", "remote")]),
+            Some(1.0)
+        );
+        assert_eq!(
+            he.counter("dcgmStartEmbedded_v2"),
+            0,
+            "{file}: embedded with -r"
+        );
         // DCGM serves them: no "needs DCGM" gap, no field errors, nothing refused.
         assert_eq!(
             s.named("gpu_exporter_fields_unavailable").count(),
@@ -560,4 +570,115 @@ fn a_csv_reload_without_any_profiling_row_unwatches_them_all_and_clears_the_refu
             && he.counter("live.groups") == 0
             && he.counter("live.field_groups") == 0
     });
+}
+
+/// The exporter as dcgm-exporter runs by default and under the GPU Operator's embedded mode: no
+/// `-r`, DCGM's library on the loader's path.
+fn start_embedded(nvml: &StandIn, he: &Hostengine, csv: &Path) -> Exporter {
+    Exporter::start_with_env(nvml, &["-f", csv.to_str().expect("utf-8 path")], &he.env())
+}
+
+#[test]
+fn without_dash_r_dcgms_library_runs_embedded_and_serves_the_profiling_fields_on_a100s() {
+    for file in ["default-counters.csv", "upstream/dcp-metrics-included.csv"] {
+        let nvml = StandIn::new(a100_node());
+        let mut he = Hostengine::a100s();
+        // No hostengine to connect to: only the embedded one can serve.
+        he.set("hostengine", "down");
+        let mut exp = start_embedded(&nvml, &he, &csv(file));
+        let want = expected(&PROF);
+        let s = exp.wait_for(&format!("{file}: every profiling series, embedded"), |s| {
+            has_all_prof(s, &want)
+        });
+        assert_eq!(
+            s.value("gpu_exporter_dcgm_mode", &[("mode", "embedded")]),
+            Some(1.0),
+            "{file}"
+        );
+        assert_eq!(s.value("gpu_exporter_dcgm_connected", &[]), Some(1.0));
+        assert_eq!(s.named("gpu_exporter_fields_unavailable").count(), 0);
+        assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"], "{file}");
+        assert_eq!(he.counter("dcgmStartEmbedded_v2"), 1, "{file}");
+        assert_eq!(he.counter("dcgmConnect_v2"), 0, "{file}: connected instead");
+        assert_eq!(he.counter("embedded.running"), 1, "{file}");
+        // SIGTERM stops the embedded hostengine (dcgmStopEmbedded) before the process ends.
+        let (_, status) = exp
+            .terminate(Duration::from_secs(15))
+            .unwrap_or_else(|| panic!("{file}: SIGTERM did not end the exporter"));
+        assert!(status.success(), "{file}: {status:?}\n{}", exp.logs());
+        assert_eq!(he.counter("dcgmStopEmbedded"), 1, "{file}\n{}", exp.logs());
+        assert_eq!(he.counter("embedded.running"), 0, "{file}");
+    }
+}
+
+#[test]
+fn an_embedded_dcgm_that_cannot_start_leaves_nvml_serving_says_why_and_retries() {
+    let nvml = StandIn::new(a100_node());
+    let mut he = Hostengine::a100s();
+    he.set("fail.dcgmStartEmbedded_v2", "-3");
+    let exp = start_embedded(&nvml, &he, &csv("default-counters.csv"));
+    let s = exp.wait_for("NVML's series while the embedded start fails", |s| {
+        s.samples() >= 2
+            && s.value(
+                "gpu_exporter_dcgm_errors_total",
+                &[("reason", "start_embedded")],
+            ) >= Some(2.0)
+    });
+    assert!(prof(&s).is_empty(), "{:?}", prof(&s));
+    assert_eq!(s.value("gpu_exporter_dcgm_connected", &[]), Some(0.0));
+    assert_eq!(
+        s.value("gpu_exporter_dcgm_mode", &[("mode", "embedded")]),
+        Some(1.0)
+    );
+    assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"]);
+    assert!(s.named("DCGM_FI_DEV_FB_USED").count() > 0);
+    let logs = exp.logs();
+    assert!(
+        logs.contains("cannot start DCGM's embedded hostengine")
+            && logs.contains("dcgmStartEmbedded_v2 returned DCGM_ST_GENERIC_ERROR (-3)"),
+        "{logs}"
+    );
+    // The fault clears (a driver that was not ready yet): it starts and serves by itself.
+    he.unset("fail.dcgmStartEmbedded_v2");
+    exp.wait_for(
+        "the profiling series once the embedded start succeeds",
+        |s| {
+            has_all_prof(s, &expected(&PROF))
+                && s.value("gpu_exporter_dcgm_connected", &[]) == Some(1.0)
+        },
+    );
+}
+
+#[test]
+fn without_dash_r_and_without_dcgms_library_nvml_serves_alone_with_an_info_line() {
+    // The standard image (no libdcgm.so.4) with no -r: NVML serves, no DCGM self-metric appears,
+    // and the log says so at info level, not as a warning.
+    let nvml = StandIn::new(a100_node());
+    let exp = Exporter::start(
+        &nvml,
+        &[
+            "-f",
+            csv("default-counters.csv").to_str().expect("utf-8 path"),
+        ],
+    );
+    let s = exp.wait_for("NVML series and the profiling gap", |s| {
+        s.samples() >= 1
+            && s.value(
+                "gpu_exporter_fields_unavailable",
+                &[
+                    ("field", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+                    ("reason", "needs_dcgm_profiling"),
+                ],
+            ) == Some(2.0)
+    });
+    assert!(prof(&s).is_empty(), "{:?}", prof(&s));
+    assert_eq!(s.named("gpu_exporter_dcgm_mode").count(), 0);
+    assert_eq!(gpus_with(&s, "DCGM_FI_DEV_GPU_TEMP"), ["0", "1"]);
+    let logs = exp.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("no DCGM library"))
+        .unwrap_or_else(|| panic!("no line about DCGM's library in\n{logs}"));
+    assert!(line.contains("INFO") && !line.contains("WARN"), "{line}");
+    assert!(line.contains("libdcgm.so.4"), "{line}");
 }

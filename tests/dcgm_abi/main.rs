@@ -310,7 +310,8 @@ fn a_missing_library_names_what_to_install() {
     let e = DcgmLibrary::open("/nonexistent/libdcgm.so.4").expect_err("no library");
     let text = e.to_string();
     assert!(text.contains("/nonexistent/libdcgm.so.4"), "{text}");
-    assert!(text.contains("-r / DCGM_REMOTE_HOSTENGINE_INFO"), "{text}");
+    assert!(text.contains("datacenter-gpu-manager-4-core"), "{text}");
+    assert!(text.contains("image variant with DCGM"), "{text}");
 }
 
 /// Several simulated nodes' GPUs as one source: more GPUs and MIG instances than one profile

@@ -22,6 +22,7 @@ type InitFn = unsafe extern "C" fn() -> Return;
 type ConnectFn =
     unsafe extern "C" fn(*const std::ffi::c_char, *mut ConnectV2Params, *mut Handle) -> Return;
 type DisconnectFn = unsafe extern "C" fn(Handle) -> Return;
+type StartEmbeddedFn = unsafe extern "C" fn(*mut StartEmbeddedV2ParamsV2) -> Return;
 type GetAllDevicesFn = unsafe extern "C" fn(Handle, *mut u32, *mut i32) -> Return;
 type LatestValuesFn = unsafe extern "C" fn(
     Handle,
@@ -66,6 +67,10 @@ pub struct DcgmLibrary {
     shutdown: InitFn,
     connect: ConnectFn,
     disconnect: DisconnectFn,
+    /// `dcgmStartEmbedded_v2` and `dcgmStopEmbedded`: a library without them still serves
+    /// `-r`; only the embedded hostengine needs them.
+    start_embedded: Option<StartEmbeddedFn>,
+    stop_embedded: Option<DisconnectFn>,
     get_all_devices: GetAllDevicesFn,
     latest_values: LatestValuesFn,
     group_create: GroupCreateFn,
@@ -143,6 +148,8 @@ impl DcgmLibrary {
             shutdown: sym(&lib, path, "dcgmShutdown")?,
             connect: sym(&lib, path, "dcgmConnect_v2")?,
             disconnect: sym(&lib, path, "dcgmDisconnect")?,
+            start_embedded: sym(&lib, path, "dcgmStartEmbedded_v2").ok(),
+            stop_embedded: sym(&lib, path, "dcgmStopEmbedded").ok(),
             get_all_devices: sym(&lib, path, "dcgmGetAllDevices")?,
             latest_values: sym(&lib, path, "dcgmEntitiesGetLatestValues")?,
             group_create: sym(&lib, path, "dcgmGroupCreate")?,
@@ -204,6 +211,47 @@ impl DcgmLibrary {
         Ok(Connection {
             lib: Arc::clone(self),
             handle,
+            embedded: false,
+        })
+    }
+
+    /// Starts DCGM's hostengine inside this process (`dcgmStartEmbedded_v2`,
+    /// `dcgmStartEmbeddedV2Params_v2`, `DCGM_OPERATION_MODE_AUTO`: it samples the watched fields
+    /// by itself), without a log file; the connection it returns stops it when dropped
+    /// (`dcgmStopEmbedded`). `dcgmInit` must have succeeded.
+    ///
+    /// # Errors
+    /// [`DcgmError::Symbol`] for a library without the embedded entry points, or
+    /// `dcgmStartEmbedded_v2`'s failure (`DCGM_ST_UNINITIALIZED`, a driver DCGM cannot use...).
+    pub fn start_embedded(self: &Arc<Self>) -> Result<Connection, DcgmError> {
+        let missing = |symbol| DcgmError::Symbol {
+            path: self.path.clone(),
+            symbol,
+            detail: "not exported".to_owned(),
+        };
+        let start = self
+            .start_embedded
+            .ok_or_else(|| missing("dcgmStartEmbedded_v2"))?;
+        if self.stop_embedded.is_none() {
+            return Err(missing("dcgmStopEmbedded"));
+        }
+        let mut params = StartEmbeddedV2ParamsV2 {
+            version: START_EMBEDDED_V2_PARAMS_VERSION2,
+            op_mode: OPERATION_MODE_AUTO,
+            handle: 0,
+            log_file: std::ptr::null(),
+            severity: LOGGING_SEVERITY_UNSPECIFIED,
+            deny_list_count: 0,
+            service_account: std::ptr::null(),
+            deny_list: [0; 10],
+        };
+        // SAFETY: a versioned params struct (no log file, no service account: NULL pointers, as
+        // the header allows), live for the call; the library writes the handle into it.
+        check("dcgmStartEmbedded_v2", unsafe { start(&mut params) })?;
+        Ok(Connection {
+            lib: Arc::clone(self),
+            handle: params.handle,
+            embedded: true,
         })
     }
 }
@@ -217,21 +265,29 @@ impl Drop for DcgmLibrary {
     }
 }
 
-/// A connection to a hostengine; dropping it disconnects.
+/// A connection to a hostengine; dropping it disconnects, or stops the embedded hostengine.
 pub struct Connection {
     lib: Arc<DcgmLibrary>,
     handle: Handle,
+    /// The hostengine runs in this process (`dcgmStartEmbedded_v2`).
+    embedded: bool,
 }
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
             .field("handle", &self.handle)
+            .field("embedded", &self.embedded)
             .finish_non_exhaustive()
     }
 }
 
 impl Connection {
+    /// Whether the hostengine runs in this process.
+    pub fn embedded(&self) -> bool {
+        self.embedded
+    }
+
     /// The hostengine's GPU ids (`dcgmGetAllDevices`).
     ///
     /// # Errors
@@ -546,7 +602,16 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        // SAFETY: the handle came from dcgmConnect_v2 on this library.
-        let _ = unsafe { (self.lib.disconnect)(self.handle) };
+        match (self.embedded, self.lib.stop_embedded) {
+            // SAFETY: the handle came from dcgmStartEmbedded_v2 on this library.
+            (true, Some(stop)) => {
+                let _ = unsafe { stop(self.handle) };
+            }
+            (true, None) => {}
+            // SAFETY: the handle came from dcgmConnect_v2 on this library.
+            (false, _) => {
+                let _ = unsafe { (self.lib.disconnect)(self.handle) };
+            }
+        }
     }
 }

@@ -10,18 +10,21 @@ use crate::catalog::Field;
 use crate::self_metrics::{self, Collector, DescriptorEncoder, Num, Reason, Registry};
 
 /// The `reason` label values of `gpu_exporter_dcgm_errors_total`.
-pub const ERROR_REASONS: [&str; 6] = [
+pub const ERROR_REASONS: [&str; 7] = [
     "connect",
     "connection_lost",
     "entities",
     "init",
     "read",
+    "start_embedded",
     "watch",
 ];
 
 /// What the families say.
 #[derive(Debug, Default)]
 struct State {
+    /// `embedded` or `remote` (empty until the source sets it).
+    mode: &'static str,
     connected: bool,
     reads: u64,
     reconnects: u64,
@@ -68,6 +71,10 @@ impl DcgmMetrics {
         self.lock().errors.get(reason).copied().unwrap_or(0)
     }
 
+    pub(super) fn set_mode(&self, mode: &'static str) {
+        self.lock().mode = mode;
+    }
+
     pub(super) fn set_connected(&self, up: bool) {
         self.lock().connected = up;
     }
@@ -94,6 +101,12 @@ impl DcgmMetrics {
     }
 }
 
+/// The label set of `gpu_exporter_dcgm_mode`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+struct Mode {
+    mode: &'static str,
+}
+
 /// The registered collector: the metrics are shared with the reader thread.
 #[derive(Debug)]
 struct Shared(std::sync::Arc<DcgmMetrics>);
@@ -101,10 +114,18 @@ struct Shared(std::sync::Arc<DcgmMetrics>);
 impl Collector for Shared {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         let s = self.0.lock();
+        self_metrics::gauge(
+            &mut e,
+            "gpu_exporter_dcgm_mode",
+            "Where the DCGM hostengine runs: embedded (started in the exporter, no -r) or remote (-r); always 1.",
+            (!s.mode.is_empty())
+                .then_some((Mode { mode: s.mode }, Num::Int(1)))
+                .into_iter(),
+        )?;
         self_metrics::gauge1(
             &mut e,
             "gpu_exporter_dcgm_connected",
-            "1 while the DCGM hostengine (-r) is connected.",
+            "1 while the DCGM hostengine (embedded, or -r) is connected.",
             Num::Int(i64::from(s.connected)),
         )?;
         self_metrics::gauge1(
@@ -128,7 +149,7 @@ impl Collector for Shared {
         self_metrics::counter(
             &mut e,
             "gpu_exporter_dcgm_errors",
-            "DCGM failures by reason (connect, connection_lost, entities, init, read, watch).",
+            "DCGM failures by reason (connect, connection_lost, entities, init, read, start_embedded, watch).",
             ERROR_REASONS.iter().map(|&reason| {
                 (
                     Reason { reason },
@@ -169,6 +190,11 @@ mod tests {
     #[test]
     fn the_families_come_out_in_one_order_with_help_verbatim_whatever_the_updates() {
         let m = Arc::new(DcgmMetrics::default());
+        assert!(
+            !body(&m).contains("gpu_exporter_dcgm_mode{"),
+            "no mode before it is set"
+        );
+        m.set_mode("embedded");
         m.set_connected(true);
         m.set_watched(3);
         m.count_read();
@@ -191,6 +217,9 @@ mod tests {
                 .position(|l| l.starts_with(needle))
                 .unwrap_or_else(|| panic!("no {needle} in\n{text}"))
         };
+        assert!(
+            at("gpu_exporter_dcgm_mode{mode=\"embedded\"} 1") < at("gpu_exporter_dcgm_connected 1")
+        );
         assert!(at("gpu_exporter_dcgm_connected 1") < at("gpu_exporter_dcgm_fields_watched 3"));
         assert!(at("gpu_exporter_dcgm_fields_watched") < at("gpu_exporter_dcgm_reads_total 1"));
         assert!(
@@ -222,7 +251,7 @@ mod tests {
         );
         // Help texts verbatim: one full stop, not two.
         assert!(
-            text.contains("# HELP gpu_exporter_dcgm_connected 1 while the DCGM hostengine (-r) is connected.\n"),
+            text.contains("# HELP gpu_exporter_dcgm_connected 1 while the DCGM hostengine (embedded, or -r) is connected.\n"),
             "{text}"
         );
         assert!(!text.contains(".."), "{text}");

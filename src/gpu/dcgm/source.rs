@@ -1,6 +1,9 @@
 //! The DCGM-backed [`GpuSource`]: NVML (the wrapped source) reads everything it can; a DCGM
-//! hostengine (`-r host:port`) serves the profiling (`DCGM_FI_PROF_*`) fields NVML cannot read,
-//! i.e. on GPUs without NVML GPM (before Hopper: A100, L40S, A10, T4, V100).
+//! hostengine serves the profiling (`DCGM_FI_PROF_*`) fields NVML cannot read, i.e. on GPUs
+//! without NVML GPM (before Hopper: A100, L40S, A10, T4, V100). The hostengine is either remote
+//! (`-r host:port`, e.g. the GPU Operator's standalone `nvidia-dcgm`) or embedded: started in
+//! this process by DCGM's library (`dcgmStartEmbedded_v2`), as dcgm-exporter does without `-r`
+//! (see [`DcgmMode`]).
 //!
 //! **Which source wins on Hopper and newer**: NVML. Where NVML reads a field through GPM, the
 //! wrapped source's reading is kept and DCGM is not asked for it; DCGM is asked only for the
@@ -31,13 +34,42 @@ use crate::gpu::{
     XidEvent,
 };
 
+/// Where the hostengine runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DcgmMode {
+    /// Started inside the exporter by DCGM's library (no `-r`): dcgm-exporter's default, and
+    /// the GPU Operator's unless it deploys its standalone `nvidia-dcgm`.
+    Embedded,
+    /// A hostengine of its own (`-r`): `host:port`, or a unix socket path (starting with `/`).
+    Remote(String),
+}
+
+impl DcgmMode {
+    /// The `mode` label value of `gpu_exporter_dcgm_mode`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DcgmMode::Embedded => "embedded",
+            DcgmMode::Remote(_) => "remote",
+        }
+    }
+}
+
+impl std::fmt::Display for DcgmMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DcgmMode::Embedded => f.write_str("the embedded hostengine"),
+            DcgmMode::Remote(a) => write!(f, "the hostengine at {a} (-r)"),
+        }
+    }
+}
+
 /// How the DCGM source reaches the hostengine.
 #[derive(Debug, Clone)]
 pub struct DcgmOptions {
     /// The client library to load (`libdcgm.so.4`: the loader's search path).
     pub library: String,
-    /// `host:port`, or a unix socket path (starting with `/`).
-    pub address: String,
+    /// Embedded, or remote at an address.
+    pub mode: DcgmMode,
     /// The collect interval: DCGM samples the watched fields this often.
     pub interval: Duration,
     /// How long `dcgmConnect_v2` may wait.
@@ -49,12 +81,22 @@ pub struct DcgmOptions {
 }
 
 impl DcgmOptions {
-    /// Options for `address` at `interval`, with the defaults (library `libdcgm.so.4`, 2 s
-    /// connect timeout, reconnect backoff 0.5 s doubling to 10 s).
+    /// Options for the remote hostengine at `address` at `interval`, with the defaults (library
+    /// `libdcgm.so.4`, 2 s connect timeout, reconnect backoff 0.5 s doubling to 10 s).
     pub fn new(address: &str, interval: Duration) -> Self {
+        Self::with_mode(DcgmMode::Remote(address.to_owned()), interval)
+    }
+
+    /// Options for the embedded hostengine at `interval`, with the same defaults (a failed start
+    /// is retried with the reconnect backoff).
+    pub fn embedded(interval: Duration) -> Self {
+        Self::with_mode(DcgmMode::Embedded, interval)
+    }
+
+    fn with_mode(mode: DcgmMode, interval: Duration) -> Self {
         Self {
             library: "libdcgm.so.4".to_owned(),
-            address: address.to_owned(),
+            mode,
             interval,
             connect_timeout: Duration::from_secs(2),
             min_backoff: Duration::from_millis(500),
@@ -137,6 +179,7 @@ impl<S: GpuSource> DcgmSource<S> {
     /// [`DcgmError::Thread`].
     pub fn start(inner: S, lib: Arc<DcgmLibrary>, opts: DcgmOptions) -> Result<Self, DcgmError> {
         let shared = Arc::new(Shared::default());
+        shared.metrics.set_mode(opts.mode.as_str());
         let s = Arc::clone(&shared);
         let reader = std::thread::Builder::new()
             .name("dcgm-reader".into())
@@ -407,22 +450,33 @@ impl Reader {
             // dcgmInit here, not before the exporter serves: it may take its time.
             if let Err(e) = self.lib.init() {
                 self.metrics().count_error("init");
-                tracing::warn!(error = %e, retry_in = ?backoff, "cannot initialise DCGM's client library (-r); retrying");
+                tracing::warn!(error = %e, retry_in = ?backoff, "cannot initialise DCGM's client library (for {}); retrying", self.opts.mode);
                 if self.shared.wait(backoff, None) {
                     return;
                 }
                 backoff = (backoff * 2).min(self.opts.max_backoff);
                 continue;
             }
-            let unix = self.opts.address.starts_with('/');
-            let timeout = u32::try_from(self.opts.connect_timeout.as_millis()).unwrap_or(u32::MAX);
-            match self.lib.connect(&self.opts.address, unix, timeout) {
+            let address = match &self.opts.mode {
+                DcgmMode::Remote(a) => a.clone(),
+                DcgmMode::Embedded => String::new(),
+            };
+            let connected = match &self.opts.mode {
+                DcgmMode::Remote(a) => {
+                    let unix = a.starts_with('/');
+                    let timeout =
+                        u32::try_from(self.opts.connect_timeout.as_millis()).unwrap_or(u32::MAX);
+                    self.lib.connect(a, unix, timeout)
+                }
+                DcgmMode::Embedded => self.lib.start_embedded(),
+            };
+            match connected {
                 Ok(conn) => {
                     if connected_before {
                         self.metrics().count_reconnect();
                     }
                     connected_before = true;
-                    tracing::info!(address = %self.opts.address, "connected to the DCGM hostengine");
+                    tracing::info!("connected to {} of DCGM", self.opts.mode);
                     self.metrics().set_connected(true);
                     backoff = self.opts.min_backoff;
                     let end = self.session(&conn);
@@ -432,17 +486,27 @@ impl Reader {
                     if matches!(end, End::Stop) {
                         return;
                     }
-                    tracing::warn!(address = %self.opts.address, "lost the DCGM hostengine; its DCGM_FI_PROF_* series are absent until it is back (gpu_exporter_dcgm_connected)");
+                    tracing::warn!("lost {} of DCGM; its DCGM_FI_PROF_* series are absent until it is back (gpu_exporter_dcgm_connected)", self.opts.mode);
+                }
+                Err(e) if self.opts.mode == DcgmMode::Embedded => {
+                    // Never fatal: NVML keeps serving, the self-metrics say why, and a later try
+                    // may succeed (a driver that was not ready yet).
+                    self.metrics().count_error("start_embedded");
+                    if matches!(e, DcgmError::Symbol { .. }) {
+                        tracing::error!(error = %e, "cannot start DCGM's embedded hostengine: the library lacks it; the DCGM_FI_PROF_* series of GPUs before Hopper stay absent (NVML serves the rest)");
+                        return;
+                    }
+                    tracing::warn!(error = %e, retry_in = ?backoff, "cannot start DCGM's embedded hostengine; the DCGM_FI_PROF_* series of GPUs before Hopper are absent (NVML serves the rest); retrying");
                 }
                 Err(DcgmError::Call { code, .. }) if code == super::status::BADPARAM => {
                     // The address itself is refused: no retry can help.
                     self.metrics().count_error("connect");
-                    tracing::error!(address = %self.opts.address, "DCGM refuses the hostengine address of -r / --remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO (DCGM_ST_BADPARAM): not connecting; fix the address and restart");
+                    tracing::error!(%address, "DCGM refuses the hostengine address of -r / --remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO (DCGM_ST_BADPARAM): not connecting; fix the address and restart");
                     return;
                 }
                 Err(e) => {
                     self.metrics().count_error("connect");
-                    tracing::warn!(address = %self.opts.address, error = %e, retry_in = ?backoff, "cannot connect to the DCGM hostengine (-r); retrying");
+                    tracing::warn!(%address, error = %e, retry_in = ?backoff, "cannot connect to the DCGM hostengine (-r); retrying");
                 }
             }
             if self.shared.wait(backoff, None) {

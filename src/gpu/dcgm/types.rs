@@ -101,7 +101,7 @@ pub struct MigEntity {
 #[derive(Debug, thiserror::Error)]
 pub enum DcgmError {
     /// The library could not be loaded.
-    #[error("cannot load {path} ({detail}): DCGM's client library is needed for -r / DCGM_REMOTE_HOSTENGINE_INFO (install datacenter-gpu-manager-4-core, or mount it from the host)")]
+    #[error("cannot load {path} ({detail}): DCGM's client library is needed for the DCGM_FI_PROF_* fields NVML cannot read, with -r or embedded (the image variant with DCGM's libraries has it; or install datacenter-gpu-manager-4-core, or mount it from the host)")]
     Load {
         /// What was loaded.
         path: String,

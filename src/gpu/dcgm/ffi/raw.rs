@@ -140,7 +140,24 @@ pub(super) struct DeviceAttributesV3 {
     pub(super) settings: [u32; 4],
 }
 
+/// `dcgmStartEmbeddedV2Params_v2` (DCGM 2.4 and later, `dcgmStartEmbedded_v2`): the operation
+/// mode, the handle it returns, the log file (NULL: no log; `-`: stdout) and severity
+/// (`DcgmLoggingSeverity_t`), the service account, and `DCGM_MODULE_ID_COUNT_V1` (10) module ids
+/// to deny.
+#[repr(C)]
+pub(super) struct StartEmbeddedV2ParamsV2 {
+    pub(super) version: u32,
+    pub(super) op_mode: i32,
+    pub(super) handle: Handle,
+    pub(super) log_file: *const std::ffi::c_char,
+    pub(super) severity: i32,
+    pub(super) deny_list_count: u32,
+    pub(super) service_account: *const std::ffi::c_char,
+    pub(super) deny_list: [u32; 10],
+}
+
 const _: () = assert!(std::mem::size_of::<ConnectV2Params>() == 16);
+const _: () = assert!(std::mem::size_of::<StartEmbeddedV2ParamsV2>() == 80);
 const _: () = assert!(std::mem::size_of::<ProfMetricGroupInfoV2>() == 136);
 const _: () = assert!(std::mem::size_of::<ProfGetMetricGroupsV3>() == 1376);
 const _: () = assert!(std::mem::size_of::<MigEntityInfo>() == 148);
@@ -152,6 +169,12 @@ const _: () = assert!(std::mem::size_of::<FieldValueV2>() == 4128);
 const _: () = assert!(std::mem::size_of::<EntityPair>() == 8);
 pub(super) const CONNECT_V2_PARAMS_VERSION2: u32 =
     make_version(std::mem::size_of::<ConnectV2Params>(), 2);
+pub(super) const START_EMBEDDED_V2_PARAMS_VERSION2: u32 =
+    make_version(std::mem::size_of::<StartEmbeddedV2ParamsV2>(), 2);
+/// `DCGM_OPERATION_MODE_AUTO`: the embedded hostengine samples watched fields by itself.
+pub(super) const OPERATION_MODE_AUTO: i32 = 1;
+/// `DcgmLoggingSeverityUnspecified`: inherit DCGM's own default (its `__DCGM_DBG_*` variables).
+pub(super) const LOGGING_SEVERITY_UNSPECIFIED: i32 = -1;
 pub(super) const FIELD_VALUE_VERSION2: u32 = make_version(std::mem::size_of::<FieldValueV2>(), 2);
 pub(super) const PROF_GET_METRIC_GROUPS_VERSION3: u32 =
     make_version(std::mem::size_of::<ProfGetMetricGroupsV3>(), 3);
