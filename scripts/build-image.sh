@@ -3,13 +3,17 @@
 # temporary directory, nothing left behind) from scratch plus Debian's glibc runtime, the same
 # layout as the Dockerfile (scripts/image-rootfs.sh assembles it for both).
 #
-#   scripts/build-image.sh [--binary PATH] [--tag NAME:TAG] [--format docker-archive|oci-archive] OUT.tar
+#   scripts/build-image.sh [--binary PATH] [--tag NAME:TAG] [--format docker-archive|oci-archive]
+#                          [--dcgm-lib DIR] OUT.tar
 #
 # Defaults: the release build under $CARGO_TARGET_DIR (or target/), built with
 # `cargo build --release --bin gpu-exporter` when missing; tag localhost/gpu-exporter:<version of
 # Cargo.toml>; format docker-archive. Load the archive with any of
 #   ctr -n k8s.io images import OUT.tar     docker load -i OUT.tar     podman load -i OUT.tar
 #   kind load image-archive OUT.tar         skopeo copy docker-archive:OUT.tar docker://REGISTRY/...
+# --dcgm-lib DIR builds the variant with DCGM's libraries (DIR's files at /usr/lib/<multiarch>/,
+# in the ld cache: scripts/image-rootfs.sh), as the Dockerfile's `dcgm` target does from NVIDIA's
+# DCGM image; CI passes the libdcgm stand-in. Default tag then: ...:<version>-dcgm.
 # Installs buildah (apt) when missing. Prints the image's unpacked size.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -18,20 +22,22 @@ binary=""
 tag=""
 format="docker-archive"
 out=""
+dcgm_lib=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --binary) binary="$2"; shift 2 ;;
     --tag) tag="$2"; shift 2 ;;
     --format) format="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --dcgm-lib) dcgm_lib="$2"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     -*) echo "$0: unknown option $1" >&2; exit 2 ;;
     *) [[ -z "$out" ]] || { echo "$0: one output file only" >&2; exit 2; }; out="$1"; shift ;;
   esac
 done
-[[ -n "$out" ]] || { echo "usage: $0 [--binary PATH] [--tag NAME:TAG] [--format docker-archive|oci-archive] OUT.tar" >&2; exit 2; }
+[[ -n "$out" ]] || { echo "usage: $0 [--binary PATH] [--tag NAME:TAG] [--format docker-archive|oci-archive] [--dcgm-lib DIR] OUT.tar" >&2; exit 2; }
 case "$format" in docker-archive|oci-archive) ;; *) echo "$0: --format must be docker-archive or oci-archive" >&2; exit 2 ;; esac
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)"
-tag="${tag:-localhost/gpu-exporter:$version}"
+tag="${tag:-localhost/gpu-exporter:$version${dcgm_lib:+-dcgm}}"
 
 if [[ -z "$binary" ]]; then
   binary="${CARGO_TARGET_DIR:-$repo/target}/release/gpu-exporter"
@@ -57,7 +63,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$repo/scripts/image-rootfs.sh" "$binary" "$work/rootfs"
+rootfs_opts=()
+[[ -z "$dcgm_lib" ]] || rootfs_opts=(--dcgm-lib "$dcgm_lib")
+"$repo/scripts/image-rootfs.sh" "${rootfs_opts[@]}" "$binary" "$work/rootfs"
 size_kb="$(du -s --apparent-size --block-size=1K "$work/rootfs" | cut -f1)"
 
 ctr="$(bah from --quiet scratch)"

@@ -9,10 +9,15 @@
 #   2. scripts/build-image.sh: the image, without Docker or a registry; its size is printed and
 #      must stay under 20 MiB unpacked
 #   3. the image's contents and config (entrypoint, env, user, CSVs, ld.so.conf, ldconfig)
+#   3b. the variant with DCGM's libraries (build-image.sh --dcgm-lib, the Dockerfile's `dcgm`
+#      target): built with the libdcgm stand-in (tests/dcgm_abi/dcgm_standin.c) in place of
+#      NVIDIA's libraries, which CI cannot pull; the same config, libdcgm.so.4 at
+#      /usr/lib/x86_64-linux-gnu/ and in the image's ld cache; the plain image has none
 #   4. tests/containerd/image_test.py: a private containerd + runc runs the image as the GPU
 #      Operator's DaemonSet does (three pods: the Operator's env and no args; simulated GPUs with
-#      pod labels; the C NVML stand-in injected like the NVIDIA Container Toolkit does), probed
-#      and scraped from the host over 127.0.0.1
+#      pod labels; the C NVML stand-in injected like the NVIDIA Container Toolkit does), then the
+#      DCGM variant on A100 stand-ins in the Operator's two DCGM modes (embedded, the default;
+#      standalone, DCGM_REMOTE_HOSTENGINE_INFO), probed and scraped from the host over 127.0.0.1
 #   5. nothing is left behind: no process, mount or cgroup directory of the run
 # All network traffic stays on loopback; every wait is bounded; an exit trap tears down whatever
 # a failed or killed run left.
@@ -123,6 +128,54 @@ for rest in instr.get("ENV", []):
         denv[k] = v.strip('"')
 check(denv == env, f"Dockerfile: the same ENV ({sorted(denv)})")
 check(instr["USER"][-1] == config["User"], f"Dockerfile: the same USER ({instr['USER'][-1]})")
+check(not any(n.startswith("usr/lib/x86_64-linux-gnu/libdcgm") for n in names),
+      "the image has no DCGM library (the `dcgm` variant has)")
+EOF
+
+step "the variant with DCGM's libraries (build-image.sh --dcgm-lib, the libdcgm stand-in)"
+# NVIDIA's DCGM image cannot be pulled here: the stand-in, built as libdcgm.so.4, takes the place
+# of its libraries, at the same path, found by the same name through the image's ld cache.
+dcgm_lib="$work/dcgm-lib"
+mkdir "$dcgm_lib"
+gcc -shared -fPIC -O1 -std=c11 -Wall -Wextra -Werror -fvisibility=hidden \
+  -Wl,-soname,libdcgm.so.4 -o "$dcgm_lib/libdcgm.so.4" tests/dcgm_abi/dcgm_standin.c
+dcgm_image="$image-dcgm"
+scripts/build-image.sh --binary "$bin" --tag "$dcgm_image" --dcgm-lib "$dcgm_lib" "$work/image-dcgm.tar"
+mkdir "$work/unpacked-dcgm"
+tar -xf "$work/image-dcgm.tar" -C "$work/unpacked-dcgm"
+python3 - "$work/unpacked" "$work/unpacked-dcgm" <<'EOF'
+import json, re, sys, tarfile
+from pathlib import Path
+def load(d):
+    d = Path(d)
+    manifest = json.loads((d / "manifest.json").read_text())[0]
+    config = json.loads((d / manifest["Config"]).read_text())["config"]
+    files = {}
+    for layer in manifest["Layers"]:
+        with tarfile.open(d / layer) as t:
+            for m in t.getmembers():
+                files[m.name.lstrip("./")] = t.extractfile(m).read() if m.isfile() else m
+    return config, files
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAILED: {what}")
+    print(f"  ok  {what}")
+plain_config, plain = load(sys.argv[1])
+config, files = load(sys.argv[2])
+for k in ("Entrypoint", "Cmd", "Env", "User", "WorkingDir", "ExposedPorts"):
+    check(config.get(k) == plain_config.get(k), f"dcgm variant: the same {k} as the image")
+lib = "usr/lib/x86_64-linux-gnu/libdcgm.so.4"
+check(isinstance(files.get(lib), bytes) and files[lib][:4] == b"\x7fELF", f"dcgm variant: /{lib}")
+check(b"/" + lib.encode() in files.get("etc/ld.so.cache", b""),
+      "dcgm variant: /etc/ld.so.cache lists it (dlopen(\"libdcgm.so.4\") finds it by name)")
+check(set(plain) <= set(files), "dcgm variant: everything of the image is in it too")
+text = Path("Dockerfile").read_text()
+check(re.search(r"^ARG DCGM_IMAGE=nvcr\.io/nvidia/cloud-native/dcgm:4\.5\.3-\S+$", text, re.M) is not None,
+      "Dockerfile: DCGM's libraries from NVIDIA's DCGM image, pinned by tag (DCGM 4.5.3, as dcgm-exporter 4.8.2)")
+check(re.search(r"^FROM scratch AS dcgm$", text, re.M) is not None and "image-rootfs.sh --dcgm-lib" in text,
+      "Dockerfile: a `dcgm` target filled by scripts/image-rootfs.sh --dcgm-lib")
+check(text.rstrip().splitlines()[-1].startswith("ENTRYPOINT") and re.findall(r"^FROM .*", text, re.M)[-1] == "FROM scratch",
+      "Dockerfile: the plain image stays the default (last) target")
 EOF
 
 step "the image under containerd + runc (tests/containerd/image_test.py)"
@@ -130,9 +183,10 @@ standin_dir="$work/nvml-standin"
 mkdir "$standin_dir"
 gcc -shared -fPIC -O1 -std=c11 -Wall -Wextra -Werror -fvisibility=hidden \
   -Wl,-soname,libnvidia-ml.so.1 -o "$standin_dir/libnvidia-ml.so.1" tests/nvml_abi/nvml_standin.c -lpthread
-GPU_EXPORTER_LAB_BASE="$work" timeout --kill-after=15 300 python3 tests/containerd/image_test.py \
+GPU_EXPORTER_LAB_BASE="$work" timeout --kill-after=15 480 python3 tests/containerd/image_test.py \
   --image-tar "$work/image.tar" --image "$image" --fake-kubelet "$fake_kubelet" \
-  --nvml-standin "$standin_dir/libnvidia-ml.so.1"
+  --nvml-standin "$standin_dir/libnvidia-ml.so.1" \
+  --dcgm-image-tar "$work/image-dcgm.tar" --dcgm-image "$dcgm_image"
 
 step "nothing left behind"
 lab_nothing_left

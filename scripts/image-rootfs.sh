@@ -2,7 +2,7 @@
 # Assembles the container image's root filesystem in a directory: the one layout that both the
 # Dockerfile (its build stage) and scripts/build-image.sh (buildah, no Docker) package.
 #
-#   scripts/image-rootfs.sh BINARY ROOTFS
+#   scripts/image-rootfs.sh [--dcgm-lib DIR] BINARY ROOTFS
 #
 # BINARY is a release build of gpu-exporter (linked against glibc); ROOTFS must not exist or be
 # empty. Needs dpkg-deb, apt-get (Debian's package lists: it runs `apt-get update` when a download
@@ -20,14 +20,33 @@
 #   /sbin/ldconfig, /etc/ld.so.conf,     so that the NVIDIA Container Toolkit's injected driver
 #   /etc/ld.so.conf.d/, /etc/ld.so.cache libraries are found after its ldconfig run
 #   /etc/passwd, /etc/group, /tmp        root (uid 0, the default user) and nobody (65534)
+# With --dcgm-lib DIR (the image variant with DCGM, for its profiling fields on GPUs before
+# Hopper: DCGM embedded without -r, or a standalone hostengine with -r), every file of DIR
+# (libdcgm.so.4 and DCGM's modules: the Dockerfile's `dcgm` target copies them from NVIDIA's
+# DCGM image; CI passes the libdcgm stand-in) goes where DCGM's packages and upstream's image
+# put them:
+#   /usr/lib/<multiarch>/libdcgm.so.4 ...  listed in /etc/ld.so.cache, so that
+#                                        dlopen("libdcgm.so.4") finds it as in upstream's image;
+#                                        every library they need must resolve inside the image
+#                                        (libstdc++ is added from Debian when they need it)
 set -euo pipefail
 
+dcgm_lib=""
+if [[ "${1:-}" == --dcgm-lib ]]; then
+  [[ $# -ge 2 ]] || { echo "$0: --dcgm-lib needs a directory" >&2; exit 2; }
+  dcgm_lib="$2"
+  shift 2
+fi
 if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BINARY ROOTFS" >&2
+  echo "usage: $0 [--dcgm-lib DIR] BINARY ROOTFS" >&2
   exit 2
 fi
 binary="$1"
 rootfs="$2"
+if [[ -n "$dcgm_lib" ]] && [[ ! -e "$dcgm_lib/libdcgm.so.4" ]]; then
+  echo "$0: --dcgm-lib $dcgm_lib: no libdcgm.so.4 there" >&2
+  exit 1
+fi
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 [[ -f "$binary" ]] || { echo "$0: no binary at $binary" >&2; exit 1; }
 if [[ -e "$rootfs" ]] && [[ -n "$(ls -A "$rootfs")" ]]; then
@@ -50,6 +69,11 @@ chmod 0777 "$debs"
 (
   cd "$debs"
   pkgs=(libc6 libgcc-s1 libc-bin)
+  # DCGM's libraries are C++: when one of them names libstdc++, Debian's comes along.
+  if [[ -n "$dcgm_lib" ]] && find "$dcgm_lib" -name '*.so*' -type f -exec readelf -d {} + 2>/dev/null \
+      | grep -q 'NEEDED.*\[libstdc++\.so\.6\]'; then
+    pkgs+=(libstdc++6)
+  fi
   apt-get download -q "${pkgs[@]}" >/dev/null 2>&1 \
     || { apt-get update -qq && apt-get download -q "${pkgs[@]}" >/dev/null; }
   for deb in *.deb; do dpkg-deb -x "$deb" unpacked; done
@@ -66,6 +90,14 @@ chmod 0700 "$rootfs/root"
 for lib in "$loader" libc.so.6 libm.so.6 libgcc_s.so.1 libdl.so.2 libpthread.so.0 librt.so.1; do
   cp -L "$src/lib/$multiarch/$lib" "$rootfs/lib/$multiarch/$lib"
 done
+if [[ -n "$dcgm_lib" ]]; then
+  mkdir -p "$rootfs/usr/lib/$multiarch"
+  if [[ -e "$src/usr/lib/$multiarch/libstdc++.so.6" ]]; then
+    cp -L "$src/usr/lib/$multiarch/libstdc++.so.6" "$rootfs/usr/lib/$multiarch/libstdc++.so.6"
+  fi
+  # Links stay links (libdcgm.so.4 -> libdcgm.so.4.x.y in DCGM's packages).
+  cp -a "$dcgm_lib"/. "$rootfs/usr/lib/$multiarch/"
+fi
 if [[ "$loader" == ld-linux-x86-64.so.2 ]]; then
   ln -s "/lib/$multiarch/$loader" "$rootfs/lib64/$loader"
 else
@@ -103,4 +135,24 @@ if [[ "$missing" != 0 ]]; then
   exit 1
 fi
 chroot "$rootfs" /usr/bin/gpu-exporter --version >/dev/null
+if [[ -n "$dcgm_lib" ]]; then
+  # The loader finds libdcgm.so.4 by name through the image's cache, as dlopen does...
+  if ! chroot "$rootfs" /sbin/ldconfig -p | grep -q "libdcgm.so.4 .*=> /usr/lib/$multiarch/libdcgm.so.4"; then
+    chroot "$rootfs" /sbin/ldconfig -p >&2 || true
+    echo "$0: /etc/ld.so.cache does not list /usr/lib/$multiarch/libdcgm.so.4" >&2
+    exit 1
+  fi
+  # ...and every library DCGM's need resolves inside the image.
+  for lib in "$rootfs/usr/lib/$multiarch/"libdcgm*.so*; do
+    [[ -f "$lib" && ! -L "$lib" ]] || continue
+    in_image="/usr/lib/$multiarch/$(basename "$lib")"
+    # (A shared object's missing dependency is an error, not a "not found" line.)
+    if ! listed="$(chroot "$rootfs" "/lib/$multiarch/$loader" --list "$in_image" 2>&1)" \
+        || grep -q 'not found' <<<"$listed"; then
+      echo "$listed" >&2
+      echo "$0: $in_image needs libraries missing in the image" >&2
+      exit 1
+    fi
+  done
+fi
 chroot "$rootfs" /usr/bin/dcgm-exporter --version >/dev/null

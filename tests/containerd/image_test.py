@@ -3,9 +3,10 @@
 DaemonSet runs it, scraped from the host. Run by scripts/ci-image.sh (which builds and passes the
 image archive, the fake-kubelet binary and the C NVML stand-in), as root:
 
-  image_test.py --image-tar IMG.tar --image REF --fake-kubelet BIN --nvml-standin LIB.so
+  image_test.py --image-tar IMG.tar --image REF --fake-kubelet BIN --nvml-standin LIB.so \
+                [--dcgm-image-tar IMG-DCGM.tar --dcgm-image REF]
 
-Three pods, one after the other, each host-network, privileged, with the Operator's env
+Three pods (five with the DCGM variant), one after the other, each host-network, privileged, with the Operator's env
 (DCGM_EXPORTER_LISTEN=":PORT", DCGM_EXPORTER_KUBERNETES="true",
 DCGM_EXPORTER_COLLECTORS=/etc/dcgm-exporter/dcp-metrics-included.csv, NODE_NAME), `args` only
 (the image's ENTRYPOINT starts the exporter) and the kubelet's pod-resources directory mounted
@@ -20,6 +21,21 @@ DCGM_EXPORTER_COLLECTORS=/etc/dcgm-exporter/dcp-metrics-included.csv, NODE_NAME)
                  stand-in at /usr/lib64/libnvidia-ml.so.1 and runs ldconfig in the container),
                  args --backend nvml -c 1000: the stand-in's two GPUs are served through the real loader
                  path of the image, with pod labels.
+The image variant with DCGM's libraries (scripts/build-image.sh --dcgm-lib: here the libdcgm
+stand-in, tests/dcgm_abi/dcgm_standin.c, at /usr/lib/x86_64-linux-gnu/libdcgm.so.4 where DCGM's
+own library lives in NVIDIA's images), on two A100 stand-ins (no GPM: NVML cannot read their
+profiling fields), in the GPU Operator's two DCGM modes, `args` empty as the Operator passes them
+(DCGM_EXPORTER_INTERVAL=1000 in the env, as a ClusterPolicy's dcgmExporter.env would set it):
+  4. dcgm-embedded:   the Operator's default (no standalone DCGM: no DCGM_REMOTE_HOSTENGINE_INFO):
+                      DCGM runs embedded in the exporter and serves every DCGM_FI_PROF_* row of the
+                      dcp CSV for both GPUs; no connection is made (the stand-in's "hostengine"
+                      is set down), and removing the pod stops the embedded hostengine.
+  5. dcgm-standalone: the Operator's standalone `nvidia-dcgm` (DCGM_REMOTE_HOSTENGINE_INFO=
+                      localhost:5555): the exporter connects (dcgmConnect_v2) and serves the same.
+The stand-in has no network: its "hostengine" is a key = value file (GPUs, UUIDs, profiling metric
+groups, values), mounted read-only into the pod and named by DCGM_STANDIN_CONFIG; a second,
+writable mount receives its call counters (DCGM_STANDIN_STATUS), which the test reads from the
+host. Those two variables are the stand-in's, not the exporter's or the Operator's.
 Every wait is bounded; everything is cleaned up (lab.py) even when a check fails.
 """
 
@@ -246,14 +262,154 @@ def pod_nvml(lab: Lab, image: str, kubelet_dir: Path, node_dir: Path):
     pod.remove()
 
 
+A100_GPUS = {
+    "GPU-a100a100-0000-4a6b-9d1e-00000000a100": "0",
+    "GPU-a100a100-1111-4a6b-9d1e-00000000a100": "1",
+}
+PROF_FIELDS = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 1001,
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 1004,
+    "DCGM_FI_PROF_DRAM_ACTIVE": 1005,
+    "DCGM_FI_PROF_PCIE_TX_BYTES": 1009,
+    "DCGM_FI_PROF_PCIE_RX_BYTES": 1010,
+}
+
+
+def dcp_prof_rows() -> set:
+    text = (REPO / "metrics-config" / "upstream" / "dcp-metrics-included.csv").read_text()
+    return {l.split(",")[0].strip() for l in text.splitlines()
+            if l.strip().startswith("DCGM_FI_PROF_")}
+
+
+def a100_node() -> str:
+    """The NVML stand-in as two A100s without GPM (their profiling fields need DCGM)."""
+    text = STANDIN_NODE
+    for uuid, i in A100_GPUS.items():
+        g = f"gpu.{i}."
+        text += "".join(f"{g}{k} = {v}\n" for k, v in [
+            ("uuid", uuid), ("name", "NVIDIA A100-SXM4-80GB"), ("brand", 14), ("minor", i), ("gpm", 0),
+            ("pci_bus_id", f"00000000:{0x27 + int(i):02X}:00.0"), ("serial", f"13240{i}"),
+            ("temp", 40 + int(i)), ("power_mw", 250000), ("power_limit_mw", 400000),
+            ("enforced_limit_mw", 400000), ("pstate", 0), ("clock.sm", 1410), ("clock.mem", 1593),
+            ("util.gpu", 60), ("util.mem", 20), ("enc", 0), ("dec", 0),
+            ("mem.total", 85899345920), ("mem.reserved", 536870912), ("mem.used", 10737418240),
+            ("mem.free", 85899345920 - 536870912 - 10737418240),
+        ])
+    return text
+
+
+def prof_value(gpu: str, field: int) -> float:
+    """What the stand-in's hostengine holds for `field` of NVML GPU `gpu`: distinct everywhere."""
+    return (field - 1000) / 100 + int(gpu) / 1000
+
+
+def dcgm_hostengine(up: bool) -> str:
+    """The DCGM stand-in's hostengine: the A100s numbered the other way round from NVML (so a value
+    lands on the right series only when the exporter maps DCGM's GPUs by UUID)."""
+    lines = [f"hostengine = {'up' if up else 'down'}", f"gpus = {len(A100_GPUS)}",
+             "metricgroup.0 = 1 0 1001 1002 1003 1004 1005", "metricgroup.1 = 2 0 1009 1010"]
+    for uuid, i in A100_GPUS.items():
+        dcgm_id = len(A100_GPUS) - 1 - int(i)
+        lines.append(f"uuid.{dcgm_id} = {uuid}")
+        lines += [f"value.1.{dcgm_id}.{f} = {prof_value(i, f)!r}" for f in PROF_FIELDS.values()]
+    return "\n".join(lines) + "\n"
+
+
+def standin_counters(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    return {k.strip(): int(v) for k, _, v in (l.partition(" = ") for l in path.read_text().splitlines()) if v}
+
+
+def pod_dcgm(lab: Lab, image: str, kubelet_dir: Path, mode: str):
+    embedded = mode == "embedded"
+    print(f"pod (dcgm-{mode}): the DCGM variant on two A100 stand-ins, the Operator's "
+          f"{'default (embedded DCGM)' if embedded else 'standalone DCGM (DCGM_REMOTE_HOSTENGINE_INFO)'}", flush=True)
+    base = lab.dir / f"dcgm-{mode}"
+    (base / "nvml").mkdir(parents=True)
+    (base / "nvml" / "node.conf").write_text(a100_node())
+    (base / "dcgm").mkdir()
+    # Embedded: no hostengine is up, so only the in-process one can serve.
+    (base / "dcgm" / "hostengine.conf").write_text(dcgm_hostengine(up=not embedded))
+    (base / "status").mkdir()
+    counters = base / "status" / "calls"
+    env = {
+        "DCGM_EXPORTER_INTERVAL": "1000",
+        "NVML_STANDIN_CONFIG": "/etc/nvml-standin/node.conf",
+        "DCGM_STANDIN_CONFIG": "/etc/dcgm-standin/hostengine.conf",
+        "DCGM_STANDIN_STATUS": "/var/run/dcgm-standin/calls",
+    }
+    if not embedded:
+        env["DCGM_REMOTE_HOSTENGINE_INFO"] = "localhost:5555"
+    port = free_port()
+    pod = start_exporter(
+        lab, f"exporter-dcgm-{mode}", image, port, [], kubelet_dir, env_extra=env,
+        mounts=[(str(base / "nvml"), "/etc/nvml-standin", True), (str(base / "dcgm"), "/etc/dcgm-standin", True),
+                (str(base / "status"), "/var/run/dcgm-standin", False)],
+        runtime_handler="nvidia",
+    )
+    wanted = dcp_prof_rows()
+    check(wanted and wanted <= set(PROF_FIELDS), f"the dcp CSV's profiling rows: {sorted(wanted)}")
+
+    def served():
+        s = scrape(port)
+        return s if all(len(series(s, name)) == len(A100_GPUS) for name in wanted) else None
+    try:
+        samples = wait_for(served, PATIENCE, f"{mode}: every DCGM_FI_PROF_* row for both A100s")
+    except LabError as e:
+        raise AssertionError(f"{e}\nlog:\n{pod.log('nvidia-dcgm-exporter')}\ncounters: {standin_counters(counters)}") from e
+    for uuid, i in A100_GPUS.items():
+        for name in sorted(wanted):
+            got = series(samples, name, gpu=i, UUID=uuid)
+            check(len(got) == 1 and got[0][2] == prof_value(i, PROF_FIELDS[name])
+                  and got[0][1].get("modelName") == "NVIDIA A100-SXM4-80GB",
+                  f"{mode}: {name}{{gpu=\"{i}\"}} {prof_value(i, PROF_FIELDS[name])} (the hostengine's value of that UUID)",
+                  str(got))
+    check(len(series(samples, "DCGM_FI_DEV_GPU_TEMP")) == len(A100_GPUS), f"{mode}: NVML still serves the rest")
+    mode_series = series(samples, "gpu_exporter_dcgm_mode", mode=mode)
+    check(mode_series and mode_series[0][2] == 1, f"{mode}: gpu_exporter_dcgm_mode{{mode=\"{mode}\"}} 1")
+    connected = series(samples, "gpu_exporter_dcgm_connected")
+    check(connected and connected[0][2] == 1, f"{mode}: gpu_exporter_dcgm_connected 1")
+    check(not series(samples, "gpu_exporter_fields_unavailable", reason="needs_dcgm_profiling"),
+          f"{mode}: no field reported as needing DCGM")
+    calls = standin_counters(counters)
+    if embedded:
+        check(calls.get("dcgmStartEmbedded_v2", 0) == 1 and calls.get("dcgmConnect_v2", 0) == 0
+              and calls.get("embedded.running") == 1,
+              "embedded: dcgmStartEmbedded_v2 once, no dcgmConnect_v2 (no -r)", str(calls))
+    else:
+        check(calls.get("dcgmConnect_v2", 0) >= 1 and calls.get("dcgmStartEmbedded_v2", 0) == 0,
+              "standalone: dcgmConnect_v2 to localhost:5555, no embedded hostengine", str(calls))
+    # DCGM's library was found by name through the image's ld cache at the path of NVIDIA's own.
+    pid = pod.pid("nvidia-dcgm-exporter")
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    check("/usr/lib/x86_64-linux-gnu/libdcgm.so.4" in maps,
+          f"{mode}: the exporter (host PID {pid}) mapped /usr/lib/x86_64-linux-gnu/libdcgm.so.4")
+    log = pod.log("nvidia-dcgm-exporter")
+    want_log = "the embedded hostengine" if embedded else "the hostengine at localhost:5555"
+    check(f"connected to {want_log}" in log, f"{mode}: the log says it reads {want_log}", log)
+    # The kubelet's way to end a pod: StopContainer with a grace period (SIGTERM), then remove.
+    lab.cri.stop_container(pod.containers["nvidia-dcgm-exporter"], grace_s=10)
+    if embedded:
+        calls = standin_counters(counters)
+        check(calls.get("dcgmStopEmbedded", 0) == 1 and calls.get("embedded.running") == 0,
+              "embedded: SIGTERM stopped the embedded hostengine (dcgmStopEmbedded) before the exporter exited",
+              f"{calls}\n{pod.log('nvidia-dcgm-exporter')}")
+    pod.remove()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--image-tar", required=True)
     ap.add_argument("--image", required=True, help="the archive's image reference")
     ap.add_argument("--fake-kubelet", required=True)
     ap.add_argument("--nvml-standin", required=True, help="the C NVML stand-in, built as libnvidia-ml.so.1")
+    ap.add_argument("--dcgm-image-tar", help="the image variant with DCGM's libraries (the libdcgm stand-in)")
+    ap.add_argument("--dcgm-image", help="that archive's image reference")
     ap.add_argument("--keep", action="store_true", help="keep the lab's directory (logs) afterwards")
     a = ap.parse_args()
+    if bool(a.dcgm_image_tar) != bool(a.dcgm_image):
+        ap.error("--dcgm-image-tar and --dcgm-image go together")
     start = time.monotonic()
     # A timeout's SIGTERM unwinds through the cleanup below like any failure.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("image_test.py: terminated"))
@@ -287,6 +443,12 @@ def main():
             nvml_dir = lab.dir / "kubelet-nvml"
             fake_kubelet(lab, a.fake_kubelet, assignments, nvml_dir, "fake-kubelet-nvml.log")
             pod_nvml(lab, a.image, nvml_dir, node_dir)
+
+            if a.dcgm_image_tar:
+                lab.import_image(a.dcgm_image_tar)
+                print(f"imported {a.dcgm_image_tar} as {a.dcgm_image}", flush=True)
+                for mode in ("embedded", "standalone"):
+                    pod_dcgm(lab, a.dcgm_image, sim_dir, mode)
         except BaseException:
             print("--- containerd log (tail) ---\n" + lab.containerd_log(), file=sys.stderr)
             print("--- toolkit stand-in log ---\n" + lab.read_log("toolkit.log"), file=sys.stderr)
