@@ -437,14 +437,14 @@ pub struct Args {
           require_equals = true, default_missing_value = "true", value_parser = goflags::parse_bool)]
     pub dump_compression: Option<bool>,
 
-    /// dcgm-exporter's DCGM watch retention age. No effect: the DCGM watches (`-r`, profiling
-    /// fields only) keep the last 2 samples, all the exporter reads.
+    /// dcgm-exporter's DCGM watch retention age. No effect: the DCGM watches (`-r` or embedded,
+    /// profiling fields only) keep the last 2 samples, all the exporter reads.
     #[arg(long, env = "DCGM_EXPORTER_WATCH_MAX_KEEP_AGE", hide = true,
           value_parser = goflags::parse_duration)]
     pub watch_max_keep_age: Option<Duration>,
 
-    /// dcgm-exporter's DCGM watch retention samples. No effect: the DCGM watches (`-r`,
-    /// profiling fields only) keep the last 2 samples, all the exporter reads.
+    /// dcgm-exporter's DCGM watch retention samples. No effect: the DCGM watches (`-r` or
+    /// embedded, profiling fields only) keep the last 2 samples, all the exporter reads.
     #[arg(long, env = "DCGM_EXPORTER_WATCH_MAX_KEEP_SAMPLES", hide = true)]
     pub watch_max_keep_samples: Option<i64>,
 

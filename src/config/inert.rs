@@ -1,5 +1,5 @@
 //! dcgm-exporter flags that mean nothing here (they set up DCGM's embedded hostengine, its watches
-//! or its entities, which gpu-exporter's DCGM source, `-r`, does not use): accepted, one warning
+//! or its entities, which gpu-exporter's DCGM source, remote (`-r`) or embedded, does not use): accepted, one warning
 //! line each.
 
 use super::Args;
@@ -7,16 +7,16 @@ use super::Args;
 /// dcgm-exporter flags that mean nothing here: (Args field, why). Each one given (by flag,
 /// environment or a non-default value) is reported once.
 /// Why DCGM watch retention settings have no effect; shared with the config file's notices.
-pub(super) const DCGM_WATCHES_FIXED: &str = "DCGM's field watches, made only with -r for the DCGM_FI_PROF_* fields, sample once per interval and keep the last 2 samples, all the exporter reads; every other field is read from NVML each interval";
+pub(super) const DCGM_WATCHES_FIXED: &str = "DCGM's field watches, made only for the DCGM_FI_PROF_* fields NVML cannot read (-r, or DCGM embedded), sample once per interval and keep the last 2 samples, all the exporter reads; every other field is read from NVML each interval";
 
 const INERT: &[(&str, &str)] = &[
     (
         "cpu_devices",
-        "gpu-exporter exports no CPU entities (its DCGM source, -r, reads GPU profiling fields only)",
+        "gpu-exporter exports no CPU entities (its DCGM source, -r or embedded, reads GPU profiling fields only)",
     ),
     (
         "fake_gpus",
-        "GPUs come from NVML, so DCGM's fake GPUs are never exported (-r only adds profiling fields to NVML's GPUs); --backend sim runs a simulated fleet",
+        "GPUs come from NVML, so DCGM's fake GPUs are never exported (DCGM, -r or embedded, only adds profiling fields to NVML's GPUs); --backend sim runs a simulated fleet",
     ),
     (
         "dump_enabled",

@@ -161,7 +161,7 @@ impl Config {
         }
         if args.disable_startup_validate {
             notices.push(
-                "--disable-startup-validate has no effect: startup never requires libdcgm.so.4 (with -r, a missing library or hostengine leaves the DCGM_FI_PROF_* series it would serve absent, and NVML serves the rest)"
+                "--disable-startup-validate has no effect: startup never requires libdcgm.so.4 (a missing library, hostengine or embedded start leaves the DCGM_FI_PROF_* series it would serve absent, and NVML serves the rest)"
                     .to_owned(),
             );
         }
