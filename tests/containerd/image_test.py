@@ -366,8 +366,9 @@ def pod_dcgm(lab: Lab, image: str, kubelet_dir: Path, mode: str):
                   f"{mode}: {name}{{gpu=\"{i}\"}} {prof_value(i, PROF_FIELDS[name])} (the hostengine's value of that UUID)",
                   str(got))
     check(len(series(samples, "DCGM_FI_DEV_GPU_TEMP")) == len(A100_GPUS), f"{mode}: NVML still serves the rest")
-    mode_series = series(samples, "gpu_exporter_dcgm_mode", mode=mode)
-    check(mode_series and mode_series[0][2] == 1, f"{mode}: gpu_exporter_dcgm_mode{{mode=\"{mode}\"}} 1")
+    label = "embedded" if embedded else "remote"
+    mode_series = series(samples, "gpu_exporter_dcgm_mode", mode=label)
+    check(mode_series and mode_series[0][2] == 1, f"{mode}: gpu_exporter_dcgm_mode{{mode=\"{label}\"}} 1")
     connected = series(samples, "gpu_exporter_dcgm_connected")
     check(connected and connected[0][2] == 1, f"{mode}: gpu_exporter_dcgm_connected 1")
     check(not series(samples, "gpu_exporter_fields_unavailable", reason="needs_dcgm_profiling"),
