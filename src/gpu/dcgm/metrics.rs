@@ -119,8 +119,7 @@ impl Collector for Shared {
             "gpu_exporter_dcgm_mode",
             "Where the DCGM hostengine runs: embedded (started in the exporter, no -r) or remote (-r); always 1.",
             (!s.mode.is_empty())
-                .then_some((Mode { mode: s.mode }, Num::Int(1)))
-                .into_iter(),
+                .then_some((Mode { mode: s.mode }, Num::Int(1))),
         )?;
         self_metrics::gauge1(
             &mut e,
