@@ -113,7 +113,21 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
             // library (the image without it) NVML alone serves.
             let opts = match config.args.remote_hostengine_info.clone() {
                 Some(address) => DcgmOptions::new(&address, config.interval),
-                None => DcgmOptions::embedded(config.interval),
+                None => {
+                    let mut opts = DcgmOptions::embedded(config.interval);
+                    // dcgm-exporter's --enable-dcgm-log: the embedded hostengine logs to stdout.
+                    if config.args.enable_dcgm_log {
+                        opts.embedded_log = Some(
+                            config
+                                .args
+                                .dcgm_log_level
+                                .as_deref()
+                                .and_then(gpu_exporter::gpu::dcgm::log_severity)
+                                .unwrap_or(0),
+                        );
+                    }
+                    opts
+                }
             };
             match DcgmLibrary::load(&opts.library) {
                 Ok(lib) => {

@@ -334,13 +334,13 @@ pub struct Args {
     #[arg(short = 'r', long, env = "DCGM_REMOTE_HOSTENGINE_INFO", hide = true)]
     pub remote_hostengine_info: Option<String>,
 
-    /// dcgm-exporter's DCGM log switch. No effect: the embedded hostengine is started without a
-    /// log file, and the DCGM library's logging is left as it is.
+    /// dcgm-exporter's DCGM log switch: the embedded DCGM hostengine (no `-r`) logs to stdout at
+    /// `--dcgm-log-level`. Without it the embedded hostengine has no log file.
     #[arg(long, env = "DCGM_EXPORTER_ENABLE_DCGM_LOG", hide = true)]
     pub enable_dcgm_log: bool,
 
-    /// dcgm-exporter's DCGM log level. No effect: the embedded hostengine is started without a
-    /// log file, and the DCGM library's logging is left as it is.
+    /// dcgm-exporter's DCGM log level for `--enable-dcgm-log`: NONE (the default), FATAL, ERROR,
+    /// WARN, INFO, DEBUG or VERB.
     #[arg(long, env = "DCGM_EXPORTER_DCGM_LOG_LEVEL", hide = true)]
     pub dcgm_log_level: Option<String>,
 

@@ -147,8 +147,17 @@ impl Config {
         if args.remote_hostengine_info.is_some() && args.backend == Backend::Sim {
             notices.push("--remote-hostengine-info / DCGM_REMOTE_HOSTENGINE_INFO has no effect with --backend sim: the simulated fleet reads no DCGM hostengine".to_owned());
         }
-        if args.enable_dcgm_log || args.dcgm_log_level.is_some() {
-            notices.push("--enable-dcgm-log / --dcgm-log-level have no effect: gpu-exporter starts its embedded DCGM hostengine without a log file and leaves the DCGM library's logging as it is (its __DCGM_DBG_FILE / __DCGM_DBG_LVL variables); with -r the hostengine logs on its own (nv-hostengine --log-level)".to_owned());
+        if let Some(level) = args
+            .dcgm_log_level
+            .as_deref()
+            .filter(|l| crate::gpu::dcgm::log_severity(l).is_none())
+        {
+            notices.push(format!("--dcgm-log-level {level:?} is not one of NONE, FATAL, ERROR, WARN, INFO, DEBUG, VERB: the embedded DCGM hostengine logs at NONE"));
+        }
+        if (args.enable_dcgm_log || args.dcgm_log_level.is_some())
+            && args.remote_hostengine_info.is_some()
+        {
+            notices.push("--enable-dcgm-log / --dcgm-log-level have no effect with -r: they set the embedded DCGM hostengine's log, and the hostengine of -r logs on its own (nv-hostengine --log-level)".to_owned());
         }
         if switches != DeviceSelection::Flex {
             notices.push(format!(

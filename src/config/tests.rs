@@ -177,7 +177,9 @@ fn dcgm_notices_do_not_say_there_is_no_dcgm() {
         "--disable-startup-validate",
     ]))
     .unwrap();
-    assert_eq!(c.notices.len(), 6, "{:?}", c.notices);
+    // --enable-dcgm-log sets the embedded hostengine's log (no -r here): no notice.
+    assert_eq!(c.notices.len(), 5, "{:?}", c.notices);
+    assert!(!c.notices.iter().any(|n| n.contains("--enable-dcgm-log")));
     let file = super::file::parse(
         "version: 2\nsources:\n  dcgm:\n    watch:\n      maxKeepAge: 10m\n",
         "c.yaml",
@@ -503,4 +505,27 @@ fn bad_csv_error_names_the_flag_and_file_line() {
         chain.contains("bad.csv:2: unknown field \"DCGM_FI_NOPE\""),
         "{chain}"
     );
+}
+
+#[test]
+fn dcgm_log_flags_have_a_notice_only_where_they_do_nothing() {
+    let with_r = Config::resolve(go(&["--enable-dcgm-log", "-r", "nvidia-dcgm:5555"])).unwrap();
+    assert!(
+        with_r
+            .notices
+            .iter()
+            .any(|n| n.contains("--enable-dcgm-log") && n.contains("-r")),
+        "{:?}",
+        with_r.notices
+    );
+    let bad = Config::resolve(go(&["--enable-dcgm-log", "--dcgm-log-level", "warn"])).unwrap();
+    assert!(
+        bad.notices
+            .iter()
+            .any(|n| n.contains("\"warn\"") && n.contains("NONE, FATAL")),
+        "{:?}",
+        bad.notices
+    );
+    let good = Config::resolve(go(&["--enable-dcgm-log", "--dcgm-log-level", "VERB"])).unwrap();
+    assert!(good.notices.is_empty(), "{:?}", good.notices);
 }

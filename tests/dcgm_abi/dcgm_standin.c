@@ -47,7 +47,9 @@
  * The hostengine's tables hold 64 entity groups, 64 field groups and 64 watches (a full table:
  * DCGM_ST_MAX_LIMIT), and an entity group at most 64 entities (DCGM_GROUP_MAX_ENTITIES).
  * Calls are counted in the file named by DCGM_STANDIN_STATUS (key = count), when set, beside
- * `live.groups` and `live.field_groups`: the entity and field groups the hostengine holds now.
+ * `live.groups` and `live.field_groups`: the entity and field groups the hostengine holds now,
+ * `embedded.running` (1 while the embedded hostengine runs), `embedded.log_stdout` (1 when it was
+ * started logging to stdout, "-") and `embedded.severity` (its log severity, when it logs).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -559,7 +561,15 @@ API dcgmReturn_t dcgmStartEmbedded_v2(dcgmStartEmbeddedV2Params_v1 *params) {
         params->version != dcgmStartEmbeddedV2Params_version2 &&
         params->version != dcgmStartEmbeddedV2Params_version3)
         return DCGM_ST_VER_MISMATCH;
-    return start_embedded(params->opMode, &params->dcgmHandle);
+    /* Where and how much the embedded hostengine would log: `embedded.log_stdout` (1: "-"),
+     * `embedded.severity` (DcgmLoggingSeverity_t, when it logs). */
+    int to_stdout = params->logFile && strcmp(params->logFile, "-") == 0;
+    dcgmReturn_t st = start_embedded(params->opMode, &params->dcgmHandle);
+    if (st == DCGM_ST_OK) {
+        status_put("embedded.log_stdout", to_stdout, 0);
+        if (params->logFile) status_put("embedded.severity", params->severity, 0);
+    }
+    return st;
 }
 
 API dcgmReturn_t dcgmStartEmbedded(int opMode, dcgmHandle_t *handle) {

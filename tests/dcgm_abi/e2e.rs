@@ -601,6 +601,8 @@ fn without_dash_r_dcgms_library_runs_embedded_and_serves_the_profiling_fields_on
         assert_eq!(he.counter("dcgmStartEmbedded_v2"), 1, "{file}");
         assert_eq!(he.counter("dcgmConnect_v2"), 0, "{file}: connected instead");
         assert_eq!(he.counter("embedded.running"), 1, "{file}");
+        // No --enable-dcgm-log: no log file.
+        assert_eq!(he.counter("embedded.log_stdout"), 0, "{file}");
         // SIGTERM stops the embedded hostengine (dcgmStopEmbedded) before the process ends.
         let (_, status) = exp
             .terminate(Duration::from_secs(15))
@@ -681,4 +683,28 @@ fn without_dash_r_and_without_dcgms_library_nvml_serves_alone_with_an_info_line(
         .unwrap_or_else(|| panic!("no line about DCGM's library in\n{logs}"));
     assert!(line.contains("INFO") && !line.contains("WARN"), "{line}");
     assert!(line.contains("libdcgm.so.4"), "{line}");
+}
+
+#[test]
+fn enable_dcgm_log_makes_the_embedded_hostengine_log_to_stdout_at_the_level_given() {
+    // dcgm-exporter's --enable-dcgm-log / --dcgm-log-level (its __DCGM_DBG_FILE=- and
+    // __DCGM_DBG_LVL): here dcgmStartEmbedded_v2's log file "-" and severity.
+    for (args, severity) in [
+        (&["--enable-dcgm-log", "--dcgm-log-level", "WARN"][..], 3),
+        (&["--enable-dcgm-log"][..], 0),
+    ] {
+        let nvml = StandIn::new(a100_node());
+        let he = Hostengine::a100s();
+        let csv = csv("default-counters.csv");
+        let all: Vec<&str> = ["-f", csv.to_str().expect("utf-8 path")]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let exp = Exporter::start_with_env(&nvml, &all, &he.env());
+        exp.wait_for(&format!("{args:?}: the profiling series"), |s| {
+            has_all_prof(s, &expected(&PROF))
+        });
+        assert_eq!(he.counter("embedded.log_stdout"), 1, "{args:?}");
+        assert_eq!(he.counter("embedded.severity"), severity, "{args:?}");
+    }
 }

@@ -217,13 +217,14 @@ impl DcgmLibrary {
 
     /// Starts DCGM's hostengine inside this process (`dcgmStartEmbedded_v2`,
     /// `dcgmStartEmbeddedV2Params_v2`, `DCGM_OPERATION_MODE_AUTO`: it samples the watched fields
-    /// by itself), without a log file; the connection it returns stops it when dropped
-    /// (`dcgmStopEmbedded`). `dcgmInit` must have succeeded.
+    /// by itself), logging to stdout at `log` (a `DcgmLoggingSeverity_t`, dcgm-exporter's
+    /// `--enable-dcgm-log`), or without a log file; the connection it returns stops it when
+    /// dropped (`dcgmStopEmbedded`). `dcgmInit` must have succeeded.
     ///
     /// # Errors
     /// [`DcgmError::Symbol`] for a library without the embedded entry points, or
     /// `dcgmStartEmbedded_v2`'s failure (`DCGM_ST_UNINITIALIZED`, a driver DCGM cannot use...).
-    pub fn start_embedded(self: &Arc<Self>) -> Result<Connection, DcgmError> {
+    pub fn start_embedded(self: &Arc<Self>, log: Option<i32>) -> Result<Connection, DcgmError> {
         let missing = |symbol| DcgmError::Symbol {
             path: self.path.clone(),
             symbol,
@@ -239,14 +240,15 @@ impl DcgmLibrary {
             version: START_EMBEDDED_V2_PARAMS_VERSION2,
             op_mode: OPERATION_MODE_AUTO,
             handle: 0,
-            log_file: std::ptr::null(),
-            severity: LOGGING_SEVERITY_UNSPECIFIED,
+            // "-": stdout, as dcgm-exporter's __DCGM_DBG_FILE=- does.
+            log_file: log.map_or(std::ptr::null(), |_| c"-".as_ptr()),
+            severity: log.unwrap_or(LOGGING_SEVERITY_UNSPECIFIED),
             deny_list_count: 0,
             service_account: std::ptr::null(),
             deny_list: [0; 10],
         };
-        // SAFETY: a versioned params struct (no log file, no service account: NULL pointers, as
-        // the header allows), live for the call; the library writes the handle into it.
+        // SAFETY: a versioned params struct (a static log file name or NULL, no service account:
+        // NULL, as the header allows), live for the call; the library writes the handle into it.
         check("dcgmStartEmbedded_v2", unsafe { start(&mut params) })?;
         Ok(Connection {
             lib: Arc::clone(self),

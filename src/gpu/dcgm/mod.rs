@@ -17,6 +17,6 @@ mod types;
 
 pub use ffi::{Connection, DcgmLibrary, FieldGroupId, GroupId};
 pub use types::{
-    blank, reading, status, status_name, DcgmError, Entity, EntityGroup, LatestValue, MetricGroup,
-    MigEntity, RawValue,
+    blank, log_severity, reading, status, status_name, DcgmError, Entity, EntityGroup, LatestValue,
+    MetricGroup, MigEntity, RawValue,
 };

@@ -70,6 +70,9 @@ pub struct DcgmOptions {
     pub library: String,
     /// Embedded, or remote at an address.
     pub mode: DcgmMode,
+    /// The embedded hostengine logs to stdout at this `DcgmLoggingSeverity_t`
+    /// (`--enable-dcgm-log`, `--dcgm-log-level`); `None`: no log file.
+    pub embedded_log: Option<i32>,
     /// The collect interval: DCGM samples the watched fields this often.
     pub interval: Duration,
     /// How long `dcgmConnect_v2` may wait.
@@ -97,6 +100,7 @@ impl DcgmOptions {
         Self {
             library: "libdcgm.so.4".to_owned(),
             mode,
+            embedded_log: None,
             interval,
             connect_timeout: Duration::from_secs(2),
             min_backoff: Duration::from_millis(500),
@@ -468,7 +472,7 @@ impl Reader {
                         u32::try_from(self.opts.connect_timeout.as_millis()).unwrap_or(u32::MAX);
                     self.lib.connect(a, unix, timeout)
                 }
-                DcgmMode::Embedded => self.lib.start_embedded(),
+                DcgmMode::Embedded => self.lib.start_embedded(self.opts.embedded_log),
             };
             match connected {
                 Ok(conn) => {

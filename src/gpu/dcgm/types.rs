@@ -138,6 +138,16 @@ impl DcgmError {
     }
 }
 
+/// The `DcgmLoggingSeverity_t` of a dcgm-exporter `--dcgm-log-level` name: `NONE` (0), `FATAL`,
+/// `ERROR`, `WARN`, `INFO`, `DEBUG`, `VERB` (6), spelled as upstream accepts them; `None` for
+/// another name.
+pub fn log_severity(level: &str) -> Option<i32> {
+    ["NONE", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "VERB"]
+        .iter()
+        .position(|l| *l == level)
+        .and_then(|i| i32::try_from(i).ok())
+}
+
 /// `dcgmReturn_t` values (dcgm_structs.h) the exporter tells apart.
 pub mod status {
     /// `DCGM_ST_OK`.
@@ -291,6 +301,19 @@ pub fn reading(v: &LatestValue) -> Reading {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_levels_are_dcgm_exporters_names_mapped_to_dcgm_severities() {
+        let all: Vec<Option<i32>> = ["NONE", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "VERB"]
+            .iter()
+            .map(|l| log_severity(l))
+            .collect();
+        assert_eq!(all, (0..=6).map(Some).collect::<Vec<_>>());
+        // As upstream: exact names only.
+        assert_eq!(log_severity("warn"), None);
+        assert_eq!(log_severity("WARNING"), None);
+        assert_eq!(log_severity(""), None);
+    }
 
     fn v(status: i32, value: RawValue) -> LatestValue {
         LatestValue {
