@@ -353,8 +353,6 @@ fn self_metrics() -> SamplerMetrics {
     registry.register_collector(Box::new(Arc::clone(&own.samples)));
     registry.register_collector(Box::new(ReloadMetrics::default()));
     registry.register_collector(Box::new(HttpMetrics::default()));
-    // Accounting's families (rendered only once enabled: `-k`).
-    registry.register_collector(Box::new(Arc::clone(&own.accounting)));
     SamplerMetrics {
         registry: Arc::new(registry),
         ..own
@@ -403,9 +401,17 @@ fn bench_tick(c: &mut Criterion) {
                 m
             },
         );
-        let series = rt.block_on(sampler.tick()).series;
+        rt.block_on(sampler.tick());
+        let first = rt.block_on(sampler.tick());
+        let series = first.series;
         group.throughput(Throughput::Elements(series as u64));
         let suffix = if accounting { "+accounting" } else { "" };
+        eprintln!(
+            "tick/{profile}/{pods}pods{suffix}: body {} bytes, {} lines, {} gzipped",
+            first.body.len(),
+            first.body.iter().filter(|b| **b == b'\n').count(),
+            first.gzip_body().len()
+        );
         group.bench_function(
             BenchmarkId::from_parameter(format!("{profile}/{pods}pods{suffix}")),
             |b| {

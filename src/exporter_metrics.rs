@@ -27,7 +27,8 @@ pub struct ExporterMetrics {
     pub attribution: Arc<AttributionMetrics>,
     /// Per-process attribution.
     pub processes: Arc<ProcessMetrics>,
-    /// The accounting ledger and its `gpu_exporter_container_*` families (off unless enabled).
+    /// The accounting ledger and its `gpu_exporter_container_*` families (off unless enabled;
+    /// not in the registry: the sampler appends them to each body itself).
     pub accounting: Arc<AccountingMetrics>,
     /// Metrics CSV reloads.
     pub reload: Arc<ReloadMetrics>,
@@ -73,7 +74,6 @@ impl ExporterMetrics {
         registry.register_collector(Box::new(Arc::clone(&pod_resources)));
         registry.register_collector(Box::new(Arc::clone(&cri)));
         registry.register_collector(Box::new(Arc::clone(&processes)));
-        registry.register_collector(Box::new(Arc::clone(&accounting)));
         registry.register_collector(Box::new(Arc::clone(&hpc_jobs)));
         registry.register_collector(Box::new(Arc::clone(&attribution)));
         registry.register_collector(Box::new(Arc::clone(&web)));
@@ -109,6 +109,7 @@ impl ExporterMetrics {
     pub fn text(&self) -> String {
         let mut out = String::new();
         sm::encode_into(&self.registry, &mut out);
+        self.accounting.render_into(&mut out);
         out
     }
 }

@@ -503,6 +503,7 @@ impl<S: GpuSource> Sampler<S> {
         if let Some(text) = &last.process_text {
             body.push_str(text);
         }
+        self.metrics.accounting.render_into(&mut body);
         // Compressed here, once, before it is published: no scrape waits for or pays it.
         Arc::new(Published::new(
             Bytes::from(body),

@@ -338,7 +338,6 @@ async fn run(args: Args) -> Result<()> {
         registry.register_collector(Box::new(Arc::clone(&http_metrics)));
         registry.register_collector(Box::new(Arc::clone(&pod_resources)));
         registry.register_collector(Box::new(Arc::clone(&processes)));
-        registry.register_collector(Box::new(Arc::clone(&accounting)));
         registry.register_collector(Box::new(Arc::clone(&attribution)));
         let metrics = SamplerMetrics {
             samples,

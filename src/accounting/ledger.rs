@@ -45,6 +45,27 @@ pub struct Totals {
     pub idle_allocated_gpu_seconds: f64,
     /// When any of them last grew.
     last_change: Duration,
+    /// The account's label set as the metrics render it, made on first use.
+    labels: LabelCache,
+}
+
+impl Totals {
+    /// The account's rendered label set, made by `make` the first time (the labels of an
+    /// account never change while it lives: its GPU's index, UUID and the node do not; a
+    /// renumbered GPU's accounts are made again).
+    pub fn labels(&self, make: impl FnOnce() -> String) -> &str {
+        self.labels.0.get_or_init(|| make().into_boxed_str())
+    }
+}
+
+/// A cache, not part of the totals: equal whatever it holds.
+#[derive(Debug, Clone, Default)]
+struct LabelCache(std::cell::OnceCell<Box<str>>);
+
+impl PartialEq for LabelCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// The weights of the intervals not charged yet (no reading since).
@@ -154,7 +175,12 @@ impl Ledger {
                     totals: BTreeMap::new(),
                     seen: at,
                 });
-            gpu.index = tick.index;
+            if gpu.index != tick.index {
+                gpu.index = tick.index;
+                for t in gpu.totals.values_mut() {
+                    t.labels = LabelCache::default();
+                }
+            }
             gpu.seen = at;
             let dt = at.saturating_sub(gpu.last_at);
             gpu.last_at = at;
@@ -205,39 +231,33 @@ impl Ledger {
 }
 
 impl GpuState {
-    fn totals(&mut self, a: &Account, at: Duration) -> &mut Totals {
-        let t = self.totals.entry(a.clone()).or_default();
-        t.last_change = at;
-        t
-    }
-
     fn advance(&mut self, dt: Duration, at: Duration, tick: &GpuTick, idle_flag: Option<u64>) {
         let secs = dt.as_secs_f64();
         if !dt.is_zero() {
             let held: f64 = tick.allocated.iter().map(|(_, s)| *s).sum();
-            let mut allocated: Vec<(Account, f64)> = tick.allocated.clone();
-            if held < 1.0 {
-                allocated.push((Account::unallocated(None), 1.0 - held));
-            }
-            for (a, share) in &allocated {
+            let rest = (held < 1.0).then(|| (Account::unallocated(None), 1.0 - held));
+            for (a, share) in tick.allocated.iter().chain(rest.iter()) {
                 if *share <= 0.0 {
                     continue;
                 }
-                let t = self.totals(a, at);
-                t.allocated_gpu_seconds += share * secs;
                 let waste = matches!(a.consumer, Consumer::Container { holder: true, .. })
                     && tick.running.as_ref().is_some_and(|r| !r.contains(a));
-                if waste {
-                    t.idle_allocated_gpu_seconds += share * secs;
-                }
-                *self.pending.allocated.entry(a.clone()).or_default() += share * secs;
+                touch(&mut self.totals, a, at, |t| {
+                    t.allocated_gpu_seconds += share * secs;
+                    if waste {
+                        t.idle_allocated_gpu_seconds += share * secs;
+                    }
+                });
+                add(&mut self.pending.allocated, a, share * secs);
             }
             for (a, busy) in &tick.busy {
                 if *busy <= 0.0 {
                     continue;
                 }
-                self.totals(a, at).busy_gpu_seconds += busy * secs;
-                *self.pending.busy.entry(a.clone()).or_default() += busy * secs;
+                touch(&mut self.totals, a, at, |t| {
+                    t.busy_gpu_seconds += busy * secs
+                });
+                add(&mut self.pending.busy, a, busy * secs);
             }
             self.pending.dt_us = self
                 .pending
@@ -268,37 +288,86 @@ impl GpuState {
             // next interval.
             return;
         }
-        let pending = std::mem::take(&mut self.pending);
+        let GpuState {
+            pending,
+            totals,
+            learned_idle_mw,
+            ..
+        } = self;
         let delta = pending.owed_mj;
         if !pending.active && pending.dt_us >= IDLE_LEARN_MIN.as_micros() as u64 {
             let mw = u64::try_from(u128::from(delta) * 1_000_000 / u128::from(pending.dt_us))
                 .unwrap_or(u64::MAX);
-            self.learned_idle_mw = Some(self.learned_idle_mw.map_or(mw, |m| m.min(mw)));
+            *learned_idle_mw = Some(learned_idle_mw.map_or(mw, |m| m.min(mw)));
         }
-        let idle_mw = idle_flag.or(self.learned_idle_mw).unwrap_or(0);
+        let idle_mw = idle_flag.or(*learned_idle_mw).unwrap_or(0);
         let static_mj = u64::try_from(
             (u128::from(idle_mw) * u128::from(pending.dt_us) / 1_000_000).min(u128::from(delta)),
         )
         .unwrap_or(delta);
         let dynamic_mj = delta - static_mj;
-        let mut charges: BTreeMap<Account, u64> = BTreeMap::new();
-        let by_allocation = split(static_mj, &pending.allocated);
-        for (a, mj) in by_allocation {
-            *charges.entry(a).or_default() += mj;
-        }
-        let dynamic = if pending.busy.values().any(|b| *b > 0.0) {
-            split(dynamic_mj, &pending.busy)
-        } else {
-            split(dynamic_mj, &pending.allocated)
-        };
-        for (a, mj) in dynamic {
-            *charges.entry(a).or_default() += mj;
-        }
-        for (a, mj) in charges {
+        let mut charge = |a: &Account, mj: u64| {
             if mj > 0 {
-                let t = self.totals(&a, at);
-                t.energy_mj = t.energy_mj.saturating_add(mj);
+                touch(totals, a, at, |t| {
+                    t.energy_mj = t.energy_mj.saturating_add(mj)
+                });
             }
+        };
+        split_each(static_mj, &pending.allocated, &mut charge);
+        if pending.busy.values().any(|b| *b > 0.0) {
+            split_each(dynamic_mj, &pending.busy, &mut charge);
+        } else {
+            split_each(dynamic_mj, &pending.allocated, &mut charge);
+        }
+        pending.settle();
+    }
+}
+
+impl Pending {
+    /// Starts the next interval. The accounts weighed in this one keep their entries (at
+    /// zero), so the next interval finds them without copying their keys again; those not
+    /// weighed in this one (a pod gone) are dropped.
+    fn settle(&mut self) {
+        for m in [&mut self.allocated, &mut self.busy] {
+            m.retain(|_, w| {
+                let keep = *w > 0.0;
+                *w = 0.0;
+                keep
+            });
+        }
+        self.dt_us = 0;
+        self.active = false;
+        self.owed_mj = 0;
+    }
+}
+
+/// Applies `f` to the totals of `a`, marked as changed at `at`: one lookup, and the key is
+/// copied only when the account is new.
+fn touch(
+    map: &mut BTreeMap<Account, Totals>,
+    a: &Account,
+    at: Duration,
+    f: impl FnOnce(&mut Totals),
+) {
+    if let Some(t) = map.get_mut(a) {
+        t.last_change = at;
+        f(t);
+        return;
+    }
+    let mut t = Totals {
+        last_change: at,
+        ..Totals::default()
+    };
+    f(&mut t);
+    map.insert(a.clone(), t);
+}
+
+/// Adds `w` to the pending weight of `a` (the key copied only when new).
+fn add(map: &mut BTreeMap<Account, f64>, a: &Account, w: f64) {
+    match map.get_mut(a) {
+        Some(v) => *v += w,
+        None => {
+            map.insert(a.clone(), w);
         }
     }
 }
@@ -308,16 +377,24 @@ impl GpuState {
 /// first, so the split is exact and deterministic. No positive weight: all to the
 /// unallocated account of the whole GPU.
 pub fn split(total: u64, weights: &BTreeMap<Account, f64>) -> Vec<(Account, u64)> {
+    let mut out = Vec::new();
+    split_each(total, weights, |a, n| out.push((a.clone(), n)));
+    out
+}
+
+/// [`split`], handing each account's units to `f` (nothing is copied).
+pub fn split_each(total: u64, weights: &BTreeMap<Account, f64>, mut f: impl FnMut(&Account, u64)) {
     const SCALE: f64 = (1u64 << 40) as f64;
     let sum: f64 = weights
         .values()
         .filter(|w| w.is_finite() && **w > 0.0)
         .sum();
     if total == 0 {
-        return Vec::new();
+        return;
     }
     if sum <= 0.0 || !sum.is_finite() {
-        return vec![(Account::unallocated(None), total)];
+        f(&Account::unallocated(None), total);
+        return;
     }
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let ints: Vec<(&Account, u128)> = weights
@@ -327,15 +404,11 @@ pub fn split(total: u64, weights: &BTreeMap<Account, f64>) -> Vec<(Account, u64)
         .collect();
     let denom: u128 = ints.iter().map(|(_, w)| w).sum();
     let total128 = u128::from(total);
-    let mut out: Vec<(Account, u64, u128)> = ints
+    let mut out: Vec<(&Account, u64, u128)> = ints
         .iter()
         .map(|(a, w)| {
             let q = total128 * w;
-            (
-                (*a).clone(),
-                u64::try_from(q / denom).unwrap_or(u64::MAX),
-                q % denom,
-            )
+            (*a, u64::try_from(q / denom).unwrap_or(u64::MAX), q % denom)
         })
         .collect();
     let given: u64 = out.iter().map(|(_, n, _)| n).sum();
@@ -349,7 +422,9 @@ pub fn split(total: u64, weights: &BTreeMap<Account, f64>) -> Vec<(Account, u64)
         out[i].1 += 1;
         left -= 1;
     }
-    out.into_iter().map(|(a, n, _)| (a, n)).collect()
+    for (a, n, _) in out {
+        f(a, n);
+    }
 }
 
 #[cfg(test)]

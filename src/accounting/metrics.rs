@@ -1,4 +1,7 @@
-//! The accounting families, rendered once per sample from the ledger's totals:
+//! The accounting families, rendered into each body once per sample from the ledger's totals
+//! (written here rather than through prometheus-client: each account's label set is rendered
+//! once and kept with its totals, so the families cost one line copy and one number per
+//! series and sample):
 //!
 //! - `gpu_exporter_container_energy_joules_total`: energy charged to each account. Summed by
 //!   `UUID` it is the GPU's own energy counter's increase (to the millijoule) since the exporter
@@ -11,20 +14,19 @@
 //!   the holder ran no process on the GPU or instance (with per-process readings).
 //! - `gpu_exporter_gpu_idle_power_watts`: the idle power used for the static part, by source.
 //!
-//! Labels: `gpu`, `UUID` (the physical GPU), `GPU_I_ID` (the MIG instance, empty for the whole
-//! GPU), `consumer` (`holder`, `not_holder`, `outside_pods`, `unallocated`), `namespace`, `pod`,
-//! `container` (empty but for containers).
+//! Labels: `gpu`, `UUID` (the physical GPU), `GPU_I_ID` (the MIG instance; absent for the whole
+//! GPU), the node label, `consumer` (`holder`, `not_holder`, `outside_pods`, `unallocated`),
+//! `namespace`, `pod`, `container` (absent but for containers). Empty labels are left out:
+//! Prometheus treats an empty label as no label.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::MetricType;
+use std::fmt::Write as _;
 
 use super::ledger::{GpuAccounts, GpuView, Ledger, Totals};
 use super::types::{Account, Consumer, GpuTick};
-use crate::self_metrics::{self, Collector, Num};
+use crate::render::escape_label_value;
 
 /// How accounting runs.
 #[derive(Debug, Clone)]
@@ -100,122 +102,271 @@ impl AccountingMetrics {
     }
 }
 
-/// Writes one float counter family over every account `value` gives a number for, with the
-/// labels borrowed from the ledger (nothing is copied but the two numbers of each series).
+/// A counter family's value: exact millijoules as joules, or a float.
+#[derive(Clone, Copy)]
+enum Value {
+    MilliJoules(u64),
+    Float(f64),
+}
+
+/// Writes one counter family (`name` ends in `_total`) over every account `value` gives a
+/// number for: each account's label set is rendered once and kept with its totals, so a sample
+/// costs one line copy and one number per series (no allocation).
 fn family(
-    e: &mut DescriptorEncoder,
+    out: &mut String,
     gpus: &[GpuView<'_>],
     host: &(String, String),
     name: &str,
     help: &str,
-    value: impl Fn(&Account, &Totals) -> Option<f64>,
-) -> std::fmt::Result {
-    let mut rows = gpus
-        .iter()
-        .flat_map(|g| g.accounts.iter().map(move |(a, t)| (g, a, t)))
-        .filter_map(|(g, a, t)| Some((g, a, value(a, t)?)))
-        .peekable();
-    if rows.peek().is_none() {
-        return Ok(());
+    value: impl Fn(&Account, &Totals) -> Option<Value>,
+) {
+    let mut header = false;
+    for g in gpus {
+        for (a, t) in g.accounts {
+            let Some(v) = value(a, t) else {
+                continue;
+            };
+            if !header {
+                header = true;
+                let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} counter\n");
+            }
+            out.push_str(name);
+            out.push_str(t.labels(|| label_set(g, a, host)));
+            let _ = match v {
+                Value::MilliJoules(mj) => {
+                    out.push(' ');
+                    milli(out, mj);
+                    writeln!(out)
+                }
+                Value::Float(f) => {
+                    out.push(' ');
+                    micro(out, f);
+                    writeln!(out)
+                }
+            };
+        }
     }
-    let mut f = e.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (g, a, v) in rows {
-        let (ns, pod, container) = match &a.consumer {
-            Consumer::Container { pod, .. } => (
-                pod.namespace.as_str(),
-                pod.pod.as_str(),
-                pod.container.as_str(),
-            ),
-            _ => ("", "", ""),
-        };
-        let index = g.index.to_string();
-        let gi = a.gi_id.map(|i| i.to_string()).unwrap_or_default();
-        let labels: [(&str, &str); 8] = [
-            ("gpu", &index),
-            ("UUID", g.uuid),
-            ("GPU_I_ID", &gi),
-            (&host.0, &host.1),
-            ("consumer", a.consumer.as_str()),
-            ("namespace", ns),
-            ("pod", pod),
-            ("container", container),
-        ];
-        ConstCounter::new(v).encode(f.encode_family(&labels.to_vec())?)?;
-    }
-    Ok(())
 }
 
-impl Collector for AccountingMetrics {
-    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+/// `f` to the microsecond (GPU-seconds need no more), without trailing zeros: `12.5`, `3`.
+fn micro(out: &mut String, f: f64) {
+    let start = out.len();
+    let _ = write!(out, "{f:.6}");
+    if out[start..].contains('.') {
+        let trimmed = out[start..]
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .len();
+        out.truncate(start + trimmed);
+    }
+}
+
+/// `n` thousandths, exactly: `2.001`, `0.25`, `3`.
+fn milli(out: &mut String, n: u64) {
+    let _ = write!(out, "{}", n / 1000);
+    let frac = n % 1000;
+    if frac != 0 {
+        out.push('.');
+        let digits = [frac / 100, frac / 10 % 10, frac % 10];
+        let last = digits.iter().rposition(|d| *d != 0).unwrap_or(0);
+        for d in &digits[..=last] {
+            out.push(char::from(b'0' + u8::try_from(*d).unwrap_or(0)));
+        }
+    }
+}
+
+/// `{gpu="0",UUID="GPU-…",GPU_I_ID="2",hostname="node",consumer="holder",namespace="ml",
+/// pod="p",container="c"}`; empty labels are left out (to Prometheus an empty label is no
+/// label), so the remainders' series are short.
+fn label_set(g: &GpuView<'_>, a: &Account, host: &(String, String)) -> String {
+    let mut s = String::with_capacity(160);
+    let gi = a.gi_id.map(|i| i.to_string()).unwrap_or_default();
+    let (ns, pod, container) = match &a.consumer {
+        Consumer::Container { pod, .. } => (
+            pod.namespace.as_str(),
+            pod.pod.as_str(),
+            pod.container.as_str(),
+        ),
+        _ => ("", "", ""),
+    };
+    let index = g.index.to_string();
+    for (k, v) in [
+        ("gpu", index.as_str()),
+        ("UUID", g.uuid),
+        ("GPU_I_ID", gi.as_str()),
+        (host.0.as_str(), host.1.as_str()),
+        ("consumer", a.consumer.as_str()),
+        ("namespace", ns),
+        ("pod", pod),
+        ("container", container),
+    ] {
+        if v.is_empty() {
+            continue;
+        }
+        s.push(if s.is_empty() { '{' } else { ',' });
+        s.push_str(k);
+        s.push_str("=\"");
+        escape_label_value(v, &mut s);
+        s.push('"');
+    }
+    if s.is_empty() {
+        s.push('{');
+    }
+    s.push('}');
+    s
+}
+
+impl AccountingMetrics {
+    /// Appends the accounting families to `out` (a body being rendered), in Prometheus text
+    /// format 0.0.4; nothing while accounting is off.
+    pub fn render_into(&self, out: &mut String) {
         let inner = self.lock();
         let Some(ledger) = inner.ledger.as_ref() else {
-            return Ok(());
+            return;
         };
         let (processes, host) = (inner.processes, &inner.hostname);
         let gpus: Vec<GpuView<'_>> = ledger.view().collect();
-        #[allow(clippy::cast_precision_loss)]
         family(
-            &mut e,
+            out,
             &gpus,
             host,
-            "gpu_exporter_container_energy_joules",
+            "gpu_exporter_container_energy_joules_total",
             "Energy charged to each consumer of a GPU (J): summed by UUID, the GPU's own energy counter's increase since the exporter first read it, to the millijoule (static part by allocation, dynamic part by measured activity: docs/accounting.md).",
-            |_, t| Some(t.energy_mj as f64 / 1000.0),
-        )?;
+            |_, t| Some(Value::MilliJoules(t.energy_mj)),
+        );
         family(
-            &mut e,
+            out,
             &gpus,
             host,
-            "gpu_exporter_container_allocated_gpu_seconds",
+            "gpu_exporter_container_allocated_gpu_seconds_total",
             "Share of the GPU held x seconds (a whole GPU for a second is 1; unallocated capacity is consumer=\"unallocated\").",
-            |_, t| (t.allocated_gpu_seconds > 0.0).then_some(t.allocated_gpu_seconds),
-        )?;
+            |_, t| (t.allocated_gpu_seconds > 0.0).then_some(Value::Float(t.allocated_gpu_seconds)),
+        );
         family(
-            &mut e,
+            out,
             &gpus,
             host,
-            "gpu_exporter_container_sm_busy_gpu_seconds",
+            "gpu_exporter_container_sm_busy_gpu_seconds_total",
             "Measured activity x seconds, as a share of the whole GPU (per-process SM utilisation; on MIG, the instance's engine activity).",
-            |_, t| (t.busy_gpu_seconds > 0.0).then_some(t.busy_gpu_seconds),
-        )?;
+            |_, t| (t.busy_gpu_seconds > 0.0).then_some(Value::Float(t.busy_gpu_seconds)),
+        );
         if processes {
             family(
-                &mut e,
+                out,
                 &gpus,
                 host,
-                "gpu_exporter_container_idle_allocated_gpu_seconds",
+                "gpu_exporter_container_idle_allocated_gpu_seconds_total",
                 "Allocated GPU-seconds in which the holder ran no process on the GPU or MIG instance (waste).",
                 |a, t| {
                     matches!(a.consumer, Consumer::Container { holder: true, .. })
-                        .then_some(t.idle_allocated_gpu_seconds)
+                        .then_some(Value::Float(t.idle_allocated_gpu_seconds))
                 },
-            )?;
+            );
         }
-        #[derive(
-            Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet,
-        )]
-        #[allow(non_snake_case)]
-        struct Idle {
-            gpu: String,
-            UUID: String,
-            source: &'static str,
+        let mut header = false;
+        for g in &gpus {
+            let Some((mw, source)) = g.idle_mw else {
+                continue;
+            };
+            if !header {
+                header = true;
+                out.push_str("# HELP gpu_exporter_gpu_idle_power_watts The idle power of each GPU the energy split uses for its static part (W), and how it is known: flag (--accounting-idle-power-watts) or measured (the lowest power over an interval without processes).\n# TYPE gpu_exporter_gpu_idle_power_watts gauge\n");
+            }
+            out.push_str("gpu_exporter_gpu_idle_power_watts{gpu=\"");
+            let _ = write!(out, "{}", g.index);
+            out.push_str("\",UUID=\"");
+            escape_label_value(g.uuid, out);
+            let _ = write!(out, "\",source=\"{}\"}} ", source.as_str());
+            milli(out, mw);
+            out.push('\n');
         }
-        self_metrics::gauge(
-            &mut e,
-            "gpu_exporter_gpu_idle_power_watts",
-            "The idle power of each GPU the energy split uses for its static part (W), and how it is known: flag (--accounting-idle-power-watts) or measured (the lowest power over an interval without processes).",
-            gpus.iter().filter_map(|g| {
-                let (mw, source) = g.idle_mw?;
-                #[allow(clippy::cast_precision_loss)]
-                Some((
-                    Idle {
-                        gpu: g.index.to_string(),
-                        UUID: g.uuid.to_owned(),
-                        source: source.as_str(),
-                    },
-                    Num::Float(mw as f64 / 1000.0),
-                ))
-            }),
-        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::pods::PodRef;
+
+    fn tick(index: u32, mj: u64) -> GpuTick {
+        let holder = Account::container(
+            None,
+            PodRef {
+                namespace: "ml".into(),
+                pod: "trainer-\"0\"".into(),
+                container: "main".into(),
+            },
+            true,
+        );
+        GpuTick {
+            uuid: "GPU-a".into(),
+            index,
+            energy_mj: Some(mj),
+            allocated: vec![(holder.clone(), 0.5)],
+            busy: vec![(holder, 0.25)],
+            running: None,
+        }
+    }
+
+    fn body(m: &AccountingMetrics) -> String {
+        let mut out = String::new();
+        m.render_into(&mut out);
+        out
+    }
+
+    #[test]
+    fn families_render_exact_joules_with_cached_label_sets_that_follow_a_renumbered_gpu() {
+        let m = AccountingMetrics::default();
+        assert_eq!(body(&m), "", "off: nothing");
+        m.enable(AccountingOptions {
+            idle_mw: Some(0),
+            processes: false,
+            retention: Duration::from_secs(60),
+            hostname: ("Hostname".into(), "node-a".into()),
+        });
+        m.record(Duration::from_secs(0), &[tick(0, 1_000)]);
+        m.record(Duration::from_secs(2), &[tick(0, 3_001)]);
+        let text = body(&m);
+        // Idle power 0: all 2.001 J are dynamic, all to the only busy account; the
+        // unallocated half of the GPU gets its allocated seconds, not a series without labels.
+        assert!(
+            text.contains(
+                "# TYPE gpu_exporter_container_energy_joules_total counter\n\
+                 gpu_exporter_container_energy_joules_total{gpu=\"0\",UUID=\"GPU-a\",Hostname=\"node-a\",consumer=\"holder\",namespace=\"ml\",pod=\"trainer-\\\"0\\\"\",container=\"main\"} 2.001\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "gpu_exporter_container_allocated_gpu_seconds_total{gpu=\"0\",UUID=\"GPU-a\",Hostname=\"node-a\",consumer=\"unallocated\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "gpu_exporter_gpu_idle_power_watts{gpu=\"0\",UUID=\"GPU-a\",source=\"flag\"} 0\n"
+            ),
+            "{text}"
+        );
+        let mut s = String::new();
+        for n in [0, 1, 10, 250, 2_001, 3_000, 1_234_567] {
+            milli(&mut s, n);
+            s.push(' ');
+        }
+        assert_eq!(s, "0 0.001 0.01 0.25 2.001 3 1234.567 ");
+        let mut s = String::new();
+        for f in [0.0, 1.0, 0.5, 12.345_678_9, 1e-9, 3_600.000_000_4] {
+            micro(&mut s, f);
+            s.push(' ');
+        }
+        assert_eq!(s, "0 1 0.5 12.345679 0 3600 ");
+        assert_eq!(text, body(&m), "the same body from the cache");
+        // The GPU renumbered (a rediscovery): its accounts' labels are made again.
+        m.record(Duration::from_secs(3), &[tick(4, 3_500)]);
+        let text = body(&m);
+        assert!(!text.contains("gpu=\"0\""), "{text}");
+        assert!(text.contains("energy_joules_total{gpu=\"4\",UUID=\"GPU-a\",Hostname=\"node-a\",consumer=\"holder\""), "{text}");
     }
 }

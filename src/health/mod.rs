@@ -50,9 +50,56 @@ const PCIE_REPLAY_WARN_PER_MIN: f64 = 8.0;
 struct GpuHistory {
     xids: VecDeque<(u64, u64)>,
     last_xid: Option<(u64, u64)>,
-    clock_events: VecDeque<(u64, u64)>,
+    clock_events: ClockWindow,
     pcie: Counter,
     nvlink_errors: Counter,
+}
+
+/// The clock-event masks sampled within the window, with a running count per bit: what
+/// the window holds is read in constant time however many samples it spans (a 1 s interval
+/// over dcgm-exporter's 5 min window is 300 samples per GPU, read at every sample).
+#[derive(Debug, Clone)]
+struct ClockWindow {
+    samples: VecDeque<(u64, u64)>,
+    per_bit: [u64; 64],
+}
+
+impl Default for ClockWindow {
+    fn default() -> Self {
+        Self {
+            samples: VecDeque::new(),
+            per_bit: [0; 64],
+        }
+    }
+}
+
+impl ClockWindow {
+    fn push(&mut self, now: u64, mask: u64) {
+        self.samples.push_back((now, mask));
+        for (bit, n) in self.per_bit.iter_mut().enumerate() {
+            *n += (mask >> bit) & 1;
+        }
+    }
+
+    fn expire(&mut self, cutoff: u64) {
+        while let Some(&(t, mask)) = self.samples.front() {
+            if t >= cutoff {
+                break;
+            }
+            self.samples.pop_front();
+            for (bit, n) in self.per_bit.iter_mut().enumerate() {
+                *n -= (mask >> bit) & 1;
+            }
+        }
+    }
+
+    /// Samples within the window with any bit of `mask` set (one bit: its running count).
+    fn count(&self, mask: u64) -> u64 {
+        if mask.is_power_of_two() {
+            return self.per_bit[mask.trailing_zeros() as usize];
+        }
+        self.samples.iter().filter(|&&(_, m)| m & mask != 0).count() as u64
+    }
 }
 
 /// A monotonically growing device counter and its increases within the window.
@@ -140,7 +187,7 @@ impl History {
     pub fn record_sample(&mut self, uuid: &str, now: u64, sample: &DeviceSample) {
         let g = self.gpus.entry(uuid.to_owned()).or_default();
         if let Some(mask) = sample.get_i64(Field::ClocksEventReasons) {
-            g.clock_events.push_back((now, mask as u64));
+            g.clock_events.push(now, mask as u64);
         }
         g.pcie
             .observe(now, sample.get_i64(Field::PcieReplayCounter));
@@ -168,13 +215,7 @@ impl History {
             if g.last_xid.is_some_and(|(t, _)| t < xid_cutoff) {
                 g.last_xid = None;
             }
-            while g
-                .clock_events
-                .front()
-                .is_some_and(|&(t, _)| t < clock_cutoff)
-            {
-                g.clock_events.pop_front();
-            }
+            g.clock_events.expire(clock_cutoff);
             g.pcie.expire(xid_cutoff);
             g.nvlink_errors.expire(xid_cutoff);
         }
@@ -195,14 +236,7 @@ impl History {
         xid_counts.sort_unstable();
         let clock_event_counts = CLOCK_EVENTS
             .iter()
-            .map(|&(bit, name)| {
-                let n = g
-                    .clock_events
-                    .iter()
-                    .filter(|&&(_, m)| m & bit != 0)
-                    .count();
-                (name, n as u64)
-            })
+            .map(|&(bit, name)| (name, g.clock_events.count(bit)))
             .filter(|&(_, n)| n > 0)
             .collect();
         Recent {
@@ -338,6 +372,35 @@ mod tests {
             r.clock_event_counts,
             vec![("gpu_idle", 2), ("hw_thermal", 2)]
         );
+    }
+
+    #[test]
+    fn clock_event_counts_follow_the_window_as_samples_expire() {
+        let mut h = History::new(10_000, 1_000);
+        let masks = [0x1u64, 0x41, 0x40, 0x0, 0x4, 0x1ff, 0x40];
+        for (i, &m) in masks.iter().cycle().take(700).enumerate() {
+            let now = i as u64 * 10;
+            h.record_sample("g", now, &sample(&[(Field::ClocksEventReasons, m as i64)]));
+            h.expire(now, &["g"]);
+            // A recount of the samples still within the window, bit by bit.
+            let cutoff = now.saturating_sub(1_000);
+            let within: Vec<u64> = (0..=i)
+                .filter(|&j| j as u64 * 10 >= cutoff)
+                .map(|j| masks[j % masks.len()])
+                .collect();
+            let want: Vec<(&str, u64)> = CLOCK_EVENTS
+                .iter()
+                .map(|&(bit, name)| {
+                    (
+                        name,
+                        within.iter().filter(|&&m| m & bit != 0).count() as u64,
+                    )
+                })
+                .filter(|&(_, n)| n > 0)
+                .collect();
+            assert_eq!(h.recent("g").clock_event_counts, want, "at {now}");
+        }
+        assert!(CLOCK_EVENTS.iter().all(|(bit, _)| bit.is_power_of_two()));
     }
 
     #[test]

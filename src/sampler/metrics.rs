@@ -302,7 +302,8 @@ pub struct SamplerMetrics {
     pub attribution: Arc<AttributionMetrics>,
     /// Per-process attribution's outcomes and failures.
     pub processes: Arc<ProcessMetrics>,
-    /// The accounting ledger and its families (off unless enabled).
+    /// The accounting ledger and its families (off unless enabled): not a registered
+    /// collector; the sampler appends its families to each body after the registry's.
     pub accounting: Arc<AccountingMetrics>,
     /// Every module's `gpu_exporter_*` collectors, these three included where the composition
     /// root registered them: encoded once per sample into the body, so scrapes cost nothing.
@@ -320,7 +321,6 @@ impl SamplerMetrics {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Arc::clone(&samples)));
         registry.register_collector(Box::new(Arc::clone(&processes)));
-        registry.register_collector(Box::new(Arc::clone(&accounting)));
         registry.register_collector(Box::new(Arc::clone(&attribution)));
         Self {
             samples,

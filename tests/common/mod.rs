@@ -2,6 +2,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod binary;
+pub mod fake_node;
 
 use std::sync::Arc;
 use std::time::Duration;

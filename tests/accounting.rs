@@ -1,0 +1,251 @@
+//! Accounting through the real binaries (issue 37): the exporter on the simulated fleet with a
+//! scenario of known duty cycles, the `fake-kubelet` binary serving pod-resources, CRI and the
+//! node's /proc tree. Between two scrapes:
+//!
+//! - each GPU's accounts grow by exactly its own energy counter's increase (to the millijoule);
+//! - on the time-sliced GPU, the two busy pods (20 % and 60 % of the GPU) share its dynamic
+//!   energy 25/75 within 1 %; the pod that holds a replica and runs nothing is charged the
+//!   static part alone (its share of the idle power) and accrues waste;
+//! - the host process is charged as `outside_pods`;
+//! - a pod that leaves stops growing and one that arrives starts, and the energy still adds up.
+//!
+//! Synchronisation: the exporter's `/ready` and its sample counter, the fake kubelet's reload
+//! line, each polled with a deadline; nothing sleeps to wait.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::binary::{command, get, Exporter};
+use common::fake_node::FakeNode;
+
+const GPU3: &str = "GPU-ba88c4c1-4054-510f-2059-f0605c26d9f4";
+const GPU4: &str = "GPU-c1227189-c423-66ba-b8f1-7bdf47295b80";
+const GPU5: &str = "GPU-bedb4fa8-b4d0-8e0e-805a-439e780882d3";
+const GPU6: &str = "GPU-20894476-a4b1-770b-36ad-1d023d6bc2d4";
+/// `--accounting-idle-power-watts`.
+const IDLE_W: f64 = 60.0;
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// One scrape: every series of the body, (name, labels) -> value.
+struct Body(BTreeMap<(String, BTreeMap<String, String>), f64>);
+
+impl Body {
+    fn parse(text: &str) -> Self {
+        let mut out = BTreeMap::new();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let (series, value) = line.rsplit_once(' ').expect("name value");
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let mut map = BTreeMap::new();
+            // Label values here never hold `",`.
+            for pair in labels.split("\",").filter(|p| !p.is_empty()) {
+                let (k, v) = pair.split_once("=\"").expect("label");
+                map.insert(k.to_owned(), v.trim_end_matches('"').to_owned());
+            }
+            out.insert((name.to_owned(), map), value.parse().expect("number"));
+        }
+        Self(out)
+    }
+
+    /// The sum of `name` over the series whose labels include every pair of `with`.
+    fn sum(&self, name: &str, with: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|((n, l), _)| {
+                n == name
+                    && with
+                        .iter()
+                        .all(|(k, v)| l.get(*k).map(String::as_str).unwrap_or("") == *v)
+            })
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    fn has(&self, name: &str, with: &[(&str, &str)]) -> bool {
+        self.0.keys().any(|(n, l)| {
+            n == name
+                && with
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str).unwrap_or("") == *v)
+        })
+    }
+
+    /// The GPU's own energy counter, mJ (the same on each pod's copy of its series).
+    fn gpu_energy_mj(&self, uuid: &str) -> f64 {
+        *self
+            .0
+            .iter()
+            .find(|((n, l), _)| {
+                n == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+                    && l.get("UUID").map(String::as_str) == Some(uuid)
+            })
+            .unwrap_or_else(|| panic!("no energy counter for {uuid}"))
+            .1
+    }
+
+    /// What the accounts of the GPU were charged, mJ (rounded: the family is in whole mJ).
+    fn charged_mj(&self, uuid: &str) -> f64 {
+        (self.sum(ENERGY, &[("UUID", uuid)]) * 1000.0).round()
+    }
+}
+
+const ENERGY: &str = "gpu_exporter_container_energy_joules_total";
+const ALLOCATED: &str = "gpu_exporter_container_allocated_gpu_seconds_total";
+const BUSY: &str = "gpu_exporter_container_sm_busy_gpu_seconds_total";
+const WASTE: &str = "gpu_exporter_container_idle_allocated_gpu_seconds_total";
+
+fn pod<'a>(uuid: &'a str, name: &'a str) -> [(&'a str, &'a str); 3] {
+    [("UUID", uuid), ("consumer", "holder"), ("pod", name)]
+}
+
+/// Scrapes until `done` holds for the body (new samples come every second).
+fn scrape_until(e: &Exporter, what: &str, done: impl Fn(&Body) -> bool) -> Body {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let (status, text) = get(e.loopback(), "/metrics");
+        assert_eq!(status, 200);
+        let body = Body::parse(&text);
+        if done(&body) {
+            return body;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what} not within {DEADLINE:?}:\n{text}"
+        );
+        // Polling another process's state.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn samples(b: &Body) -> f64 {
+    b.sum("gpu_exporter_samples_total", &[])
+}
+
+/// `count` samples after `b`.
+fn later(e: &Exporter, b: &Body, count: f64) -> Body {
+    let from = samples(b);
+    scrape_until(e, "the next samples", |n| samples(n) >= from + count)
+}
+
+#[test]
+fn energy_and_gpu_time_split_by_known_duty_cycles_through_the_real_binaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (kubelet, cri, proc_root, assignments) = (
+        d.join("kubelet.sock"),
+        d.join("cri.sock"),
+        d.join("proc"),
+        d.join("node.toml"),
+    );
+    let fixture = |p: &str| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(p)
+    };
+    let node = std::fs::read_to_string(fixture("pods/h100-accounting-seed1.toml")).unwrap();
+    std::fs::write(&assignments, &node).unwrap();
+    let fake = FakeNode::start(&kubelet, &cri, &proc_root, &assignments);
+
+    let mut cmd = command();
+    cmd.arg("-a")
+        .arg("127.0.0.1:0")
+        .arg("--sim-scenario")
+        .arg(fixture("scenarios/accounting.toml"))
+        .arg("--sim-processes")
+        .arg(&assignments)
+        .arg("-k")
+        .arg("--pod-resources-kubelet-socket")
+        .arg(&kubelet)
+        .arg("--container-runtime-endpoint")
+        .arg(format!("unix://{}", cri.display()))
+        .arg("--kubernetes-process-usage")
+        .arg("--path.procfs")
+        .arg(&proc_root)
+        .args(["--accounting-idle-power-watts", "60"])
+        .args(["--pod-resources-refresh", "500", "--cri-refresh", "500"]);
+    let mut e = Exporter::start(cmd);
+    e.wait_ready();
+    // Two samples: the energy baseline is set and a first interval charged.
+    let b0 = scrape_until(&e, "two samples", |b| {
+        samples(b) >= 2.0 && b.has(ENERGY, &pod(GPU3, "light"))
+    });
+    let b1 = later(&e, &b0, 5.0);
+    let d = |name: &str, with: &[(&str, &str)]| b1.sum(name, with) - b0.sum(name, with);
+
+    // Every GPU's accounts grew by its own counter's increase, to the millijoule.
+    for uuid in [GPU3, GPU4, GPU5] {
+        assert_eq!(
+            b1.charged_mj(uuid) - b0.charged_mj(uuid),
+            b1.gpu_energy_mj(uuid) - b0.gpu_energy_mj(uuid),
+            "{uuid}"
+        );
+    }
+
+    // GPU 3: the static part is the idle power by allocation (a third each); the rest follows
+    // the measured SM time, 20 % and 60 % of the GPU: 25/75 of the dynamic energy.
+    let dynamic = |p: &str| d(ENERGY, &pod(GPU3, p)) - IDLE_W * d(ALLOCATED, &pod(GPU3, p));
+    let (light, heavy) = (dynamic("light"), dynamic("heavy"));
+    assert!(light > 0.0 && heavy > 0.0, "{light} {heavy}");
+    let share = light / (light + heavy);
+    assert!(
+        (share - 0.25).abs() <= 0.01,
+        "light's share of the dynamic energy {share}, want 0.25 within 1 %"
+    );
+    let busy = |p: &str| d(BUSY, &pod(GPU3, p));
+    assert!(
+        (busy("light") / (busy("light") + busy("heavy")) - 0.25).abs() < 1e-9,
+        "SM time 20 % vs 60 %"
+    );
+    let held = d(ALLOCATED, &pod(GPU3, "idle"));
+    assert!(held > 0.0);
+    // The idle pod: static energy only (to the mJ of each interval's rounding), and its
+    // allocated seconds are all waste; the busy pods waste nothing.
+    assert!(
+        dynamic("idle").abs() < 0.01,
+        "the idle holder was charged {} J beyond its static part",
+        dynamic("idle")
+    );
+    assert!(!b1.has(BUSY, &pod(GPU3, "idle")));
+    assert!((d(WASTE, &pod(GPU3, "idle")) - held).abs() < 1e-9);
+    assert_eq!(d(WASTE, &pod(GPU3, "light")), 0.0);
+    assert!((d(ALLOCATED, &pod(GPU3, "light")) - held).abs() < 1e-6);
+
+    // GPU 4: the host process is work outside any pod; nobody holds the GPU.
+    let outside = [("UUID", GPU4), ("consumer", "outside_pods")];
+    assert!(d(ENERGY, &outside) > 0.0 && d(BUSY, &outside) > 0.0);
+    assert!(d(ALLOCATED, &[("UUID", GPU4), ("consumer", "unallocated")]) > 0.0);
+
+    // A pod leaves GPU 5 and another arrives on GPU 6 (the fake kubelet's file changes).
+    let moved = node
+        .replace("pod = \"leaving\"", "pod = \"arriving\"")
+        .replace(GPU5, GPU6);
+    std::fs::write(&assignments, moved).unwrap();
+    fake.reload();
+    let b2 = scrape_until(&e, "the new pod", |b| {
+        b.has(ALLOCATED, &pod(GPU6, "arriving"))
+    });
+    let b3 = later(&e, &b2, 3.0);
+    assert!(b3.sum(ALLOCATED, &pod(GPU6, "arriving")) > b2.sum(ALLOCATED, &pod(GPU6, "arriving")));
+    for name in [ENERGY, ALLOCATED] {
+        assert_eq!(
+            b3.sum(name, &pod(GPU5, "leaving")),
+            b2.sum(name, &pod(GPU5, "leaving")),
+            "{name} of the pod that left (kept, no longer growing)"
+        );
+    }
+    // Across the change, every GPU still adds up.
+    for uuid in [GPU3, GPU4, GPU5, GPU6] {
+        assert_eq!(
+            b3.charged_mj(uuid) - b1.charged_mj(uuid),
+            b3.gpu_energy_mj(uuid) - b1.gpu_energy_mj(uuid),
+            "{uuid} across the change"
+        );
+    }
+}
