@@ -100,7 +100,7 @@ pub struct ServerTls {
 /// type, a bad CA), or a combination of versions and suites no handshake could complete with.
 pub fn server_config(t: &TlsSettings, origin: &str) -> Result<ServerTls, WebConfigError> {
     let chain = certificates(&t.cert, cert_key(&t.cert), origin)?;
-    let not_after = super::der::certificate_not_after(&chain[0]);
+    let not_after = super::x509::certificate_not_after(&chain[0]);
     let key_name = match t.key {
         Pem::File(_) => "key_file",
         Pem::Inline(_) => "key",
@@ -119,7 +119,7 @@ pub fn server_config(t: &TlsSettings, origin: &str) -> Result<ServerTls, WebConf
     let signing_key = provider
         .key_provider
         .load_private_key(key.clone_key())
-        .map_err(|e| match super::der::key_kind(&key) {
+        .map_err(|e| match super::x509::key_kind(&key) {
             // Name what the key is when rustls cannot use that kind at all.
             Some(kind) if !supported_key(&kind) => WebConfigError::Invalid {
                 origin: origin.to_owned(),
@@ -200,8 +200,8 @@ pub fn server_config(t: &TlsSettings, origin: &str) -> Result<ServerTls, WebConf
 }
 
 /// Whether rustls's ring provider can sign with a key of this kind at all.
-fn supported_key(kind: &super::der::KeyKind) -> bool {
-    use super::der::KeyKind;
+fn supported_key(kind: &super::x509::KeyKind) -> bool {
+    use super::x509::KeyKind;
     match kind {
         KeyKind::Rsa(bits) => (2048..=8192).contains(bits),
         KeyKind::Ec(curve) => curve == "P-256" || curve == "P-384",
