@@ -1,8 +1,9 @@
 //! Listening sockets: Go's `:PORT` (every address, IPv4 and IPv6 on one socket) and systemd
 //! socket activation (`--web-systemd-socket`).
 //!
-//! This module holds the crate's only `unsafe` outside the NVML bindings: adopting the
-//! descriptor systemd passes (fd 3), which the socket activation protocol makes ours.
+//! One of the three modules allowed `unsafe` (the crate documentation lists them), for one
+//! block: adopting the descriptor systemd passes (fd 3), which the socket activation protocol
+//! makes ours.
 #![allow(unsafe_code)]
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
