@@ -43,6 +43,21 @@
 //!
 //! `main.rs` is the only composition root; it builds [`exporter_metrics::ExporterMetrics`]
 //! once and hands each module its own families.
+//!
+//! # `unsafe`
+//!
+//! `unsafe_code` is denied for the whole crate (`[lints.rust]` in `Cargo.toml`). Exactly three
+//! modules allow it, each with `#![allow(unsafe_code)]` at its top and the reason in its header:
+//!
+//! - `gpu::nvml::ffi`: NVML calls `nvml-wrapper` lacks or gets wrong, through its loaded symbol
+//!   table;
+//! - `gpu::dcgm::ffi`: DCGM's C ABI (`libdcgm.so.4`), loaded with `dlopen` at run time;
+//! - [`http::listen`]: adopting the listening socket systemd passes (fd 3) for
+//!   `--web-systemd-socket`.
+//!
+//! Every `unsafe` block and `unsafe impl` there carries a `// SAFETY:` note saying why it is
+//! sound (clippy's `undocumented_unsafe_blocks`, in `[lints.clippy]`, fails the build without
+//! one). Nowhere else in the crate is `unsafe` allowed.
 
 pub mod accounting;
 pub mod catalog;

@@ -1,7 +1,7 @@
 //! A bound on the nesting depth of YAML text, checked in one linear pass before the text is
-//! handed to serde_yaml (the `--config-file` and the `--web-config-file`).
+//! handed to yaml_serde (the `--config-file` and the `--web-config-file`).
 //!
-//! serde_yaml parses the whole event stream before its own recursion limit applies, in time
+//! yaml_serde parses the whole event stream before its own recursion limit applies, in time
 //! quadratic in the depth: 100,000 levels of `[[[[...` or `- - - - x` on one line cost 42 s of
 //! CPU, and the 1 MiB file cap allows 500,000. No configuration is deeper than a handful of
 //! levels, so text nested more than [`MAX_DEPTH`] levels is refused, naming the line.

@@ -16,7 +16,7 @@ use clap::Parser;
 
 use serde::Deserialize;
 use serde_json::Value as Json;
-use serde_yaml::Value as Yaml;
+use yaml_serde::Value as Yaml;
 
 use gpu_exporter::catalog;
 use gpu_exporter::exporter_metrics::ExporterMetrics as SelfMetrics;
@@ -348,7 +348,7 @@ fn rule_files() -> Vec<(PathBuf, Yaml)> {
         .into_iter()
         .filter(|p| !p.to_string_lossy().ends_with(".test.yml"))
         .map(|p| {
-            let y: Yaml = serde_yaml::from_str(&std::fs::read_to_string(&p).expect("read rules"))
+            let y: Yaml = yaml_serde::from_str(&std::fs::read_to_string(&p).expect("read rules"))
                 .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             (p, y)
         })
@@ -870,7 +870,7 @@ fn manifests() -> Vec<(PathBuf, Yaml)> {
     let mut out = Vec::new();
     for p in files("deploy", "yaml") {
         let text = std::fs::read_to_string(&p).expect("read manifest");
-        for doc in serde_yaml::Deserializer::from_str(&text) {
+        for doc in yaml_serde::Deserializer::from_str(&text) {
             let v = Yaml::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             if !v.is_null() {
                 out.push((p.clone(), v));
@@ -897,7 +897,7 @@ fn kind<'a>(all: &'a [(PathBuf, Yaml)], k: &str) -> &'a Yaml {
 
 #[test]
 fn kustomization_lists_every_manifest() {
-    let k: Yaml = serde_yaml::from_str(&read("deploy/kustomization.yaml")).expect("kustomization");
+    let k: Yaml = yaml_serde::from_str(&read("deploy/kustomization.yaml")).expect("kustomization");
     let listed: BTreeSet<String> = k["resources"]
         .as_sequence()
         .expect("resources")
@@ -1057,7 +1057,7 @@ fn daemonset_matches_the_binary_and_the_deployment_rules() {
         args.contains(&expected.as_str()),
         "args {args:?} lack {expected}"
     );
-    let k: Yaml = serde_yaml::from_str(&read("deploy/kustomization.yaml")).unwrap();
+    let k: Yaml = yaml_serde::from_str(&read("deploy/kustomization.yaml")).unwrap();
     let gen = &k["configMapGenerator"][0];
     let cm_name = pod["volumes"]
         .as_sequence()
@@ -1133,11 +1133,11 @@ fn prometheusrule_is_generated_from_the_alert_rules() {
 #[test]
 fn process_usage_overlay_mounts_proc_and_the_runtime_socket_read_only_for_the_binary() {
     use clap::CommandFactory;
-    let k: Yaml = serde_yaml::from_str(&read("overlays/process-usage/kustomization.yaml"))
+    let k: Yaml = yaml_serde::from_str(&read("overlays/process-usage/kustomization.yaml"))
         .expect("overlay kustomization");
     assert_eq!(k["bases"][0], "../../deploy");
     assert_eq!(k["patchesStrategicMerge"][0], "daemonset-patch.yaml");
-    let patch: Yaml = serde_yaml::from_str(&read("overlays/process-usage/daemonset-patch.yaml"))
+    let patch: Yaml = yaml_serde::from_str(&read("overlays/process-usage/daemonset-patch.yaml"))
         .expect("overlay patch");
     let all = manifests();
     let ds = kind(&all, "DaemonSet");

@@ -310,7 +310,8 @@ async fn run(args: Args) -> Result<()> {
                     args.first_address
                 )
             })?;
-        let listener = http::bind(SocketAddr::from((addr, args.port)))
+        let on = http::listen::ListenOn::Address(SocketAddr::from((addr, args.port)));
+        let listener = http::listen::bind(on)
             .with_context(|| format!("{hostname}: cannot listen on {addr}:{}", args.port))?;
         let local = listener.local_addr().context("local address")?;
         targets.push(format!(

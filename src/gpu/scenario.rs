@@ -345,25 +345,13 @@ fn event_action(ev: &RawEvent) -> Result<Action, String> {
     })
 }
 
-/// Parses `500ms`, `30s`, `5m`, `2h` (an integer and a unit).
+/// Parses a duration in Go's syntax (`500ms`, `30s`, `1m30s`, `1.5h`), as the flags and the
+/// configuration files write them: the one parser is [`crate::godur::parse`].
 ///
 /// # Errors
 /// A message saying what is wrong.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30s, 5m or 500ms"))?;
-    let ms = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(format!("{s:?} has no unit (use ms, s, m or h)")),
-    };
-    Ok(Duration::from_millis(n.saturating_mul(ms)))
+    crate::godur::parse(s)
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! Listening sockets: Go's `:PORT` (every address, IPv4 and IPv6 on one socket) and systemd
 //! socket activation (`--web-systemd-socket`).
 //!
-//! This module holds the crate's only `unsafe` outside the NVML bindings: adopting the
-//! descriptor systemd passes (fd 3), which the socket activation protocol makes ours.
+//! One of the three modules allowed `unsafe` (the crate documentation lists them), for one
+//! block: adopting the descriptor systemd passes (fd 3), which the socket activation protocol
+//! makes ours.
 #![allow(unsafe_code)]
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -10,7 +11,10 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use socket2::{Domain, Socket, Type};
 use tokio::net::TcpListener;
 
-use super::LISTEN_BACKLOG;
+/// The listen backlog asked for; the kernel caps it at `net.core.somaxconn` (4096 by default
+/// since Linux 5.4). A long queue keeps a scraper's SYN from being dropped (and retried a second
+/// later) while the server works through a burst of new connections.
+pub const LISTEN_BACKLOG: u32 = 4096;
 
 /// Where to listen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +56,8 @@ fn bind_socket(addr: SocketAddr, v6_only: Option<bool>) -> std::io::Result<TcpLi
     TcpListener::from_std(socket.into())
 }
 
-/// Binds `on` with [`LISTEN_BACKLOG`] and `SO_REUSEADDR`.
+/// Binds `on` with [`LISTEN_BACKLOG`] and `SO_REUSEADDR` (as `TcpListener::bind` does): the
+/// one way the exporter (and the fleet simulator) gets a TCP listener.
 ///
 /// # Errors
 /// [`ListenError::Bind`] naming the address.

@@ -47,25 +47,6 @@ use routes::{plain, AnyBody};
 use crate::web::auth::Verdict;
 use crate::web::{Active, WebSecurity};
 
-/// The listen backlog asked for; the kernel caps it at `net.core.somaxconn` (4096 by default
-/// since Linux 5.4). A long queue keeps a scraper's SYN from being dropped (and retried a second
-/// later) while the server works through a burst of new connections.
-pub const LISTEN_BACKLOG: u32 = 4096;
-
-/// Binds `addr` with [`LISTEN_BACKLOG`] and `SO_REUSEADDR` (as `TcpListener::bind` does).
-///
-/// # Errors
-/// The socket, bind or listen error.
-pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)
-}
-
 /// Serves `router` (an `axum::Router` or an [`App`]) on `listener` with default [`Limits`] and no
 /// web configuration, until `shutdown` resolves, then finishes in-flight requests.
 ///

@@ -294,38 +294,20 @@ pub fn decode_basic(header: &[u8]) -> Option<(String, String)> {
     Some((user.to_owned(), password.to_owned()))
 }
 
-/// Standard base64 with padding (RFC 4648 §4), as browsers and Prometheus send it.
+/// Standard base64 with canonical padding (RFC 4648 §4), as browsers and Prometheus send it;
+/// unused bits in the last character are accepted, as Go's `base64.StdEncoding` (net/http's
+/// `BasicAuth`) accepts them. At most 8 KiB of text is decoded.
 fn decode_base64(s: &str) -> Option<Vec<u8>> {
-    fn value(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    }
-    let bytes = s.as_bytes();
-    if !bytes.len().is_multiple_of(4) || bytes.len() > 8192 {
+    use base64::engine::{general_purpose, GeneralPurpose};
+    use base64::Engine as _;
+    const GO_STD: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        general_purpose::PAD.with_decode_allow_trailing_bits(true),
+    );
+    if s.len() > 8192 {
         return None;
     }
-    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
-    for (i, chunk) in bytes.chunks(4).enumerate() {
-        let last = i + 1 == bytes.len() / 4;
-        let pad = chunk.iter().rev().take_while(|&&c| c == b'=').count();
-        if pad > 2 || (pad > 0 && !last) {
-            return None;
-        }
-        let mut n = 0u32;
-        for &c in &chunk[..4 - pad] {
-            n = (n << 6) | value(c)?;
-        }
-        n <<= 6 * pad as u32;
-        let b = n.to_be_bytes();
-        out.extend_from_slice(&b[1..4 - pad]);
-    }
-    Some(out)
+    GO_STD.decode(s).ok()
 }
 
 #[cfg(test)]
@@ -582,21 +564,36 @@ mod tests {
         }
     }
 
+    #[test]
+    fn base64_acceptance_is_go_std_encoding() {
+        // Unused bits set in the last character: Go's StdEncoding accepts them, so do we.
+        assert_eq!(
+            decode_basic(b"Basic YTp="),
+            Some(("a".into(), String::new()))
+        );
+        // Padding is required, and nothing may stand inside the text.
+        assert_eq!(decode_basic(b"Basic YTo"), None);
+        assert_eq!(decode_basic(b"Basic YT o="), None);
+        assert_eq!(
+            decode_basic(b"Basic YTo=\n"),
+            Some(("a".into(), String::new()))
+        );
+        // At most 8 KiB of base64 is decoded.
+        let long = format!(
+            "Basic {}",
+            encode(format!("a:{}", "b".repeat(6200)).as_bytes())
+        );
+        assert!(long.len() > 8192 + 6);
+        assert_eq!(decode_basic(long.as_bytes()), None);
+        let fits = format!(
+            "Basic {}",
+            encode(format!("a:{}", "b".repeat(6000)).as_bytes())
+        );
+        assert!(decode_basic(fits.as_bytes()).is_some());
+    }
+
     fn encode(b: &[u8]) -> String {
-        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut s = String::new();
-        for c in b.chunks(3) {
-            let n = (u32::from(c[0]) << 16)
-                | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-                | u32::from(*c.get(2).unwrap_or(&0));
-            for i in 0..4 {
-                if i <= c.len() {
-                    s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-                } else {
-                    s.push('=');
-                }
-            }
-        }
-        s
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(b)
     }
 }

@@ -2,7 +2,7 @@
 //! limit, in Prometheus exporter-toolkit's format, with certificate rotation without restart.
 //!
 //! [`config`] parses the file (pure); [`tls`] builds the rustls configuration; [`auth`] checks
-//! basic-auth credentials; [`der`] reads a certificate's expiry and a key's type. [`WebSecurity`]
+//! basic-auth credentials; [`x509`] reads a certificate's expiry and a key's type. [`WebSecurity`]
 //! holds the [`Active`] settings: the HTTP server takes the TLS configuration for each new
 //! connection and the credentials, rate limit and headers for each request, so a revoked
 //! password stops working on connections already open. A watcher thread
@@ -13,10 +13,10 @@
 
 pub mod auth;
 pub mod config;
-pub mod der;
 pub mod metrics;
 pub mod ratelimit;
 pub mod tls;
+pub mod x509;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};

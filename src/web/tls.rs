@@ -4,8 +4,10 @@
 //!
 //! Go's `RequestClientCert`/`RequireAnyClientCert` accept any certificate without checking its
 //! chain; rustls has no such verifier, so `AnyClientCert` is one (it still checks the handshake
-//! signature, so the client must hold the key). `client_allowed_sans` wraps whichever verifier
-//! is in use and rejects a certificate none of whose SANs is listed.
+//! signature, so the client must hold the key). Whichever verifier is in use is wrapped in one
+//! delegating verifier (`Delegating`) that lets a client without a certificate finish the
+//! handshake (the requirement is enforced per request) and, with `client_allowed_sans`, rejects
+//! a certificate none of whose SANs is listed.
 
 use std::sync::Arc;
 
@@ -100,7 +102,7 @@ pub struct ServerTls {
 /// type, a bad CA), or a combination of versions and suites no handshake could complete with.
 pub fn server_config(t: &TlsSettings, origin: &str) -> Result<ServerTls, WebConfigError> {
     let chain = certificates(&t.cert, cert_key(&t.cert), origin)?;
-    let not_after = super::der::certificate_not_after(&chain[0]);
+    let not_after = super::x509::certificate_not_after(&chain[0]);
     let key_name = match t.key {
         Pem::File(_) => "key_file",
         Pem::Inline(_) => "key",
@@ -119,7 +121,7 @@ pub fn server_config(t: &TlsSettings, origin: &str) -> Result<ServerTls, WebConf
     let signing_key = provider
         .key_provider
         .load_private_key(key.clone_key())
-        .map_err(|e| match super::der::key_kind(&key) {
+        .map_err(|e| match super::x509::key_kind(&key) {
             // Name what the key is when rustls cannot use that kind at all.
             Some(kind) if !supported_key(&kind) => WebConfigError::Invalid {
                 origin: origin.to_owned(),
@@ -172,9 +174,7 @@ pub fn server_config(t: &TlsSettings, origin: &str) -> Result<ServerTls, WebConf
                 e,
             )
         })?;
-    let verifier: Arc<dyn ClientCertVerifier> = Arc::new(OptionalAtHandshake {
-        inner: client_verifier(t, &provider, origin)?,
-    });
+    let verifier: Arc<dyn ClientCertVerifier> = Arc::new(client_verifier(t, &provider, origin)?);
     let mut config = builder
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)
@@ -200,8 +200,8 @@ pub fn server_config(t: &TlsSettings, origin: &str) -> Result<ServerTls, WebConf
 }
 
 /// Whether rustls's ring provider can sign with a key of this kind at all.
-fn supported_key(kind: &super::der::KeyKind) -> bool {
-    use super::der::KeyKind;
+fn supported_key(kind: &super::x509::KeyKind) -> bool {
+    use super::x509::KeyKind;
     match kind {
         KeyKind::Rsa(bits) => (2048..=8192).contains(bits),
         KeyKind::Ec(curve) => curve == "P-256" || curve == "P-384",
@@ -253,14 +253,22 @@ fn provider(t: &TlsSettings) -> CryptoProvider {
     p
 }
 
+/// The client-certificate policy of `t`: the verifier for its `client_auth`, wrapped in the one
+/// [`Delegating`] verifier that lets the handshake finish without a certificate and checks
+/// `client_allowed_sans`.
 fn client_verifier(
     t: &TlsSettings,
     provider: &Arc<CryptoProvider>,
     origin: &str,
-) -> Result<Arc<dyn ClientCertVerifier>, WebConfigError> {
+) -> Result<Delegating, WebConfigError> {
     let algorithms = provider.signature_verification_algorithms;
     let inner: Arc<dyn ClientCertVerifier> = match t.client_auth {
-        ClientAuth::NoClientCert => return Ok(WebPkiClientVerifier::no_client_auth()),
+        ClientAuth::NoClientCert => {
+            return Ok(Delegating {
+                inner: WebPkiClientVerifier::no_client_auth(),
+                allowed_sans: Vec::new(),
+            })
+        }
         ClientAuth::RequestClientCert => Arc::new(AnyClientCert {
             mandatory: false,
             algorithms,
@@ -304,15 +312,15 @@ fn client_verifier(
             })?
         }
     };
-    if t.client_allowed_sans.is_empty() {
-        return Ok(inner);
-    }
-    let allowed = t
+    let allowed_sans = t
         .client_allowed_sans
         .iter()
         .filter_map(|s| ServerName::try_from(s.as_str()).ok().map(|n| n.to_owned()))
         .collect();
-    Ok(Arc::new(AllowedSans { inner, allowed }))
+    Ok(Delegating {
+        inner,
+        allowed_sans,
+    })
 }
 
 /// Accepts any client certificate whose handshake signature checks out (Go's
@@ -364,17 +372,21 @@ impl ClientCertVerifier for AnyClientCert {
     }
 }
 
-/// Delegates to `inner`, except that a client may finish the handshake without a certificate
-/// even where `inner` requires one: the kubelet's probes present none. A certificate that is
-/// presented is still verified by `inner` (a bad one fails the handshake), and the requirement
-/// is enforced per request (`Active::client_cert_required`): without a certificate only the
-/// probe paths answer.
+/// Delegates to `inner`, with two changes:
+///
+/// - a client may finish the handshake without a certificate even where `inner` requires one:
+///   the kubelet's probes present none. A certificate that is presented is still verified by
+///   `inner` (a bad one fails the handshake), and the requirement is enforced per request
+///   (`Active::client_cert_required`): without a certificate only the probe paths answer;
+/// - when `allowed_sans` is not empty, a verified certificate must also hold one of them among
+///   its DNS or IP SANs (`client_allowed_sans`).
 #[derive(Debug)]
-struct OptionalAtHandshake {
+struct Delegating {
     inner: Arc<dyn ClientCertVerifier>,
+    allowed_sans: Vec<ServerName<'static>>,
 }
 
-impl ClientCertVerifier for OptionalAtHandshake {
+impl ClientCertVerifier for Delegating {
     fn offer_client_auth(&self) -> bool {
         self.inner.offer_client_auth()
     }
@@ -393,67 +405,17 @@ impl ClientCertVerifier for OptionalAtHandshake {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.inner
-            .verify_client_cert(end_entity, intermediates, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-}
-
-/// Delegates to `inner`, then requires one of `allowed` among the certificate's DNS or IP SANs.
-#[derive(Debug)]
-struct AllowedSans {
-    inner: Arc<dyn ClientCertVerifier>,
-    allowed: Vec<ServerName<'static>>,
-}
-
-impl ClientCertVerifier for AllowedSans {
-    fn offer_client_auth(&self) -> bool {
-        self.inner.offer_client_auth()
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        self.inner.client_auth_mandatory()
-    }
-
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
         let verified = self
             .inner
             .verify_client_cert(end_entity, intermediates, now)?;
+        if self.allowed_sans.is_empty() {
+            return Ok(verified);
+        }
         let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|_| {
             rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding)
         })?;
         if self
-            .allowed
+            .allowed_sans
             .iter()
             .any(|name| cert.verify_is_valid_for_subject_name(name).is_ok())
         {

@@ -66,7 +66,7 @@ pub fn parse(text: &str, origin: &str) -> Result<FileSettings, FileError> {
         line: e.line,
         limit: e.limit,
     })?;
-    let syntax = |e: serde_yaml::Error| FileError::Syntax {
+    let syntax = |e: yaml_serde::Error| FileError::Syntax {
         path: origin.to_owned(),
         message: e.to_string(),
     };
@@ -75,15 +75,15 @@ pub fn parse(text: &str, origin: &str) -> Result<FileSettings, FileError> {
         key: key.to_owned(),
         reason,
     };
-    let header: Header = serde_yaml::from_str(text).map_err(syntax)?;
+    let header: Header = yaml_serde::from_str(text).map_err(syntax)?;
     let version = match header.version {
-        Some(serde_yaml::Value::Number(n)) => n.as_i64(),
+        Some(yaml_serde::Value::Number(n)) => n.as_i64(),
         _ => None,
     };
     let mut out = FileSettings::default();
     match version {
         Some(1) => {
-            let v: V1 = serde_yaml::from_str(text).map_err(syntax)?;
+            let v: V1 = yaml_serde::from_str(text).map_err(syntax)?;
             metrics(v.metrics, &mut out, &invalid)?;
             server(v.server, &mut out, &invalid)?;
             if let Some(d) = v
@@ -124,7 +124,7 @@ pub fn parse(text: &str, origin: &str) -> Result<FileSettings, FileError> {
             }
         }
         Some(2) => {
-            let v: V2 = serde_yaml::from_str(text).map_err(syntax)?;
+            let v: V2 = yaml_serde::from_str(text).map_err(syntax)?;
             metrics(v.metrics, &mut out, &invalid)?;
             server(v.server, &mut out, &invalid)?;
             if let Some(d) = v.sources.and_then(|s| s.dcgm) {

@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 #[derive(Deserialize)]
 pub(super) struct Header {
-    pub(super) version: Option<serde_yaml::Value>,
+    pub(super) version: Option<yaml_serde::Value>,
 }
 
 #[derive(Deserialize)]
@@ -30,7 +30,7 @@ pub(super) struct Server {
     pub(super) max_concurrent_scrapes: Option<Number>,
 }
 
-/// A YAML number as written, of any size (serde_yaml reads integers past 64 bits as 128-bit
+/// A YAML number as written, of any size (yaml_serde reads integers past 64 bits as 128-bit
 /// ones), so that one too large for its key is named as such rather than as a wrong type.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Number {

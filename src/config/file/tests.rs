@@ -219,7 +219,7 @@ fn deep_nesting_is_refused_before_it_is_parsed() {
         err(&dashes),
         "c.yaml:3: nested more than 64 levels deep; refused"
     );
-    // What the 1 MiB cap allows is refused at once (serde_yaml took 42 s of CPU for 100,000
+    // What the 1 MiB cap allows is refused at once (yaml_serde took 42 s of CPU for 100,000
     // levels).
     let huge = format!("version: 2\nmetrics: {}", "[".repeat((1 << 20) - 20));
     assert_eq!(

@@ -1,9 +1,12 @@
 //! The C ABI of DCGM's client library (`libdcgm.so.4`), loaded with `dlopen` at run time. The
 //! struct layouts and versions follow DCGM 4.x's public headers (`dcgm_structs.h`:
 //! `MAKE_DCGM_VERSION(type, ver)` is `sizeof(type) | ver << 24`); compile-time assertions pin
-//! the sizes. This and `gpu::nvml::ffi` are the crate's only `unsafe` code: every block calls one
-//! DCGM function, resolved from the library this value keeps loaded, with pointers to live,
-//! correctly sized and versioned locals, as `dcgm_agent.h` documents for it.
+//! the sizes.
+//!
+//! One of the three modules allowed `unsafe` (the crate documentation lists them): every block
+//! loads the library, resolves a symbol, or calls one DCGM function, resolved from the library
+//! this value keeps loaded, with pointers to live, correctly sized and versioned locals, as
+//! `dcgm_agent.h` documents for it; each says so in its `// SAFETY:` note.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -605,13 +608,15 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         match (self.embedded, self.lib.stop_embedded) {
-            // SAFETY: the handle came from dcgmStartEmbedded_v2 on this library.
             (true, Some(stop)) => {
+                // SAFETY: the handle came from dcgmStartEmbedded_v2 on this library, which
+                // `self.lib` keeps loaded, and is stopped once, here.
                 let _ = unsafe { stop(self.handle) };
             }
             (true, None) => {}
-            // SAFETY: the handle came from dcgmConnect_v2 on this library.
             (false, _) => {
+                // SAFETY: the handle came from dcgmConnect_v2 on this library, which `self.lib`
+                // keeps loaded, and is disconnected once, here.
                 let _ = unsafe { (self.lib.disconnect)(self.handle) };
             }
         }

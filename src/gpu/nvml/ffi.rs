@@ -7,8 +7,11 @@
 //! "unknown", into nothing).
 //!
 //! This is the bottom layer of the real backend: it depends on `nvml-wrapper` and [`super::api`]
-//! only, and [`super::real`] builds on it. This and `gpu::dcgm::ffi` are the crate's only `unsafe` code. Every block calls one NVML function with pointers
-//! to live, correctly sized locals, as `nvml.h` documents for it.
+//! only, and [`super::real`] builds on it.
+//!
+//! One of the three modules allowed `unsafe` (the crate documentation lists them): every block
+//! calls one NVML function with pointers to live, correctly sized locals, as `nvml.h` documents
+//! for it, or zero-fills a plain C struct for it; each says so in its `// SAFETY:` note.
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
@@ -179,7 +182,9 @@ pub(super) fn grid_licensing(nvml: &Nvml, d: &Device<'_>) -> Result<GridLicensin
         .nvmlDeviceGetGridLicensableFeatures_v4
         .as_ref()
         .map_err(missing)?;
+    // SAFETY: a plain C struct of integers, arrays and chars: all zero bits is a valid value.
     let mut f: nvmlGridLicensableFeatures_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `f` is a live, correctly sized struct the call fills; the handle is valid.
     ret(unsafe { sym(d.handle(), &mut f) })?;
     let count = usize::try_from(f.licensableFeaturesCount)
         .unwrap_or(usize::MAX)

@@ -58,7 +58,7 @@ pub fn parse(text: &str, origin: &str) -> Result<WebConfig, WebConfigError> {
     let raw: RawFile = if text.trim().is_empty() || is_only_comments(text) {
         RawFile::default()
     } else {
-        serde_yaml::from_str::<Option<RawFile>>(text)
+        yaml_serde::from_str::<Option<RawFile>>(text)
             .map_err(|source| match duplicate_lines(text, &source) {
                 Some((key, lines)) => WebConfigError::Invalid {
                     origin: origin.to_owned(),
@@ -175,13 +175,13 @@ pub fn parse(text: &str, origin: &str) -> Result<WebConfig, WebConfigError> {
 }
 
 /// For [`unique_keys`](super::raw::unique_keys)'s error: the repeated key's dotted path and where it is given
-/// ("given twice, at lines 2 and 4"). serde_yaml places the error at the mapping's first key;
+/// ("given twice, at lines 2 and 4"). yaml_serde places the error at the mapping's first key;
 /// the repeats are found among the lines of that mapping at its indentation.
-fn duplicate_lines(text: &str, e: &serde_yaml::Error) -> Option<(String, String)> {
+fn duplicate_lines(text: &str, e: &yaml_serde::Error) -> Option<(String, String)> {
     let msg = e.to_string();
     let rest = msg.split_once(DUPLICATE)?.1;
     let loc = e.location()?;
-    // serde_yaml appends " at line L column C" to the message.
+    // yaml_serde appends " at line L column C" to the message.
     let name = rest.rsplit_once(" at line ").map_or(rest, |(n, _)| n);
     let section = msg.split_once(": ").map_or("", |(s, _)| s);
     let indent = loc.column().saturating_sub(1);

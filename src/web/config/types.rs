@@ -33,9 +33,9 @@ pub enum WebConfigError {
     Yaml {
         /// The file name.
         origin: String,
-        /// serde_yaml's message (names the key, line and column).
+        /// yaml_serde's message (names the key, line and column).
         #[source]
-        source: serde_yaml::Error,
+        source: yaml_serde::Error,
     },
     /// A value is well-formed YAML but not acceptable.
     #[error("{origin}: {key}: {reason}")]

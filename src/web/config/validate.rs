@@ -90,7 +90,7 @@ pub(super) fn validate_tls(
             ));
         }
         for san in &client_allowed_sans {
-            if rustls_pki_types::ServerName::try_from(san.as_str()).is_err() {
+            if rustls::pki_types::ServerName::try_from(san.as_str()).is_err() {
                 return Err(bad(
                     &k("client_allowed_sans"),
                     format!("{san:?}: only DNS names and IP addresses can be matched"),
