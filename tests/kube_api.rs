@@ -212,6 +212,29 @@ fn configmap_failures_are_startup_errors_naming_the_flag_and_the_cause() {
     );
 }
 
+#[test]
+fn https_is_verified_against_the_kubeconfig_ca() {
+    // The in-cluster case in kind: HTTPS to the API server, trusting the cluster's CA only.
+    let api = ApiServer::spawn_tls();
+    let dir = tempfile::tempdir().unwrap();
+    api.put_configmap("gpu", "metrics", &[("metrics", CSV)]);
+    let kubeconfig = api.kubeconfig(dir.path(), TOKEN);
+    let mut e = Exporter::start(configmap_command(&kubeconfig, "gpu:metrics"));
+    e.wait_ready();
+    let body = metrics(&e);
+    assert!(body.contains("\nDCGM_FI_DEV_POWER_USAGE{"), "{body}");
+    assert!(!body.contains("DCGM_FI_DEV_SM_CLOCK"), "{body}");
+    // A server whose certificate another CA signed is refused.
+    let other = ApiServer::spawn_tls();
+    let wrong = api.kubeconfig_with_ca(dir.path(), "wrong-ca", other.ca_pem.as_deref());
+    let (status, stderr) = binary::run_to_exit(configmap_command(&wrong, "gpu:metrics"));
+    assert!(!status.success());
+    assert!(
+        stderr.contains("get configmaps gpu/metrics") && stderr.contains("certificate"),
+        "{stderr}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pod UIDs and labels from the API server
 

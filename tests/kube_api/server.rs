@@ -64,6 +64,37 @@ pub struct ApiServer {
     state: Arc<Mutex<State>>,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// With TLS: the PEM of the CA that signed its certificate (for 127.0.0.1).
+    pub ca_pem: Option<String>,
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it: (CA PEM, server config).
+fn tls_identity() -> (String, Arc<rustls::ServerConfig>) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name
+        .push(DnType::CommonName, "test cluster CA");
+    let ca = CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap();
+    let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    leaf.distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
+    let key = KeyPair::generate().unwrap();
+    let cert = leaf.signed_by(&key, &ca).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from_pem_slice(cert.pem().as_bytes()).unwrap()],
+        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
+    )
+    .unwrap();
+    (ca.pem(), Arc::new(config))
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
@@ -133,6 +164,15 @@ impl ApiServer {
     /// Starts serving on 127.0.0.1, an ephemeral port, on a runtime of its own in a thread
     /// (so the tests can block on child processes).
     pub fn spawn() -> Self {
+        Self::spawn_with(false)
+    }
+
+    /// [`ApiServer::spawn`], serving HTTPS with a certificate from a CA of its own.
+    pub fn spawn_tls() -> Self {
+        Self::spawn_with(true)
+    }
+
+    fn spawn_with(tls: bool) -> Self {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -140,7 +180,7 @@ impl ApiServer {
                 .build()
                 .unwrap();
             rt.block_on(async move {
-                tx.send(Self::start().await).unwrap();
+                tx.send(Self::start(tls).await).unwrap();
                 std::future::pending::<()>().await;
             });
         });
@@ -148,15 +188,22 @@ impl ApiServer {
     }
 
     /// Starts serving on 127.0.0.1, an ephemeral port.
-    pub async fn start() -> Self {
+    async fn start(tls: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let (ca_pem, acceptor) = if tls {
+            let (ca, config) = tls_identity();
+            (Some(ca), Some(tokio_rustls::TlsAcceptor::from(config)))
+        } else {
+            (None, None)
+        };
         let server = ApiServer {
             state: Arc::new(Mutex::new(State {
                 version: 100,
                 ..State::default()
             })),
             addr,
+            ca_pem,
         };
         let s = server.clone();
         tokio::spawn(async move {
@@ -165,25 +212,52 @@ impl ApiServer {
                     return;
                 };
                 let s = s.clone();
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
                         let s = s.clone();
                         async move { Ok::<_, Infallible>(s.handle(req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(conn), svc)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match acceptor {
+                        Some(a) => {
+                            // A refused handshake (a client that does not trust the CA) ends here.
+                            if let Ok(tls) = a.accept(conn).await {
+                                let _ = http.serve_connection(TokioIo::new(tls), svc).await;
+                            }
+                        }
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(conn), svc).await;
+                        }
+                    }
                 });
             }
         });
         server
     }
 
-    /// A kubeconfig pointing at this server with `token`, written under `dir`.
+    /// A kubeconfig pointing at this server with `token`, written under `dir`; with TLS, it
+    /// names the server's CA (`ca`: another one instead).
     pub fn kubeconfig(&self, dir: &Path, token: &str) -> PathBuf {
+        self.kubeconfig_with_ca(dir, token, self.ca_pem.as_deref())
+    }
+
+    /// [`ApiServer::kubeconfig`] trusting `ca` (PEM).
+    pub fn kubeconfig_with_ca(&self, dir: &Path, token: &str, ca: Option<&str>) -> PathBuf {
         let path = dir.join(format!("kubeconfig-{token}"));
+        let (scheme, ca_line) = match ca {
+            Some(pem) => {
+                let ca_path = dir.join(format!("ca-{token}.crt"));
+                std::fs::write(&ca_path, pem).unwrap();
+                (
+                    "https",
+                    format!("    certificate-authority: {}\n", ca_path.display()),
+                )
+            }
+            None => ("http", String::new()),
+        };
         let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: http://{}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: exporter\ncurrent-context: test\nusers:\n- name: exporter\n  user:\n    token: {token}\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {scheme}://{}\n{ca_line}contexts:\n- name: test\n  context:\n    cluster: test\n    user: exporter\ncurrent-context: test\nusers:\n- name: exporter\n  user:\n    token: {token}\n",
             self.addr
         );
         std::fs::write(&path, text).unwrap();
