@@ -464,6 +464,15 @@ fn pod_uid_and_labels_come_from_a_node_scoped_watch_without_a_runtime_socket() {
         "{}",
         e.log()
     );
+    // The new families pass an independent linter with no finding.
+    if common::promtool_available() {
+        let (_, findings) = common::promtool_check(&body);
+        let ours: Vec<&String> = findings
+            .iter()
+            .filter(|f| f.contains("gpu_exporter_kube_api"))
+            .collect();
+        assert!(ours.is_empty(), "{ours:?}");
+    }
 }
 
 #[test]
