@@ -476,6 +476,30 @@ fn pod_uid_and_labels_come_from_a_node_scoped_watch_without_a_runtime_socket() {
 }
 
 #[test]
+fn watches_that_always_expire_are_listed_again_and_no_pod_is_lost() {
+    let api = ApiServer::spawn();
+    seed_pods(&api);
+    api.expire_every_watch();
+    let node = start_node(&api, TOKEN, &[]);
+    let e = &node.exporter;
+    // Every poll: the pods of the lists stay attributed while each watch is refused.
+    let body = until(e, "three lists", |b| {
+        assert!(has(b, "llm-train-0", "pod_uid=\"uid-llm-0\""), "{b}");
+        value(b, "gpu_exporter_kube_api_lists_total").is_some_and(|n| n >= 3.0)
+    });
+    assert!(
+        value(&body, "gpu_exporter_kube_api_errors_total{reason=\"gone\"}")
+            .is_some_and(|n| n >= 2.0),
+        "{body}"
+    );
+    assert_eq!(
+        value(&body, "gpu_exporter_kube_api_pods"),
+        Some(2.0),
+        "{body}"
+    );
+}
+
+#[test]
 fn a_refused_list_degrades_names_the_rbac_to_grant_and_recovers() {
     let api = ApiServer::spawn();
     seed_pods(&api);

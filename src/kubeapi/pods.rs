@@ -8,8 +8,9 @@
 //! - A list, then a watch from its resourceVersion; each event updates the pods and publishes.
 //!   The watch asks the server to end it after [`WATCH_SECONDS`] and is opened again from the
 //!   last resourceVersion (bookmarks keep that fresh).
-//! - `410 Gone` (the resourceVersion is too old): list again at once; the pods known so far stay
-//!   published until the new list replaces them, so none is lost in between.
+//! - `410 Gone` (the resourceVersion is too old): list again at once (after a backoff when the
+//!   previous watch also ended in 410 without an event); the pods known so far stay published
+//!   until the new list replaces them, so none is lost in between.
 //! - Any other failure (401, 403, a timeout, the server down): retried with a backoff from 0.5 s
 //!   up to 10 s; the last good answer is used until the TTL, then an empty directory is published
 //!   (no pod_uid or pod labels) until the server answers again.
@@ -67,6 +68,9 @@ pub struct PodWatcher {
     problem: Option<&'static str>,
     dropped: bool,
     failures: u32,
+    /// 410s in a row with no watch event between them: from the second on, the new list waits
+    /// a backoff (a server that expires every watch at once must not be listed in a loop).
+    gone_streak: u32,
 }
 
 impl PodWatcher {
@@ -90,6 +94,7 @@ impl PodWatcher {
             problem: None,
             dropped: false,
             failures: 0,
+            gone_streak: 0,
         }
     }
 
@@ -200,6 +205,7 @@ impl PodWatcher {
                     ))
                 }
             }
+            self.gone_streak = 0;
             self.good();
             self.publish();
         }
@@ -296,7 +302,7 @@ impl PodWatcher {
                 };
                 if let Err(e) = listed {
                     self.failed(&e);
-                    if !self.pause(&shutdown).await {
+                    if !pause(backoff(self.failures, MAX_RETRY), &shutdown).await {
                         return;
                     }
                     continue;
@@ -310,21 +316,29 @@ impl PodWatcher {
                 Err(e) => {
                     self.failed(&e);
                     need_list = true;
-                    if !matches!(e, KubeError::Gone { .. }) && !self.pause(&shutdown).await {
-                        return;
+                    let wait = if matches!(e, KubeError::Gone { .. }) {
+                        self.gone_streak = self.gone_streak.saturating_add(1);
+                        // The first 410 after events: list again at once.
+                        (self.gone_streak > 1).then(|| backoff(self.gone_streak - 1, MAX_RETRY))
+                    } else {
+                        Some(backoff(self.failures, MAX_RETRY))
+                    };
+                    if let Some(wait) = wait {
+                        if !pause(wait, &shutdown).await {
+                            return;
+                        }
                     }
                 }
             }
         }
     }
+}
 
-    /// Waits the backoff; false on shutdown.
-    async fn pause(&self, shutdown: &CancellationToken) -> bool {
-        let wait = backoff(self.failures, MAX_RETRY);
-        tokio::select! {
-            () = shutdown.cancelled() => false,
-            () = tokio::time::sleep(wait) => true,
-        }
+/// Waits `wait` (a retry's backoff); false on shutdown.
+async fn pause(wait: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        () = shutdown.cancelled() => false,
+        () = tokio::time::sleep(wait) => true,
     }
 }
 

@@ -56,6 +56,8 @@ struct State {
     forbidden: HashSet<(String, String)>,
     hang: HashSet<String>,
     requests: Vec<String>,
+    /// Every watch is answered with a 410 ERROR event at once.
+    expire_watches: bool,
 }
 
 /// The server; it runs until the test's runtime ends.
@@ -295,6 +297,12 @@ impl ApiServer {
     /// Calls with this verb (`get`, `list`, `watch`) are never answered.
     pub fn hang(&self, verb: &str) {
         self.state.lock().unwrap().hang.insert(verb.into());
+    }
+
+    /// Every watch from now on ends at once with a 410 ERROR event (a server whose watch cache
+    /// is always behind).
+    pub fn expire_every_watch(&self) {
+        self.state.lock().unwrap().expire_watches = true;
     }
 
     /// Calls with this verb are answered again.
@@ -546,7 +554,10 @@ impl ApiServer {
                 let (tx, rx) = mpsc::unbounded_channel();
                 {
                     let mut s = self.state.lock().unwrap();
-                    if from < s.compacted {
+                    if s.expire_watches {
+                        let gone = status(410, "Expired", "too old resource version");
+                        let _ = tx.send(Ok(Frame::data(event_line("ERROR", gone))));
+                    } else if from < s.compacted {
                         let gone = status(
                             410,
                             "Expired",
