@@ -119,6 +119,33 @@ fn configmap_csv_is_what_metrics_serves() {
         "{}",
         e.log()
     );
+    // Read once, as dcgm-exporter does: SIGHUP says so and changes nothing.
+    let gets = |api: &ApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with("get configmaps"))
+            .count()
+    };
+    assert_eq!(gets(&api), 1);
+    let hup = Command::new("kill")
+        .args(["-HUP", &e.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    let started = Instant::now();
+    while e.warnings_about("ConfigMap gpu-operator/metrics-config at startup and is not reloaded")
+        == 0
+    {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no SIGHUP warning:\n{}",
+            e.log()
+        );
+        // Polling another process's log.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(gets(&api), 1);
+    assert!(!metrics(&e).contains("DCGM_FI_DEV_SM_CLOCK"));
 }
 
 #[test]
