@@ -459,6 +459,43 @@ fn pod_uid_and_labels_come_from_a_node_scoped_watch_without_a_runtime_socket() {
     );
     api.bookmark();
 
+    // The server ends the watch (its timeout): watched again from the last resourceVersion, no
+    // new list; a change made after that arrives as an event.
+    api.end_watches();
+    let started = Instant::now();
+    while api.open_watches() == 0 {
+        assert!(started.elapsed() < DEADLINE, "no new watch:\n{}", e.log());
+        // Polling the test server's state.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    api.put_pod(
+        "ml",
+        "notebook-alice",
+        "uid-nb-1",
+        "node-1",
+        &[("app", "notebook-v3")],
+    );
+    let body = until(e, "an event on the new watch", |b| {
+        has(b, "notebook-alice", "app=\"notebook-v3\"")
+    });
+    assert_eq!(
+        value(&body, "gpu_exporter_kube_api_lists_total"),
+        Some(1.0),
+        "{body}"
+    );
+    let watches: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.starts_with("watch pods"))
+        .collect();
+    assert_eq!(watches.len(), 2, "{watches:?}");
+    let version = |r: &str| -> u64 {
+        let (_, rest) = r.split_once("resourceVersion=").expect("a resourceVersion");
+        rest.split('&').next().unwrap().parse().unwrap()
+    };
+    // The second watch starts where the events left off, after the list's version.
+    assert!(version(&watches[1]) > version(&watches[0]), "{watches:?}");
+
     // 410 Gone: the watch ends with an ERROR event; a new list finds the pod added meanwhile
     // without any event, and the pods known before stay.
     api.expire(&[("batch", "etl-5", "uid-etl-5", "node-1", &[("app", "etl")])]);
@@ -466,7 +503,7 @@ fn pod_uid_and_labels_come_from_a_node_scoped_watch_without_a_runtime_socket() {
         has(b, "etl-5", "pod_uid=\"uid-etl-5\"")
     });
     assert!(
-        has(&body, "notebook-alice", "app=\"notebook-v2\""),
+        has(&body, "notebook-alice", "app=\"notebook-v3\""),
         "{body}"
     );
     assert!(has(&body, "etl-4", "pod_uid=\"uid-etl-4\""), "{body}");

@@ -179,7 +179,11 @@ impl PodWatcher {
                         timeout: WATCH_IDLE,
                     })
                 }
-                Ok(None) => return Ok(()),
+                // The server ended it (its timeout): what is known was current until now.
+                Ok(None) => {
+                    self.good();
+                    return Ok(());
+                }
                 Ok(Some(Err(e))) => return Err(KubeError::from_kube(self.call("watch"), e)),
                 Ok(Some(Ok(ev))) => ev,
             };

@@ -388,6 +388,18 @@ impl ApiServer {
         });
     }
 
+    /// Ends every open watch cleanly (as the server does at the watch's `timeoutSeconds`).
+    pub fn end_watches(&self) {
+        self.state.lock().unwrap().watchers.clear();
+    }
+
+    /// Open watches.
+    pub fn open_watches(&self) -> usize {
+        let mut s = self.state.lock().unwrap();
+        s.watchers.retain(|w| !w.tx.is_closed());
+        s.watchers.len()
+    }
+
     /// The watch cache forgets its history (as etcd compaction does): every open watch gets an
     /// ERROR event with a 410 `Status` and ends, and any watch from an older resourceVersion is
     /// refused the same way. `hidden` pods are added in the same step, without any event: only a
