@@ -25,10 +25,10 @@ impl fmt::Display for Call {
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     /// Neither a kubeconfig nor the in-cluster service account was found.
-    #[error("no Kubernetes API configuration (set KUBECONFIG, or run in a pod with its service account token mounted): {0}")]
+    #[error("no Kubernetes API configuration (set KUBECONFIG, or run in a pod with its service account token mounted)")]
     Config(#[source] kube::config::InferConfigError),
     /// The client could not be built from the configuration.
-    #[error("Kubernetes API client for {url}: {source}")]
+    #[error("Kubernetes API client for {url}")]
     Client {
         /// The API server.
         url: String,
@@ -87,7 +87,7 @@ pub enum KubeError {
         timeout: Duration,
     },
     /// The answer could not be decoded.
-    #[error("{call}: undecodable answer: {source}")]
+    #[error("{call}: undecodable answer")]
     Decode {
         /// The call.
         call: Call,
@@ -96,7 +96,7 @@ pub enum KubeError {
         source: kube::Error,
     },
     /// The server could not be reached, or the connection broke.
-    #[error("{call}: {source}")]
+    #[error("{call} failed")]
     Transport {
         /// The call.
         call: Call,

@@ -244,13 +244,13 @@ impl PodWatcher {
             .map(|at| at.elapsed())
             .is_some_and(|age| age < self.opts.ttl);
         if matches!(e, KubeError::Gone { .. }) {
-            tracing::info!(error = %e, "pod watch expired; listing again (the pods known so far stay in use meanwhile)");
+            tracing::info!(error = %crate::error_chain(e), "pod watch expired; listing again (the pods known so far stay in use meanwhile)");
         } else if self.problem == Some(reason) {
-            tracing::debug!(error = %e, "Kubernetes API pod call failed again");
+            tracing::debug!(error = %crate::error_chain(e), "Kubernetes API pod call failed again");
         } else {
             self.problem = Some(reason);
             tracing::warn!(
-                error = %e,
+                error = %crate::error_chain(e),
                 reason,
                 server = %self.client.url,
                 "Kubernetes API unavailable for pod labels and UIDs; retrying; {}",
