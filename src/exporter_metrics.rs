@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::accounting::AccountingMetrics;
 use crate::hpc::HpcMetrics;
 use crate::http::HttpMetrics;
+use crate::kubeapi::metrics::KubeApiMetrics;
 use crate::pods::cri_refresher::CriMetrics;
 use crate::pods::refresher::PodResourcesMetrics;
 use crate::pods::usage::ProcessMetrics;
@@ -38,6 +39,8 @@ pub struct ExporterMetrics {
     pub pod_resources: Arc<PodResourcesMetrics>,
     /// The container runtime (CRI) client.
     pub cri: Arc<CriMetrics>,
+    /// The Kubernetes API pod watch (pod labels/UID without a runtime socket).
+    pub kube_api: Arc<KubeApiMetrics>,
     /// The HPC job mapping (`--hpc-job-mapping-dir`).
     pub hpc_jobs: Arc<HpcMetrics>,
     /// The web configuration's reloads and the serving certificate.
@@ -60,6 +63,7 @@ impl ExporterMetrics {
         let http = Arc::new(HttpMetrics::default());
         let pod_resources = Arc::new(PodResourcesMetrics::default());
         let cri = Arc::new(CriMetrics::default());
+        let kube_api = Arc::new(KubeApiMetrics::default());
         let hpc_jobs = Arc::new(HpcMetrics::default());
         let web = Arc::new(WebMetrics::default());
         let mut registry = Registry::default();
@@ -73,6 +77,7 @@ impl ExporterMetrics {
         )));
         registry.register_collector(Box::new(Arc::clone(&pod_resources)));
         registry.register_collector(Box::new(Arc::clone(&cri)));
+        registry.register_collector(Box::new(Arc::clone(&kube_api)));
         registry.register_collector(Box::new(Arc::clone(&processes)));
         registry.register_collector(Box::new(Arc::clone(&hpc_jobs)));
         registry.register_collector(Box::new(Arc::clone(&attribution)));
@@ -87,6 +92,7 @@ impl ExporterMetrics {
             http,
             pod_resources,
             cri,
+            kube_api,
             hpc_jobs,
             web,
             log_write_errors,

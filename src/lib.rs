@@ -69,6 +69,7 @@ pub mod gpu;
 pub mod health;
 pub mod hpc;
 pub mod http;
+pub mod kubeapi;
 pub mod logsink;
 pub mod pods;
 pub mod process_metrics;

@@ -9,13 +9,15 @@ use anyhow::{Context, Result};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use gpu_exporter::config::{Args, Backend, Config};
+use gpu_exporter::config::{Args, Backend, Config, PodMetadataSource};
 use gpu_exporter::exporter_metrics::ExporterMetrics;
 use gpu_exporter::gpu::dcgm::source::{DcgmMode, DcgmOptions, DcgmSource};
 use gpu_exporter::gpu::dcgm::DcgmLibrary;
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::hpc::{HpcJobs, HpcWatcher};
 use gpu_exporter::http::{self, AppState};
+use gpu_exporter::kubeapi::client::KubeClient;
+use gpu_exporter::kubeapi::pods::{PodWatchOptions, PodWatcher};
 use gpu_exporter::pods::cri::CriClient;
 use gpu_exporter::pods::cri_refresher::{CriOptions, CriRefresher};
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
@@ -93,6 +95,29 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
     let mut config = Config::resolve(args).context("invalid configuration")?;
     for notice in &config.notices {
         tracing::warn!("{notice}");
+    }
+    if let Some(cm) = config.configmap.clone() {
+        // dcgm-exporter reads it once at startup and exits when it cannot: it is configuration.
+        let timeout = Duration::from_millis(config.args.kube_api_timeout);
+        let client = KubeClient::connect(timeout)
+            .await
+            .with_context(|| format!("--configmap-data {cm}"))?;
+        let csv = gpu_exporter::kubeapi::configmap::read_csv(&client, &cm, timeout)
+            .await
+            .context("--configmap-data")?;
+        let origin = format!(
+            "configmap {cm} key {}",
+            gpu_exporter::kubeapi::configmap::KEY
+        );
+        let (catalog, skipped) =
+            gpu_exporter::catalog::parse(&csv, &origin).context("--configmap-data")?;
+        tracing::info!(
+            configmap = %cm,
+            server = %client.url,
+            metrics = catalog.metrics.len(),
+            "metrics CSV from the ConfigMap (read at startup; it wins over --collectors; a change takes a restart)"
+        );
+        config.use_catalog(catalog, skipped, origin);
     }
     for s in &config.skipped {
         tracing::warn!("{}:{}: {s}", config.catalog_origin, s.line);
@@ -199,6 +224,70 @@ async fn run(args: Args, hup: Hangup, log_write_errors: Arc<AtomicU64>) -> Resul
     }
 }
 
+/// Pod UIDs and labels from the Kubernetes API server (no runtime socket, or
+/// `--pod-metadata-source api`).
+async fn start_pod_watch<S: GpuSource>(
+    config: &Config,
+    metrics: &ExporterMetrics,
+    essential: &mut Essential,
+    shutdown: &CancellationToken,
+    sampler: Sampler<S>,
+) -> Result<Sampler<S>> {
+    let timeout = Duration::from_millis(config.args.kube_api_timeout);
+    let client = match KubeClient::connect(timeout).await {
+        Ok(c) => c,
+        // Asked for by name: configuration, fatal.
+        Err(e) if config.args.pod_metadata_source == PodMetadataSource::Api => {
+            return Err(e).context("--pod-metadata-source api");
+        }
+        // Chosen because no runtime socket is mounted: the exporter runs without pod UIDs and
+        // labels, and says why.
+        Err(e) => {
+            tracing::warn!(
+                error = %gpu_exporter::error_chain(&e),
+                socket = %config.runtime_socket_path().display(),
+                "pod UIDs and labels are off: no container runtime socket, and no Kubernetes API configuration"
+            );
+            metrics.kube_api.enable();
+            metrics.kube_api.record_failure(e.reason());
+            return Ok(sampler);
+        }
+    };
+    let node = config.args.node_name.clone().filter(|n| !n.is_empty());
+    if node.is_none() {
+        tracing::warn!("NODE_NAME is not set: watching the pods of every node for their labels and UIDs (set NODE_NAME from spec.nodeName to watch this node's only)");
+    }
+    tracing::info!(
+        server = %client.url,
+        node = node.as_deref().unwrap_or("(all)"),
+        socket = %config.runtime_socket_path().display(),
+        pod_uid = config.args.kubernetes_enable_pod_uid,
+        pod_labels = config.args.kubernetes_enable_pod_labels,
+        "pod UIDs and labels from the Kubernetes API server (list and watch of this node's pods; no container runtime socket is used)"
+    );
+    let (dir_tx, dir_rx) = watch::channel(Arc::new(PodDirectory::default()));
+    let watcher = PodWatcher::new(
+        client,
+        dir_tx,
+        Arc::clone(&metrics.kube_api),
+        PodWatchOptions {
+            node,
+            timeout,
+            ttl: Duration::from_millis(config.args.kube_api_ttl),
+            labels: LabelOptions {
+                enabled: config.args.kubernetes_enable_pod_labels,
+                allowlist: config.label_allowlist.clone(),
+            },
+        },
+    );
+    // Nothing to wake: the watch follows the pods as they change.
+    let sampler = sampler
+        .with_directory(dir_rx, Arc::new(tokio::sync::Notify::new()))
+        .with_first_answer("kube_api", watcher.answered(), timeout);
+    essential.spawn("Kubernetes API pod watch", watcher.run(shutdown.clone()));
+    Ok(sampler)
+}
+
 fn config_with_supported(config: &mut Config, source: &impl GpuSource) -> Result<Config> {
     for m in config.retain_supported(|f| source.supports(f)) {
         tracing::warn!(
@@ -274,10 +363,14 @@ async fn serve<S: GpuSource>(
             );
         }
         None => {
+            let configmap = config.configmap.clone();
             essential.spawn("SIGHUP handler", async move {
                 let mut rx = reload_rx;
                 while rx.recv().await.is_some() {
-                    tracing::warn!("SIGHUP: the metrics CSV is the built-in copy; pass --collectors FILE to reload one");
+                    match &configmap {
+                        Some(cm) => tracing::warn!("SIGHUP: the metrics CSV was read from ConfigMap {cm} at startup and is not reloaded; restart the exporter to apply a change"),
+                        None => tracing::warn!("SIGHUP: the metrics CSV is the built-in copy; pass --collectors FILE to reload one"),
+                    }
                 }
                 drop(catalog_tx);
             });
@@ -336,40 +429,47 @@ async fn serve<S: GpuSource>(
             refresher.run(shutdown.clone()),
         );
     }
-    if config.cri {
-        let endpoint = &config.args.container_runtime_endpoint;
-        let runtime = CriClient::new(endpoint, Duration::from_millis(config.args.cri_timeout))
-            .context("--container-runtime-endpoint")?;
-        let (dir_tx, dir_rx) = watch::channel(Arc::new(PodDirectory::default()));
-        let cri = CriRefresher::new(
-            runtime,
-            dir_tx,
-            Arc::clone(&metrics.cri),
-            CriOptions {
-                refresh: Duration::from_millis(config.args.cri_refresh),
-                ttl: Duration::from_millis(config.args.cri_ttl),
-                labels: LabelOptions {
-                    enabled: config.args.kubernetes_enable_pod_labels,
-                    allowlist: config.label_allowlist.clone(),
+    match config.pod_metadata(config.runtime_socket_path().exists()) {
+        Some(PodMetadataSource::Cri) | Some(PodMetadataSource::Auto) => {
+            let endpoint = &config.args.container_runtime_endpoint;
+            let runtime = CriClient::new(endpoint, Duration::from_millis(config.args.cri_timeout))
+                .context("--container-runtime-endpoint")?;
+            let (dir_tx, dir_rx) = watch::channel(Arc::new(PodDirectory::default()));
+            let cri = CriRefresher::new(
+                runtime,
+                dir_tx,
+                Arc::clone(&metrics.cri),
+                CriOptions {
+                    refresh: Duration::from_millis(config.args.cri_refresh),
+                    ttl: Duration::from_millis(config.args.cri_ttl),
+                    labels: LabelOptions {
+                        enabled: config.args.kubernetes_enable_pod_labels,
+                        allowlist: config.label_allowlist.clone(),
+                    },
                 },
-            },
-        );
-        tracing::info!(
-            endpoint = %endpoint,
-            refresh_ms = config.args.cri_refresh,
-            ttl_ms = config.args.cri_ttl,
-            pod_uid = config.args.kubernetes_enable_pod_uid,
-            pod_labels = config.args.kubernetes_enable_pod_labels,
-            "pod metadata from the container runtime (CRI)"
-        );
-        sampler = sampler
-            .with_directory(dir_rx, cri.waker())
-            .with_first_answer(
-                "cri",
-                cri.answered(),
-                Duration::from_millis(config.args.cri_timeout),
             );
-        essential.spawn("container runtime refresher", cri.run(shutdown.clone()));
+            tracing::info!(
+                endpoint = %endpoint,
+                refresh_ms = config.args.cri_refresh,
+                ttl_ms = config.args.cri_ttl,
+                pod_uid = config.args.kubernetes_enable_pod_uid,
+                pod_labels = config.args.kubernetes_enable_pod_labels,
+                "pod metadata from the container runtime (CRI)"
+            );
+            sampler = sampler
+                .with_directory(dir_rx, cri.waker())
+                .with_first_answer(
+                    "cri",
+                    cri.answered(),
+                    Duration::from_millis(config.args.cri_timeout),
+                );
+            essential.spawn("container runtime refresher", cri.run(shutdown.clone()));
+        }
+        Some(PodMetadataSource::Api) => {
+            sampler =
+                start_pod_watch(&config, &metrics, &mut essential, &shutdown, sampler).await?;
+        }
+        None => {}
     }
     if config.args.kubernetes && !config.args.no_accounting {
         // Accounts kept this long after they last grew (a pod long gone).

@@ -63,6 +63,7 @@ fn known_metrics() -> BTreeSet<String> {
     // attribution's and HPC jobs' families are only emitted when those run.
     let all_modes = SelfMetrics::default();
     all_modes.cri.enable();
+    all_modes.kube_api.enable();
     all_modes.processes.enable();
     all_modes.pod_resources.enable();
     all_modes.pod_resources.enable_dra();

@@ -225,18 +225,18 @@ fn errors_name_the_env_var_the_flag_or_the_file_and_key() {
     );
     fails(
         &|c| {
-            c.args(["-m", "gpu-operator:metrics"]);
+            c.args(["-m", "gpu-operator/metrics"]);
         },
-        &["--configmap-data", "mount the ConfigMap"],
+        &["--configmap-data / -m \"gpu-operator/metrics\": expected NAMESPACE:NAME"],
     );
     // Values that parse but do not resolve name their variable too.
     fails(
         &|c| {
-            c.env("DCGM_EXPORTER_CONFIGMAP_DATA", "gpu-operator:metrics");
+            c.env("DCGM_EXPORTER_CONFIGMAP_DATA", "gpu-operator");
         },
         &[
-            "environment variable DCGM_EXPORTER_CONFIGMAP_DATA: --configmap-data:",
-            "mount the ConfigMap",
+            "environment variable DCGM_EXPORTER_CONFIGMAP_DATA: --configmap-data / -m \"gpu-operator\":",
+            "expected NAMESPACE:NAME",
         ],
     );
     fails(

@@ -37,6 +37,19 @@ pub enum GpuIdType {
     DeviceName,
 }
 
+/// Where pod UIDs and labels (`--kubernetes-enable-pod-uid`, `--kubernetes-enable-pod-labels`)
+/// come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PodMetadataSource {
+    /// The container runtime when its socket (`--container-runtime-endpoint`) exists at
+    /// startup, else the Kubernetes API server (unless per-process usage needs the runtime).
+    Auto,
+    /// The container runtime (CRI) only.
+    Cri,
+    /// The Kubernetes API server (a node-scoped pod watch) only.
+    Api,
+}
+
 /// Raw command-line arguments. Every flag can also be set from the environment variable shown.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -189,6 +202,28 @@ pub struct Args {
     #[arg(long, env = "GPU_EXPORTER_CRI_TIMEOUT", default_value_t = 5_000,
           value_parser = clap::value_parser!(u64).range(10..=600_000))]
     pub cri_timeout: u64,
+
+    /// Where pod UIDs and labels come from: `auto` (the container runtime if its socket exists
+    /// at startup, else the Kubernetes API server), `cri`, or `api` (a read-only watch of this
+    /// node's pods, NODE_NAME; needs get/list/watch on pods).
+    #[arg(
+        long,
+        env = "GPU_EXPORTER_POD_METADATA_SOURCE",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub pod_metadata_source: PodMetadataSource,
+
+    /// Timeout of one Kubernetes API call (a pod list, the ConfigMap of -m), ms.
+    #[arg(long, env = "GPU_EXPORTER_KUBE_API_TIMEOUT", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub kube_api_timeout: u64,
+
+    /// How long the last good Kubernetes API pod answer is used while the API server does not
+    /// answer, ms; then pod_uid and pod labels are dropped.
+    #[arg(long, env = "GPU_EXPORTER_KUBE_API_TTL", default_value_t = 120_000,
+          value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    pub kube_api_ttl: u64,
     /// With -k: attribute GPUs and MIG instances allocated through DRA ResourceClaims by
     /// NVIDIA's DRA driver (gpu.nvidia.com), with `dra_*` labels. Resolved on the node; no API
     /// server access.
@@ -349,9 +384,9 @@ pub struct Args {
     #[arg(long, env = "DISABLE_STARTUP_VALIDATE", hide = true)]
     pub disable_startup_validate: bool,
 
-    /// dcgm-exporter's ConfigMap source for the CSV. Not supported: mount the ConfigMap as a file
-    /// and pass it with --collectors.
-    #[arg(short = 'm', long, env = "DCGM_EXPORTER_CONFIGMAP_DATA", hide = true)]
+    /// The metrics CSV from a ConfigMap, `NAMESPACE:NAME` (its `metrics` key), read from the
+    /// Kubernetes API at startup; it wins over --collectors. `none` (the default): unused.
+    #[arg(short = 'm', long, env = "DCGM_EXPORTER_CONFIGMAP_DATA")]
     pub configmap_data: Option<String>,
 
     /// dcgm-exporter's YAML configuration file (`version: 1` or `2`): `metrics.file`,

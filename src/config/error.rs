@@ -92,11 +92,11 @@ pub enum ConfigError {
         #[source]
         source: Box<ConfigError>,
     },
-    /// A flag names a feature that is not available.
-    #[error("{flag}: {reason}")]
-    Unsupported {
-        /// The flag.
-        flag: &'static str,
+    /// `-m` / `--configmap-data` is not `NAMESPACE:NAME`.
+    #[error("--configmap-data / -m {value:?}: {reason}")]
+    ConfigMapData {
+        /// The value.
+        value: String,
         /// Why.
         reason: &'static str,
     },
@@ -117,10 +117,7 @@ impl ConfigError {
             ConfigError::File(_) => "config_file",
             ConfigError::RuntimeSocket { .. } => "container_runtime_socket",
             ConfigError::ContainerLabelsSocket => "container_labels",
-            ConfigError::Unsupported { flag, .. } => match *flag {
-                "--configmap-data" => "configmap_data",
-                _ => return None,
-            },
+            ConfigError::ConfigMapData { .. } => "configmap_data",
             ConfigError::FromEnv { .. } => return None,
         })
     }

@@ -29,7 +29,7 @@ mod resolve;
 mod tests;
 mod values;
 
-pub use args::{Args, Backend, GpuIdType, LogFormat};
+pub use args::{Args, Backend, GpuIdType, LogFormat, PodMetadataSource};
 pub use error::ConfigError;
 pub use values::{parse_address, parse_devices};
 
@@ -77,6 +77,9 @@ pub struct Config {
     /// The container runtime client runs (`-k` with pod UIDs, pod labels or process usage, or
     /// `--container-labels` without `-k`).
     pub cri: bool,
+    /// `-m` / `--configmap-data`: the metrics CSV is read from this ConfigMap at startup
+    /// (then [`Config::use_catalog`]).
+    pub configmap: Option<crate::kubeapi::configmap::ConfigMapRef>,
     /// `--container-labels` is in effect (given, without `-k`, with a runtime socket).
     pub container_labels: bool,
     /// The raw arguments.
@@ -103,6 +106,38 @@ impl Config {
             container_labels: self.container_labels,
             old_namespace: self.args.use_old_namespace,
         }
+    }
+
+    /// Where pod UIDs and labels come from, given whether the container runtime's socket exists
+    /// now: the runtime when per-process usage or `--container-labels` needs it anyway, or
+    /// `--pod-metadata-source cri`, or (`auto`) its socket exists; else the Kubernetes API.
+    /// `None` when neither pod UIDs, pod labels nor per-process usage are asked for.
+    pub fn pod_metadata(&self, runtime_socket_exists: bool) -> Option<PodMetadataSource> {
+        if !self.cri {
+            return None;
+        }
+        let needs_runtime = self.process_usage || self.container_labels;
+        Some(match self.args.pod_metadata_source {
+            _ if needs_runtime => PodMetadataSource::Cri,
+            PodMetadataSource::Auto if runtime_socket_exists => PodMetadataSource::Cri,
+            PodMetadataSource::Auto | PodMetadataSource::Api => PodMetadataSource::Api,
+            PodMetadataSource::Cri => PodMetadataSource::Cri,
+        })
+    }
+
+    /// The container runtime endpoint's socket path (`unix:///x` or `/x`).
+    pub fn runtime_socket_path(&self) -> std::path::PathBuf {
+        let e = &self.args.container_runtime_endpoint;
+        std::path::PathBuf::from(e.strip_prefix("unix://").unwrap_or(e))
+    }
+
+    /// Replaces the metrics CSV with one read at startup from elsewhere (the ConfigMap of `-m`),
+    /// named `origin`; it is not reloaded.
+    pub fn use_catalog(&mut self, catalog: Catalog, skipped: Vec<Skipped>, origin: String) {
+        self.catalog = catalog;
+        self.skipped = skipped;
+        self.catalog_origin = origin;
+        self.catalog_path = None;
     }
 
     /// Drops CSV rows the source cannot read; returns them for one warning each.

@@ -11,6 +11,7 @@ use super::{
 };
 use crate::catalog::{self, Catalog, CatalogError, Skipped};
 use crate::gpu::scenario;
+use crate::kubeapi::configmap::ConfigMapRef;
 use crate::snapshot::DeviceSelection;
 
 impl Config {
@@ -69,12 +70,17 @@ impl Config {
             }
         }
         notices.extend(inert::notices(&args));
-        if args.configmap_data.as_deref().is_some_and(|v| v != "none") {
-            return Err(ConfigError::Unsupported {
-                flag: "--configmap-data",
-                reason: "reading the CSV from the Kubernetes API is not supported; mount the ConfigMap as a file and pass its path with --collectors",
-            });
-        }
+        let configmap = match args.configmap_data.as_deref() {
+            None | Some("none") => None,
+            Some(v) => {
+                Some(
+                    ConfigMapRef::parse(v).map_err(|reason| ConfigError::ConfigMapData {
+                        value: v.to_owned(),
+                        reason,
+                    })?,
+                )
+            }
+        };
         if args.pod_resources_ttl < args.pod_resources_refresh {
             return Err(ConfigError::PodResourcesTtl {
                 ttl: args.pod_resources_ttl,
@@ -219,6 +225,7 @@ impl Config {
             notices.push("--kubernetes-pod-label-allowlist-regex has no effect without --kubernetes-enable-pod-labels".to_owned());
         }
         Ok(Config {
+            configmap,
             label_allowlist,
             process_usage,
             cri,

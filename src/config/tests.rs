@@ -385,11 +385,74 @@ fn builtin_csv_is_used_without_collectors_and_node_name_wins() {
 }
 
 #[test]
-fn unimplemented_flags_refuse_to_start_and_inert_ones_are_noticed() {
-    let e = Config::resolve(args(&["-m", "default:metrics"])).unwrap_err();
-    assert!(e.to_string().starts_with("--configmap-data:"));
+fn configmap_data_is_namespace_colon_name_and_inert_flags_are_noticed() {
+    let c = Config::resolve(args(&["-m", "default:metrics"])).unwrap();
+    let cm = c.configmap.expect("a ConfigMap");
+    assert_eq!(
+        (cm.namespace.as_str(), cm.name.as_str()),
+        ("default", "metrics")
+    );
+    assert_eq!(
+        Config::resolve(args(&["-m", "none"])).unwrap().configmap,
+        None
+    );
+    assert_eq!(Config::resolve(args(&[])).unwrap().configmap, None);
+    let e = Config::resolve(args(&["-m", "default/metrics"])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "--configmap-data / -m \"default/metrics\": expected NAMESPACE:NAME (one colon)"
+    );
     let c = Config::resolve(args(&["--backend", "sim", "-r", "localhost:5555"])).unwrap();
     assert_eq!(c.notices.len(), 1);
+}
+
+#[test]
+fn pod_metadata_comes_from_the_api_server_when_no_runtime_socket_is_there() {
+    use crate::config::PodMetadataSource::{Api, Cri};
+    let c = Config::resolve(args(&["-k", "--kubernetes-enable-pod-labels"])).unwrap();
+    assert_eq!(c.pod_metadata(true), Some(Cri));
+    assert_eq!(c.pod_metadata(false), Some(Api));
+    let c = Config::resolve(args(&[
+        "-k",
+        "--kubernetes-enable-pod-uid",
+        "--pod-metadata-source",
+        "cri",
+    ]))
+    .unwrap();
+    assert_eq!(c.pod_metadata(false), Some(Cri));
+    let c = Config::resolve(args(&[
+        "-k",
+        "--kubernetes-enable-pod-uid",
+        "--pod-metadata-source",
+        "api",
+    ]))
+    .unwrap();
+    assert_eq!(c.pod_metadata(true), Some(Api));
+    // Per-process usage needs the runtime's container ids: the API cannot give them.
+    let c = Config::resolve(args(&[
+        "-k",
+        "--kubernetes-process-usage",
+        "--kubernetes-enable-pod-uid",
+    ]))
+    .unwrap();
+    assert_eq!(c.pod_metadata(false), Some(Cri));
+    // Nothing asked for, or not in Kubernetes mode: neither.
+    assert_eq!(
+        Config::resolve(args(&["-k"])).unwrap().pod_metadata(false),
+        None
+    );
+    let c = Config::resolve(args(&["--kubernetes-enable-pod-labels"])).unwrap();
+    assert_eq!(c.pod_metadata(false), None);
+    let c = Config::resolve(args(&[
+        "-k",
+        "--container-runtime-endpoint",
+        "unix:///run/k3s/containerd/containerd.sock",
+    ]))
+    .unwrap();
+    assert_eq!(
+        c.runtime_socket_path(),
+        PathBuf::from("/run/k3s/containerd/containerd.sock")
+    );
 }
 
 #[test]

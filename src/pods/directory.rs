@@ -59,6 +59,15 @@ pub struct PodMeta {
     pub labels: Vec<(String, String)>,
 }
 
+/// What the API server says about one pod (its metadata, as listed or watched).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ApiPod {
+    /// The pod UID.
+    pub uid: String,
+    /// All its labels, as the API server has them.
+    pub labels: BTreeMap<String, String>,
+}
+
 /// What the runtime says about one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerMeta {
@@ -200,6 +209,31 @@ impl PodDirectory {
         }
     }
 
+    /// Builds the pod lookups from the API server's pods, (namespace, name) → metadata: the
+    /// same label allowlist and sanitising as [`PodDirectory::from_runtime`]. No containers are
+    /// known this way (per-process attribution needs the runtime).
+    pub fn from_api<'a>(
+        pods: impl IntoIterator<Item = (&'a (String, String), &'a ApiPod)>,
+        labels: &LabelOptions,
+    ) -> Self {
+        let pods = pods
+            .into_iter()
+            .map(|(key, p)| {
+                let meta = PodMeta {
+                    uid: p.uid.clone(),
+                    labels: pod_labels(&p.labels, labels),
+                };
+                (key.clone(), Arc::new(meta))
+            })
+            .collect();
+        Self {
+            available: true,
+            pods,
+            containers: HashMap::new(),
+            sandboxes: HashMap::new(),
+        }
+    }
+
     /// Whether this is a runtime answer (false: none yet, or none within the TTL).
     pub fn is_available(&self) -> bool {
         self.available
@@ -227,22 +261,25 @@ impl PodDirectory {
     }
 }
 
-fn pod_labels(raw: &HashMap<String, String>, opts: &LabelOptions) -> Vec<(String, String)> {
+fn pod_labels<'a>(
+    raw: impl IntoIterator<Item = (&'a String, &'a String)>,
+    opts: &LabelOptions,
+) -> Vec<(String, String)> {
     if !opts.enabled {
         return Vec::new();
     }
-    let mut keys: Vec<&String> = raw
-        .keys()
-        .filter(|k| !k.starts_with(KUBELET_PREFIX) && opts.allows(k))
+    let mut kept: Vec<(&String, &String)> = raw
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(KUBELET_PREFIX) && opts.allows(k))
         .collect();
-    keys.sort();
+    kept.sort();
     let mut out: BTreeMap<String, String> = BTreeMap::new();
-    for k in keys {
+    for (k, v) in kept {
         let name = sanitize_label_name(k);
         if name.starts_with("__") {
             continue;
         }
-        out.entry(name).or_insert_with(|| raw[k].clone());
+        out.entry(name).or_insert_with(|| v.clone());
     }
     out.into_iter().collect()
 }
@@ -319,6 +356,53 @@ mod tests {
             enabled: true,
             allowlist: vec![],
         }
+    }
+
+    #[test]
+    fn api_pods_get_the_same_labels_as_runtime_pods() {
+        let labels: BTreeMap<String, String> = [
+            ("app.kubernetes.io/name", "embed"),
+            ("team", "search"),
+            ("io.kubernetes.pod.name", "embed-0"),
+            ("9lives", "yes"),
+            ("__reserved", "x"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        let pods = [(
+            ("infer".to_owned(), "embed-0".to_owned()),
+            ApiPod {
+                uid: "u-1".into(),
+                labels,
+            },
+        )];
+        let dir = PodDirectory::from_api(pods.iter().map(|(k, p)| (k, p)), &all_labels());
+        assert!(dir.is_available());
+        assert_eq!((dir.pods_len(), dir.containers_len()), (1, 0));
+        let meta = dir.pod("infer", "embed-0").expect("the pod");
+        assert_eq!(meta.uid, "u-1");
+        assert_eq!(
+            meta.labels,
+            [
+                ("_9lives", "yes"),
+                ("app_kubernetes_io_name", "embed"),
+                ("team", "search")
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        let only = LabelOptions {
+            enabled: true,
+            allowlist: vec![Regex::new("^team$").unwrap()],
+        };
+        let dir = PodDirectory::from_api(pods.iter().map(|(k, p)| (k, p)), &only);
+        assert_eq!(
+            dir.pod("infer", "embed-0").unwrap().labels,
+            vec![("team".to_owned(), "search".to_owned())]
+        );
+        let off =
+            PodDirectory::from_api(pods.iter().map(|(k, p)| (k, p)), &LabelOptions::default());
+        assert!(off.pod("infer", "embed-0").unwrap().labels.is_empty());
     }
 
     #[test]

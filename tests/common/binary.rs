@@ -145,6 +145,11 @@ impl Exporter {
             .count()
     }
 
+    /// Its process id (for signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.addr.port()

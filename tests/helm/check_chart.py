@@ -607,7 +607,28 @@ def case_upstream_newer(docs, label):
           f"{label}: no host directory for dumps that are never written")
 
 
+def case_configmap_data(docs, label):
+    """`-m NAMESPACE:NAME`: get on that ConfigMap only, in its namespace; pods for labels/UIDs."""
+    probes_plain(docs, label)
+    c, p = container(docs), pod(docs)
+    check(c["args"] == ["-m", "gpu-exporter:exporter-metrics-config-map"], f"{label}: args {c['args']}")
+    role = one(docs, "Role")
+    check(role["metadata"]["namespace"] == NAMESPACE
+          and role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                                 "resourceNames": ["exporter-metrics-config-map"], "verbs": ["get"]}],
+          f"{label}: Role {role}")
+    bind = one(docs, "RoleBinding")
+    check(bind["metadata"]["namespace"] == NAMESPACE and bind["roleRef"]["name"] == role["metadata"]["name"]
+          and bind["subjects"] == [{"kind": "ServiceAccount", "name": p["serviceAccountName"], "namespace": NAMESPACE}],
+          f"{label}: RoleBinding {bind}")
+    check(one(docs, "ClusterRole")["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+          f"{label}: ClusterRole for pods")
+    check(p["automountServiceAccountToken"] is True, f"{label}: the token is mounted")
+    check("NODE_NAME" in env(docs), f"{label}: NODE_NAME scopes the pod watch to the node")
+
+
 CASES = {
+    "configmap-data": case_configmap_data,
     "defaults": case_defaults,
     "operator": case_operator,
     "tls-basic-auth": case_tls_basic_auth,

@@ -106,7 +106,33 @@ node-local here): kubernetes.rbac.create with pod labels or pod UIDs. */}}
 {{- if and $k.enabled (dig "rbac" "create" false $k) (or $k.enablePodLabels $k.enablePodUID) -}}true{{- end -}}
 {{- end -}}
 
+{{/* The NAMESPACE:NAME of `-m` / `--configmap-data` in the arguments (with or without `=`; the
+last one counts) or else of DCGM_EXPORTER_CONFIGMAP_DATA in extraEnv (a flag wins over the
+variable, as in the exporter); "" when neither names one (or "none"). */}}
+{{- define "gpu-exporter.configMapData" -}}
+{{- $out := "" -}}
+{{- range .Values.extraEnv -}}
+{{- if eq (toString .name) "DCGM_EXPORTER_CONFIGMAP_DATA" -}}{{- $out = toString .value -}}{{- end -}}
+{{- end -}}
+{{- $args := .Values.arguments | default list -}}
+{{- range $i, $a := $args -}}
+{{- $a = toString $a -}}
+{{- if has $a (list "-m" "--m" "-configmap-data" "--configmap-data") -}}
+{{- if lt (add1 $i) (len $args) -}}{{- $out = toString (index $args (add1 $i)) -}}{{- end -}}
+{{- else if or (hasPrefix "-m=" $a) (hasPrefix "--m=" $a) (hasPrefix "-configmap-data=" $a) (hasPrefix "--configmap-data=" $a) -}}
+{{- $out = index (splitn "=" 2 $a) "_1" -}}
+{{- end -}}
+{{- end -}}
+{{- if and (ne $out "") (ne $out "none") (contains ":" $out) -}}{{ $out }}{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart makes RBAC for the `-m` ConfigMap (as upstream's chart, which grants
+get on exporter-metrics-config-map always): kubernetes.rbac.create and a ConfigMap named. */}}
+{{- define "gpu-exporter.configMapRbac" -}}
+{{- if and (dig "rbac" "create" false .Values.kubernetes) (include "gpu-exporter.configMapData" .) -}}true{{- end -}}
+{{- end -}}
+
 {{/* The pod's automountServiceAccountToken. */}}
 {{- define "gpu-exporter.automountToken" -}}
-{{- if or .Values.serviceAccount.automountServiceAccountToken (include "gpu-exporter.podRbac" .) -}}true{{- else -}}false{{- end -}}
+{{- if or .Values.serviceAccount.automountServiceAccountToken (include "gpu-exporter.podRbac" .) (include "gpu-exporter.configMapRbac" .) -}}true{{- else -}}false{{- end -}}
 {{- end -}}
