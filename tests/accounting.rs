@@ -7,7 +7,10 @@
 //!   energy 25/75 within 1 %; the pod that holds a replica and runs nothing is charged the
 //!   static part alone (its share of the idle power) and accrues waste;
 //! - the host process is charged as `outside_pods`;
-//! - a pod that leaves stops growing and one that arrives starts, and the energy still adds up.
+//! - a pod that leaves stops growing and one that arrives starts, and the energy still adds up;
+//! - on a MIG GPU without instance activity (an A100 read through NVML), allocation and energy
+//!   follow the instances' memory slices, a time-sliced instance's split equally between its
+//!   holders, an instance nobody holds charged as `unallocated` with its `GPU_I_ID`.
 //!
 //! Synchronisation: the exporter's `/ready` and its sample counter, the fake kubelet's reload
 //! line, each polled with a deadline; nothing sleeps to wait.
@@ -134,49 +137,78 @@ fn later(e: &Exporter, b: &Body, count: f64) -> Body {
     scrape_until(e, "the next samples", |n| samples(n) >= from + count)
 }
 
+fn fixture(p: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(p)
+}
+
+/// A fake node serving `node` (an assignments file's text) and the exporter on it, with `-k`,
+/// the fake runtime and /proc, and `args`.
+struct Node {
+    e: Exporter,
+    fake: FakeNode,
+    assignments: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn start(node: &str, args: &[&std::ffi::OsStr]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (kubelet, cri, proc_root, assignments) = (
+            d.join("kubelet.sock"),
+            d.join("cri.sock"),
+            d.join("proc"),
+            d.join("node.toml"),
+        );
+        std::fs::write(&assignments, node).unwrap();
+        let fake = FakeNode::start(&kubelet, &cri, &proc_root, &assignments);
+        let mut cmd = command();
+        cmd.arg("-a")
+            .arg("127.0.0.1:0")
+            .arg("--sim-processes")
+            .arg(&assignments)
+            .arg("-k")
+            .arg("--pod-resources-kubelet-socket")
+            .arg(&kubelet)
+            .arg("--container-runtime-endpoint")
+            .arg(format!("unix://{}", cri.display()))
+            .arg("--path.procfs")
+            .arg(&proc_root)
+            .args(["--pod-resources-refresh", "500", "--cri-refresh", "500"])
+            .args(args);
+        let mut e = Exporter::start(cmd);
+        e.wait_ready();
+        Self {
+            e,
+            fake,
+            assignments,
+            _dir: dir,
+        }
+    }
+}
+
 #[test]
 fn energy_and_gpu_time_split_by_known_duty_cycles_through_the_real_binaries() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let (kubelet, cri, proc_root, assignments) = (
-        d.join("kubelet.sock"),
-        d.join("cri.sock"),
-        d.join("proc"),
-        d.join("node.toml"),
-    );
-    let fixture = |p: &str| {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures")
-            .join(p)
-    };
     let node = std::fs::read_to_string(fixture("pods/h100-accounting-seed1.toml")).unwrap();
-    std::fs::write(&assignments, &node).unwrap();
-    let fake = FakeNode::start(&kubelet, &cri, &proc_root, &assignments);
-
-    let mut cmd = command();
-    cmd.arg("-a")
-        .arg("127.0.0.1:0")
-        .arg("--sim-scenario")
-        .arg(fixture("scenarios/accounting.toml"))
-        .arg("--sim-processes")
-        .arg(&assignments)
-        .arg("-k")
-        .arg("--pod-resources-kubelet-socket")
-        .arg(&kubelet)
-        .arg("--container-runtime-endpoint")
-        .arg(format!("unix://{}", cri.display()))
-        .arg("--kubernetes-process-usage")
-        .arg("--path.procfs")
-        .arg(&proc_root)
-        .args(["--accounting-idle-power-watts", "60"])
-        .args(["--pod-resources-refresh", "500", "--cri-refresh", "500"]);
-    let mut e = Exporter::start(cmd);
-    e.wait_ready();
+    let scenario = fixture("scenarios/accounting.toml");
+    let n = Node::start(
+        &node,
+        &[
+            "--sim-scenario".as_ref(),
+            scenario.as_os_str(),
+            "--kubernetes-process-usage".as_ref(),
+            "--accounting-idle-power-watts".as_ref(),
+            "60".as_ref(),
+        ],
+    );
+    let (e, fake, assignments) = (&n.e, &n.fake, &n.assignments);
     // Two samples: the energy baseline is set and a first interval charged.
-    let b0 = scrape_until(&e, "two samples", |b| {
+    let b0 = scrape_until(e, "two samples", |b| {
         samples(b) >= 2.0 && b.has(ENERGY, &pod(GPU3, "light"))
     });
-    let b1 = later(&e, &b0, 5.0);
+    let b1 = later(e, &b0, 5.0);
     let d = |name: &str, with: &[(&str, &str)]| b1.sum(name, with) - b0.sum(name, with);
 
     // Every GPU's accounts grew by its own counter's increase, to the millijoule.
@@ -226,12 +258,12 @@ fn energy_and_gpu_time_split_by_known_duty_cycles_through_the_real_binaries() {
     let moved = node
         .replace("pod = \"leaving\"", "pod = \"arriving\"")
         .replace(GPU5, GPU6);
-    std::fs::write(&assignments, moved).unwrap();
+    std::fs::write(assignments, moved).unwrap();
     fake.reload();
-    let b2 = scrape_until(&e, "the new pod", |b| {
+    let b2 = scrape_until(e, "the new pod", |b| {
         b.has(ALLOCATED, &pod(GPU6, "arriving"))
     });
-    let b3 = later(&e, &b2, 3.0);
+    let b3 = later(e, &b2, 3.0);
     assert!(b3.sum(ALLOCATED, &pod(GPU6, "arriving")) > b2.sum(ALLOCATED, &pod(GPU6, "arriving")));
     for name in [ENERGY, ALLOCATED] {
         assert_eq!(
@@ -246,6 +278,76 @@ fn energy_and_gpu_time_split_by_known_duty_cycles_through_the_real_binaries() {
             b3.charged_mj(uuid) - b1.charged_mj(uuid),
             b3.gpu_energy_mj(uuid) - b1.gpu_energy_mj(uuid),
             "{uuid} across the change"
+        );
+    }
+}
+
+#[test]
+fn a_mig_gpus_energy_is_split_over_its_instances_by_slices_through_the_real_binaries() {
+    // 4xA100-80GB-MIG: GPU 0 has 3g.40gb (batch/etl-0), 2g.20gb (batch/etl-1), 1g.10gb
+    // time-sliced by dev/shell-a and -b, and a 1g.10gb nobody holds. An A100 read through NVML
+    // has no instance activity: both parts of its energy follow the memory slices (4, 2, 1, 1
+    // of 8), the time-sliced instance's split equally.
+    const GPU0: &str = "GPU-12fa293c-c901-8b39-0778-9daeeff635a7";
+    let node = std::fs::read_to_string(fixture("pods/a100-mig-seed1.toml")).unwrap();
+    let n = Node::start(
+        &node,
+        &[
+            "--sim-profile".as_ref(),
+            "4xA100-80GB-MIG".as_ref(),
+            "--sim-seed".as_ref(),
+            "1".as_ref(),
+        ],
+    );
+    let inst = |gi: &'static str, p: &'static str| -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("UUID", GPU0),
+            ("GPU_I_ID", gi),
+            ("consumer", "holder"),
+            ("pod", p),
+        ]
+    };
+    let b0 = scrape_until(&n.e, "two samples", |b| {
+        samples(b) >= 2.0 && b.has(ENERGY, &inst("2", "etl-0"))
+    });
+    let b1 = later(&n.e, &b0, 4.0);
+    let d = |name: &str, with: &[(&str, &str)]| b1.sum(name, with) - b0.sum(name, with);
+    assert_eq!(
+        b1.charged_mj(GPU0) - b0.charged_mj(GPU0),
+        b1.gpu_energy_mj(GPU0) - b0.gpu_energy_mj(GPU0)
+    );
+    let unallocated = vec![
+        ("UUID", GPU0),
+        ("GPU_I_ID", "10"),
+        ("consumer", "unallocated"),
+    ];
+    let accounts = [
+        (inst("2", "etl-0"), 4.0),
+        (inst("3", "etl-1"), 2.0),
+        (inst("9", "shell-a"), 0.5),
+        (inst("9", "shell-b"), 0.5),
+        (unallocated, 1.0),
+    ];
+    // Allocated GPU-seconds by slices (to the µs each series is written with).
+    let unit = d(ALLOCATED, &accounts[0].0) / 4.0;
+    assert!(unit > 0.0);
+    for (a, slices) in &accounts {
+        assert!(
+            (d(ALLOCATED, a) - unit * slices).abs() < 1e-5,
+            "{a:?}: {} GPU-s, want {}",
+            d(ALLOCATED, a),
+            unit * slices
+        );
+    }
+    // Energy per allocated GPU-second is the same for every account of the GPU (within the
+    // millijoule each interval's split rounds to).
+    let rate = d(ENERGY, &accounts[0].0) / d(ALLOCATED, &accounts[0].0);
+    assert!(rate > 0.0);
+    for (a, _) in &accounts {
+        let r = d(ENERGY, a) / d(ALLOCATED, a);
+        assert!(
+            (r - rate).abs() <= rate * 0.01,
+            "{a:?}: {r} J/GPU-s vs {rate}"
         );
     }
 }
