@@ -228,6 +228,7 @@ impl<S: GpuSource> Sampler<S> {
         let merged = Arc::new(Attribution {
             holders: pods.holders.clone(),
             jobs: hpc.jobs.clone(),
+            replicas: pods.replicas.clone(),
         });
         self.merged = Some((pods, hpc, Arc::clone(&merged)));
         merged

@@ -232,8 +232,8 @@ fn energy_and_gpu_time_split_by_known_duty_cycles_through_the_real_binaries() {
     );
     let busy = |p: &str| d(BUSY, &pod(GPU3, p));
     assert!(
-        (busy("light") / (busy("light") + busy("heavy")) - 0.25).abs() < 1e-9,
-        "SM time 20 % vs 60 %"
+        (busy("light") / (busy("light") + busy("heavy")) - 0.25).abs() < 1e-5,
+        "SM time 20 % vs 60 % (each series written to the µs)"
     );
     let held = d(ALLOCATED, &pod(GPU3, "idle"));
     assert!(held > 0.0);

@@ -4,9 +4,10 @@
 //! where. Pure.
 //!
 //! **Allocation shares.** A whole GPU is shared by the device ids allocated on it: one holder of
-//! the whole GPU holds all of it; time-sliced or MPS replicas (`GPU-…::N`) count one each among
-//! the replicas held (pod-resources lists only the allocated ones, so the replicas nobody holds
-//! are not seen: a time-sliced GPU with any holder is split among its holders). A MIG instance
+//! the whole GPU holds all of it; time-sliced or MPS replicas (`GPU-…::N`) count one each out of
+//! the replicas the device plugin offers (the kubelet's `GetAllocatableResources`), so the
+//! replicas nobody holds are `unallocated`; where the kubelet cannot say (before 1.23), out of
+//! the replicas held. A MIG instance
 //! is its memory slices out of 8 (`placement`), or else its compute slices (`3g.40gb`: 3) out of
 //! 7; within an instance, its holders share it equally. What no instance covers, and instances
 //! nobody holds, are unallocated.
@@ -61,13 +62,23 @@ pub fn instance_share(inst: &MigInstance, count: usize) -> f64 {
     }
 }
 
-/// `share` split among `holders` by the device ids each container holds.
-fn holder_shares(gi_id: Option<u32>, holders: &[Holder], share: f64) -> Vec<(Account, f64)> {
+/// `share` split among `holders` by the device ids each container holds, out of `replicas`
+/// when the kubelet says how many the entity is divided into (what nobody holds stays
+/// unallocated), else out of those held.
+fn holder_shares(
+    gi_id: Option<u32>,
+    holders: &[Holder],
+    replicas: Option<u32>,
+    share: f64,
+) -> Vec<(Account, f64)> {
     let mut per: BTreeMap<&PodRef, usize> = BTreeMap::new();
     for h in holders {
         *per.entry(&h.pod).or_default() += 1;
     }
-    let n: usize = per.values().sum();
+    let held: usize = per.values().sum();
+    let offered = replicas.map_or(0, |r| r as usize);
+    let shared = holders.iter().all(|h| h.vgpu.is_some());
+    let n = if shared { held.max(offered) } else { held };
     per.into_iter()
         .map(|(pod, k)| {
             (
@@ -116,7 +127,7 @@ fn whole(tick: &mut GpuTick, i: Inputs<'_>, index: u32, processes: Option<&[GpuP
         gi_id: None,
     };
     let holders = i.attribution.holders_of(key);
-    tick.allocated = holder_shares(None, holders, 1.0);
+    tick.allocated = holder_shares(None, holders, i.attribution.replicas_of(key), 1.0);
     let Some(list) = processes else {
         return;
     };
@@ -175,10 +186,18 @@ fn mig(tick: &mut GpuTick, i: Inputs<'_>, o: &DeviceOutcome, processes: Option<&
             gi_id: gi,
         };
         let holders = i.attribution.holders_of(key);
+        let replicas = i.attribution.replicas_of(key);
         if holders.is_empty() {
             tick.allocated.push((Account::unallocated(gi), share));
         } else {
-            tick.allocated.extend(holder_shares(gi, holders, share));
+            let shares = holder_shares(gi, holders, replicas, share);
+            let held: f64 = shares.iter().map(|(_, s)| s).sum();
+            if held < share {
+                // Replicas of the instance nobody holds.
+                tick.allocated
+                    .push((Account::unallocated(gi), share - held));
+            }
+            tick.allocated.extend(shares);
         }
         let holds = |pod: &PodRef| holders.iter().any(|h| &h.pod == pod);
         // Who runs here, and their framebuffer.
@@ -237,7 +256,7 @@ fn mig(tick: &mut GpuTick, i: Inputs<'_>, o: &DeviceOutcome, processes: Option<&
             if holders.is_empty() {
                 busy.push((Account::unallocated(gi), inst_busy));
             } else {
-                busy.extend(holder_shares(gi, holders, inst_busy));
+                busy.extend(holder_shares(gi, holders, None, inst_busy));
             }
             continue;
         }
@@ -253,5 +272,57 @@ fn mig(tick: &mut GpuTick, i: Inputs<'_>, o: &DeviceOutcome, processes: Option<&
     }
     if all_active_known {
         tick.busy = busy;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(pod: &str, vgpu: Option<&str>) -> Holder {
+        Holder {
+            pod: PodRef {
+                namespace: "ml".into(),
+                pod: pod.into(),
+                container: "main".into(),
+            },
+            vgpu: vgpu.map(str::to_owned),
+            dra: None,
+        }
+    }
+
+    fn shares(holders: &[Holder], replicas: Option<u32>, share: f64) -> Vec<(String, f64)> {
+        holder_shares(Some(3), holders, replicas, share)
+            .into_iter()
+            .map(|(a, s)| match a.consumer {
+                Consumer::Container { pod, holder: true } => (pod.pod, s),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_shared_entity_is_divided_by_the_replicas_offered_and_the_rest_left_unallocated() {
+        // One pod holds two of four replicas, another one: 2/4 and 1/4 of the instance's 1/2.
+        let h = [
+            holder("a", Some("0")),
+            holder("a", Some("1")),
+            holder("b", Some("2")),
+        ];
+        assert_eq!(
+            shares(&h, Some(4), 0.5),
+            vec![("a".into(), 0.25), ("b".into(), 0.125)]
+        );
+        // The kubelet could not say: among the replicas held.
+        let got = shares(&h, None, 0.5);
+        assert!((got[0].1 - 1.0 / 3.0).abs() < 1e-12 && (got[1].1 - 1.0 / 6.0).abs() < 1e-12);
+        // Fewer offered than held (a stale answer): never more than the whole.
+        let got: f64 = shares(&h, Some(2), 0.5).iter().map(|(_, s)| s).sum();
+        assert!((got - 0.5).abs() < 1e-12);
+        // A whole-entity holder holds all of it, whatever the replica count says.
+        assert_eq!(
+            shares(&[holder("w", None)], Some(4), 1.0),
+            vec![("w".into(), 1.0)]
+        );
     }
 }

@@ -13,7 +13,10 @@ use tonic::transport::Channel;
 
 use super::grpc::{self, Failure};
 use super::proto::pod_resources_lister_client::PodResourcesListerClient;
-use super::proto::{ListPodResourcesRequest, ListPodResourcesResponse};
+use super::proto::{
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ListPodResourcesRequest,
+    ListPodResourcesResponse,
+};
 use super::{AttributionError, PodResolver};
 
 /// Largest `List` reply accepted, bytes.
@@ -51,6 +54,21 @@ impl KubeletPodResources {
         })
     }
 
+    /// `call` within the timeout, its failure classified.
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, AttributionError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) => Err(self.classify(&status)),
+            Err(_) => Err(AttributionError::Timeout {
+                path: self.path.clone(),
+                after: self.timeout,
+            }),
+        }
+    }
+
     fn classify(&self, status: &tonic::Status) -> AttributionError {
         let path = self.path.clone();
         match grpc::classify(status, &self.path) {
@@ -82,14 +100,13 @@ impl PodResolver for KubeletPodResources {
     async fn list(&self) -> Result<ListPodResourcesResponse, AttributionError> {
         let mut client = self.client.clone();
         let call = client.list(ListPodResourcesRequest {});
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(reply)) => Ok(reply.into_inner()),
-            Ok(Err(status)) => Err(self.classify(&status)),
-            Err(_) => Err(AttributionError::Timeout {
-                path: self.path.clone(),
-                after: self.timeout,
-            }),
-        }
+        self.bounded(call).await
+    }
+
+    async fn allocatable(&self) -> Result<Option<AllocatableResourcesResponse>, AttributionError> {
+        let mut client = self.client.clone();
+        let call = client.get_allocatable_resources(AllocatableResourcesRequest {});
+        self.bounded(call).await.map(Some)
     }
 }
 

@@ -33,7 +33,9 @@ use std::collections::BTreeMap;
 use crate::config::GpuIdType;
 use crate::gpu::Device;
 use crate::pods::dra::{self, NVIDIA_GPU_DRIVER};
-use crate::pods::proto::{ContainerResources, ListPodResourcesResponse};
+use crate::pods::proto::{
+    AllocatableResourcesResponse, ContainerResources, ListPodResourcesResponse,
+};
 use crate::pods::{Attribution, DraClaim, EntityKey, Holder, PodRef};
 
 /// The resource name of whole GPUs (and of MIG devices with the `single` MIG strategy).
@@ -192,6 +194,31 @@ fn dra_devices(
         }
     }
     out
+}
+
+/// The replicas (`…::N` ids) the device plugins offer per local GPU or MIG instance, from
+/// the kubelet's `GetAllocatableResources`: what a shared GPU is divided into, held or not.
+/// Entities offered whole are left out.
+pub fn replica_counts(
+    reply: &AllocatableResourcesResponse,
+    devices: &[Device],
+    opts: &MappingOptions,
+) -> BTreeMap<EntityKey, u32> {
+    let mut ids: BTreeMap<EntityKey, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for dev in reply
+        .devices
+        .iter()
+        .filter(|d| opts.is_gpu_resource(&d.resource_name))
+    {
+        for id in &dev.device_ids {
+            if let Some((key, Some(replica))) = resolve(id, devices, opts.id_type) {
+                ids.entry(key).or_default().insert(replica);
+            }
+        }
+    }
+    ids.into_iter()
+        .map(|(k, r)| (k, u32::try_from(r.len()).unwrap_or(u32::MAX)))
+        .collect()
 }
 
 /// Resolves one device id to an entity and replica id.
@@ -422,6 +449,43 @@ mod tests {
         assert_eq!(
             uid("MIG-GPU-00000000-0000-0000-0000-000000000000/3/0"),
             None
+        );
+    }
+
+    #[test]
+    fn replica_counts_are_the_replicas_offered_per_shared_entity_held_or_not() {
+        let ids = |v: &[String]| ContainerDevices {
+            resource_name: "nvidia.com/gpu".into(),
+            device_ids: v.to_vec(),
+            ..Default::default()
+        };
+        let reply = AllocatableResourcesResponse {
+            devices: vec![
+                // GPU 0 time-sliced four ways (one id listed twice), MIG instance 5 two ways,
+                // MIG instance 3 whole, and an id of no local GPU.
+                ids(&(0..4).map(|n| format!("{G0}::{n}")).collect::<Vec<_>>()),
+                ids(&[
+                    format!("{G0}::2"),
+                    format!("{M1_GI5}::0"),
+                    format!("{M1_GI5}::1"),
+                ]),
+                ids(&[
+                    M1_GI3.to_owned(),
+                    "GPU-00000000-0000-0000-0000-000000000000::0".into(),
+                ]),
+                ContainerDevices {
+                    resource_name: "example.com/fpga".into(),
+                    device_ids: vec![format!("{G1}::0")],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let got = replica_counts(&reply, &inventory(), &MappingOptions::default());
+        assert_eq!(
+            got,
+            BTreeMap::from([(key(0, None), 4), (key(1, Some(5)), 2)]),
+            "whole entities and other resources are left out"
         );
     }
 

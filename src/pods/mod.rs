@@ -40,7 +40,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use self::proto::ListPodResourcesResponse;
+use self::proto::{AllocatableResourcesResponse, ListPodResourcesResponse};
 
 /// A container that holds a device.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -97,12 +97,21 @@ pub struct Attribution {
     /// HPC job ids per entity, deduplicated, in file order (from `--hpc-job-mapping-dir`; see
     /// [`crate::hpc`]). The sampler merges them in; the kubelet refresher leaves this empty.
     pub jobs: BTreeMap<EntityKey, Vec<String>>,
+    /// Time-slicing or MPS replicas (`GPU-…::N`, `MIG-…::N`) the device plugin offers per
+    /// entity, held or not (the kubelet's `GetAllocatableResources`); absent where the entity is
+    /// not shared or the kubelet did not say. Accounting divides a shared GPU by it.
+    pub replicas: BTreeMap<EntityKey, u32>,
 }
 
 impl Attribution {
     /// The holders of `key` (empty if unallocated).
     pub fn holders_of(&self, key: EntityKey) -> &[Holder] {
         self.holders.get(&key).map_or(&[], Vec::as_slice)
+    }
+
+    /// The replicas the device plugin offers of `key`, if it is shared and the kubelet said.
+    pub fn replicas_of(&self, key: EntityKey) -> Option<u32> {
+        self.replicas.get(&key).copied()
     }
 
     /// The HPC jobs running on `key` (empty if none).
@@ -146,6 +155,18 @@ pub trait PodResolver: Send + Sync + 'static {
     fn list(
         &self,
     ) -> impl Future<Output = Result<ListPodResourcesResponse, AttributionError>> + Send;
+
+    /// One `GetAllocatableResources` call: every device the device plugins offer, held or not
+    /// (how many replicas a shared GPU has). A resolver that cannot say answers `Ok(None)`.
+    ///
+    /// # Errors
+    /// An [`AttributionError`] saying why there is no answer.
+    fn allocatable(
+        &self,
+    ) -> impl Future<Output = Result<Option<AllocatableResourcesResponse>, AttributionError>> + Send
+    {
+        std::future::ready(Ok(None))
+    }
 }
 
 /// A boxed cause.

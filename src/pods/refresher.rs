@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::mapping::{self, MappingOptions};
-use super::proto::ListPodResourcesResponse;
+use super::proto::{AllocatableResourcesResponse, ListPodResourcesResponse};
 use super::{Answered, Attribution, PodResolver};
 use crate::gpu::Device;
 
@@ -82,6 +82,9 @@ pub struct Refresher<R: PodResolver> {
     metrics: Arc<PodResourcesMetrics>,
     opts: RefresherOptions,
     last_good: Option<(Instant, ListPodResourcesResponse)>,
+    /// The last `GetAllocatableResources` answer (kept when a later call fails: what the
+    /// device plugins offer changes only when they are reconfigured).
+    allocatable: Option<AllocatableResourcesResponse>,
     /// The reason of the problem last logged, until a success clears it.
     problem: Option<&'static str>,
     dropped_logged: bool,
@@ -113,6 +116,7 @@ impl<R: PodResolver> Refresher<R> {
             metrics,
             opts,
             last_good: None,
+            allocatable: None,
             problem: None,
             dropped_logged: false,
             unknown_logged: false,
@@ -146,6 +150,16 @@ impl<R: PodResolver> Refresher<R> {
                 self.failures = 0;
                 self.dropped_logged = false;
                 self.last_good = Some((now, reply));
+                match self.resolver.allocatable().await {
+                    Ok(Some(a)) => self.allocatable = Some(a),
+                    Ok(None) => {}
+                    // A kubelet older than 1.23 has no GetAllocatableResources: shared GPUs are
+                    // then divided among the replicas held.
+                    Err(e) => tracing::debug!(
+                        error = %crate::error_chain(&e),
+                        "pod-resources GetAllocatableResources failed; the last answer is kept"
+                    ),
+                }
                 let devices = self.map_and_publish();
                 // After the attribution: whoever sees the answer counted finds it published.
                 self.answered.send_modify(|a| {
@@ -218,10 +232,13 @@ impl<R: PodResolver> Refresher<R> {
     /// [`Refresher::publish`]'s mapping and publishing; returns the inventory it mapped with.
     fn map_and_publish(&mut self) -> Arc<Vec<Device>> {
         let devices = self.devices.borrow_and_update().clone();
-        let mapped = match &self.last_good {
+        let mut mapped = match &self.last_good {
             Some((_, reply)) => mapping::attribution_from(reply, &devices, &self.opts.mapping),
             None => mapping::Mapped::default(),
         };
+        if let (Some(_), Some(a)) = (&self.last_good, &self.allocatable) {
+            mapped.attribution.replicas = mapping::replica_counts(a, &devices, &self.opts.mapping);
+        }
         self.metrics
             .record_published(mapped.unknown_devices, mapped.attribution.holders.len());
         if mapped.unknown_devices == 0 {

@@ -419,7 +419,11 @@ mod tests {
         // A plain file for a MIG GPU does not reach its instances, and vice versa.
         jobs.insert(key(1, None), vec!["x".to_owned()]);
         jobs.insert(key(1, Some(9)), vec!["77".to_owned()]);
-        let att = Attribution { holders, jobs };
+        let att = Attribution {
+            holders,
+            jobs,
+            ..Default::default()
+        };
         let cat = catalog::parse(
             "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_XID_ERRORS, gauge, x\nDCGM_EXP_GPU_HEALTH_STATUS, gauge, h\nDCGM_FI_DRIVER_VERSION, label, d\n",
             "t.csv",

@@ -291,7 +291,11 @@ mod tests {
         holders.insert(key(0, None), vec![dra_holder("p", "claim", "gpu-0")]);
         let mut jobs = std::collections::BTreeMap::new();
         jobs.insert(key(0, None), vec!["42".to_owned()]);
-        let att = Attribution { holders, jobs };
+        let att = Attribution {
+            holders,
+            jobs,
+            ..Default::default()
+        };
         let link = &lines(
             &build(&cat, &outcomes, &att, &opts()),
             "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL",

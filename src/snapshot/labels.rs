@@ -484,7 +484,11 @@ mod tests {
         holders.insert(key(1, None), vec![holder("a", Some("0"))]);
         let mut jobs = std::collections::BTreeMap::new();
         jobs.insert(key(1, None), vec!["j".to_owned()]);
-        let att = Attribution { holders, jobs };
+        let att = Attribution {
+            holders,
+            jobs,
+            ..Default::default()
+        };
         let cat = catalog::parse(
             "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_XID_ERRORS, gauge, x\nDCGM_EXP_XID_ERRORS_COUNT, gauge, c\nDCGM_EXP_CLOCK_EVENTS_COUNT, gauge, e\nDCGM_EXP_GPU_HEALTH_STATUS, gauge, h\nDCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL, counter, r\nDCGM_FI_DRIVER_VERSION, label, d\n",
             "t.csv",

@@ -265,7 +265,11 @@ mod tests {
         holders.insert(gpu0(), vec![holder("a", Some("0"))]);
         let mut jobs = std::collections::BTreeMap::new();
         jobs.insert(gpu0(), vec!["j1".to_owned(), "j2".to_owned()]);
-        let att = Attribution { holders, jobs };
+        let att = Attribution {
+            holders,
+            jobs,
+            ..Default::default()
+        };
         let mut o = opts();
         o.virtual_gpus = true;
         o.pod_uid = true;
