@@ -22,7 +22,7 @@ use gpu_exporter::pods::proto::ListPodResourcesResponse;
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::{Attribution, AttributionError, PodResolver};
 use gpu_exporter::sampler::{Published, Sampler, SamplerOptions};
-use gpu_exporter::testing::fake_kubelet::Assignments;
+use gpu_exporter_testing::fake_kubelet::Assignments;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

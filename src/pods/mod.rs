@@ -16,7 +16,7 @@
 //!   `/proc/<pid>/cgroup` under `--path.procfs`.
 //! - [`usage`]: pure, NVML's per-process readings + owners + directory → per-container usage.
 //! - The fake kubelet and container runtime, for running all of it without a cluster, are test
-//!   doubles in [`crate::testing`].
+//!   doubles in crates/gpu-exporter-testing.
 //!
 //! The rest of the pipeline sees only the plain data below.
 

@@ -2,6 +2,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod binary;
+pub mod fake_kubelet_bin;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,7 @@ use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
-use gpu_exporter::testing::fake_kubelet::Assignments;
+use gpu_exporter_testing::fake_kubelet::Assignments;
 use tokio::sync::watch;
 
 pub const INTERVAL: Duration = Duration::from_secs(10);

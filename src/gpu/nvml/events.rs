@@ -292,8 +292,8 @@ pub(super) fn ensure<A: NvmlApi>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_nvml::{FakeGpu, FakeNvml, WaitAnswer};
     use crate::gpu::nvml::api::XidReport;
-    use crate::testing::fake_nvml::{FakeGpu, FakeNvml, WaitAnswer};
     use std::cell::Cell;
 
     /// Simulated time: only pauses move it. It stops the loop once `limit` has passed, or after

@@ -9,8 +9,9 @@
 //! Layout: `profiles` holds the GPU models and fleet profiles (MIG layouts included);
 //! this file the fleet's state and its scenario handling; `values` what one sample of a GPU
 //! reads; `source` the [`GpuSource`] implementation; `seeded` the seeded hash every value and
-//! id comes from.
+//! id comes from; `assignments` the file of pods and processes that `--sim-processes` reads.
 
+pub mod assignments;
 mod profiles;
 mod seeded;
 mod source;
