@@ -34,6 +34,7 @@
 //! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
 //! - [`godur`]: Go's duration syntax (`1h30m`, `1.5s`), for flags and files in Go's format.
 //! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
+//! - [`listen_on`]: where to listen, decided by [`config`] and bound by [`http`].
 //! - [`fsread`]: the one bounded file reader every configuration and `/proc` read goes through.
 //! - [`yamldepth`]: the nesting bound YAML files are checked against before they are parsed.
 //! - [`logsink`]: the log writer that never fails the code that logs.
@@ -63,6 +64,7 @@ pub mod gpu;
 pub mod health;
 pub mod hpc;
 pub mod http;
+pub mod listen_on;
 pub mod logsink;
 pub mod pods;
 pub mod process_metrics;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::SelfMetrics;
 use gpu_exporter::catalog::{self, Field};
-use gpu_exporter::gpu::scenario;
+use gpu_exporter::gpu::sim::scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{
     Device, DeviceSample, FieldError, FieldGap, GpuSource, SourceError, XidEvent,

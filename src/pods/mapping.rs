@@ -30,12 +30,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::GpuIdType;
 use crate::gpu::sim::assignments::DeviceNaming;
 use crate::gpu::Device;
 use crate::pods::dra::{self, NVIDIA_GPU_DRIVER};
 use crate::pods::proto::{ContainerResources, ListPodResourcesResponse};
-use crate::pods::{Attribution, DraClaim, EntityKey, Holder, PodRef};
+use crate::pods::{Attribution, DraClaim, EntityKey, GpuIdType, Holder, PodRef};
 
 /// The resource name of whole GPUs (and of MIG devices with the `single` MIG strategy).
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";

@@ -28,6 +28,7 @@ pub mod cri_refresher;
 pub mod directory;
 pub mod dra;
 mod grpc;
+mod id_type;
 pub mod kubelet;
 pub mod mapping;
 pub mod procfs;
@@ -41,6 +42,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use self::proto::ListPodResourcesResponse;
+
+pub use id_type::GpuIdType;
 
 /// A container that holds a device.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -13,7 +13,7 @@ use gpu_exporter::config::GpuIdType;
 /// collector in body order), under the name the tests use.
 #[allow(unused_imports)]
 pub use gpu_exporter::exporter_metrics::ExporterMetrics as SelfMetrics;
-use gpu_exporter::gpu::scenario::{self, Scenario};
+use gpu_exporter::gpu::sim::scenario::{self, Scenario};
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};

@@ -201,7 +201,7 @@ fn pump_events<A: NvmlApi, C: Clock>(
                     // MAX_QUEUED_PER_GPU lines per sample, then one line with the drops.
                     Some(uuid) => {
                         if queue.push(uuid.clone(), r.xid) {
-                            tracing::warn!(gpu = %uuid, xid = r.xid, "XID {}: {}", r.xid, crate::health::xid_message(r.xid));
+                            tracing::warn!(gpu = %uuid, xid = r.xid, "XID {}: {}", r.xid, crate::gpu::event_texts::xid_message(r.xid));
                         }
                     }
                     None => tracing::warn!(

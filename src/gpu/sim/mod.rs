@@ -13,6 +13,7 @@
 
 pub mod assignments;
 mod profiles;
+pub mod scenario;
 mod seeded;
 mod source;
 #[cfg(test)]
@@ -22,10 +23,10 @@ mod values;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::scenario::{Action, Pattern, Scenario};
 use super::{GpuIdentity, GpuSource, XidEvent};
 pub use profiles::PROFILES;
 use profiles::{profile, Profile};
+use scenario::{Action, Pattern, Scenario};
 use seeded::{hash, uuid};
 
 /// Errors creating a simulated source.
@@ -143,7 +144,7 @@ impl SimulatedSource {
         let profile = profile(profile_name)
             .ok_or_else(|| SimError::UnknownProfile(profile_name.to_owned()))?;
         for ev in &scenario.events {
-            if let super::scenario::Target::Gpu(g) = ev.target {
+            if let scenario::Target::Gpu(g) = ev.target {
                 if g >= profile.gpus {
                     return Err(SimError::NoSuchGpu {
                         origin: scenario_origin.to_owned(),
