@@ -9,6 +9,8 @@
 
 mod model;
 mod parse;
+#[cfg(test)]
+mod tests;
 
 pub use model::{
     Allocation, Assignments, AssignmentsError, CgroupDriver, CgroupLayout, Container, DeviceNaming,
