@@ -37,7 +37,7 @@ use gpu_exporter::catalog;
 use gpu_exporter::config::BUILTIN_COUNTERS;
 use gpu_exporter::gpu::dcgm::source::{DcgmOptions, DcgmSource};
 use gpu_exporter::gpu::dcgm::DcgmLibrary;
-use gpu_exporter::gpu::scenario::Scenario;
+use gpu_exporter::gpu::sim::scenario::Scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::sampler::fields_to_read;

@@ -45,7 +45,7 @@ use gpu_exporter::reload::ReloadMetrics;
 use gpu_exporter::render::render;
 use gpu_exporter::sampler::{fields_to_read, Published, Sampler, SamplerMetrics, SamplerOptions};
 use gpu_exporter::snapshot::{self, BuildOptions, DeviceOutcome, DeviceSelection, Snapshot};
-use gpu_exporter::testing::fake_nvml::{FakeGpu, FakeNvml};
+use gpu_exporter_testing::fake_nvml::{FakeGpu, FakeNvml};
 
 const INTERVAL: Duration = Duration::from_secs(1);
 

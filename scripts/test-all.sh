@@ -37,6 +37,10 @@ rm -rf "$circle"
 python3 scripts/import-cycles.py
 
 log "cargo test"
+# The workspace's default members are the exporter and its test doubles
+# (crates/gpu-exporter-testing). Tests run the fake-kubelet binary of the latter, which cargo
+# builds for no test of the exporter's package: build it first (tests/common/fake_kubelet_bin.rs).
+cargo build --bin fake-kubelet
 cargo test --all-targets
 cargo test --doc
 

@@ -34,12 +34,11 @@
 //! - [`web`]: `--web-config-file` (TLS, mTLS, basic auth, headers), re-read on change.
 //! - [`godur`]: Go's duration syntax (`1h30m`, `1.5s`), for flags and files in Go's format.
 //! - [`reload`]: metrics CSV hot reload (SIGHUP, file change).
+//! - [`listen_on`]: where to listen, decided by [`config`] and bound by [`http`].
 //! - [`fsread`]: the one bounded file reader every configuration and `/proc` read goes through.
 //! - [`yamldepth`]: the nesting bound YAML files are checked against before they are parsed.
 //! - [`logsink`]: the log writer that never fails the code that logs.
 //! - [`supervise`]: the essential tasks, whose end stops the process.
-//! - [`testing`]: test doubles (fake kubelet, container runtime and NVML) for the tests, the
-//!   `fake-kubelet` binary and the simulated fleet's processes; never used on a real node.
 //!
 //! `main.rs` is the only composition root; it builds [`exporter_metrics::ExporterMetrics`]
 //! once and hands each module its own families.
@@ -59,6 +58,17 @@
 //! sound (clippy's `undocumented_unsafe_blocks`, in `[lints.clippy]`, fails the build without
 //! one). Nowhere else in the crate is `unsafe` allowed.
 
+// The test doubles live in crates/gpu-exporter-testing. The unit tests of `gpu::nvml` need the
+// fake NVML, and a crate's unit tests cannot depend on a crate that depends on it, so they compile
+// its source here; it names this crate `gpu_exporter::…`, as from the outside.
+#[cfg(test)]
+extern crate self as gpu_exporter;
+// Not every part of the fake is used by these tests (the rest is for the integration tests).
+#[cfg(test)]
+#[path = "../crates/gpu-exporter-testing/src/fake_nvml/mod.rs"]
+#[allow(unused_imports, dead_code)]
+mod fake_nvml;
+
 pub mod accounting;
 pub mod catalog;
 pub mod config;
@@ -70,6 +80,7 @@ pub mod health;
 pub mod hpc;
 pub mod http;
 pub mod kubeapi;
+pub mod listen_on;
 pub mod logsink;
 pub mod pods;
 pub mod process_metrics;
@@ -79,7 +90,6 @@ pub mod sampler;
 pub mod self_metrics;
 pub mod snapshot;
 pub mod supervise;
-pub mod testing;
 pub mod web;
 pub mod yamldepth;
 

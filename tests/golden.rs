@@ -14,7 +14,7 @@ use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::{Attribution, EntityKey, Holder, PodRef};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
-use gpu_exporter::testing::fake_kubelet::Assignments;
+use gpu_exporter_testing::fake_kubelet::Assignments;
 use tokio::sync::{watch, Notify};
 
 async fn render_case(

@@ -290,7 +290,7 @@ impl FakeKubelet {
         let fixture = std::fs::read_to_string(common::pods_fixture("h100-seed1.toml")).unwrap();
         let assignments = socket.with_extension("toml");
         std::fs::write(&assignments, format!("{fixture}{MORE_PODS}")).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fake-kubelet"))
+        let mut child = Command::new(common::fake_kubelet_bin::fake_kubelet_bin())
             .arg("--socket")
             .arg(socket)
             .arg("--assignments")

@@ -28,9 +28,6 @@ use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, GpuSource};
 use gpu_exporter::pods::kubelet::{KubeletPodResources, MAX_REPLY_BYTES};
 use gpu_exporter::pods::mapping::{self, MappingOptions};
-use gpu_exporter::pods::proto::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
 use gpu_exporter::pods::proto::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
     ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
@@ -40,7 +37,10 @@ use gpu_exporter::pods::refresher::PodResourcesMetrics;
 use gpu_exporter::pods::refresher::{RefreshOutcome, Refresher, RefresherOptions};
 use gpu_exporter::pods::{Attribution, AttributionError, EntityKey, PodResolver};
 use gpu_exporter::sampler::Sampler;
-use gpu_exporter::testing::fake_kubelet::{Assignments, FakeKubelet};
+use gpu_exporter_testing::fake_kubelet::{Assignments, FakeKubelet};
+use gpu_exporter_testing::proto::pod_resources::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
 
 use common::series;
 
@@ -727,7 +727,7 @@ struct FakeKubeletProcess {
 impl FakeKubeletProcess {
     /// Starts the binary and waits for its readiness line.
     fn start(socket: &Path, assignments: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fake-kubelet"))
+        let mut child = Command::new(common::fake_kubelet_bin::fake_kubelet_bin())
             .arg("--socket")
             .arg(socket)
             .arg("--assignments")

@@ -10,7 +10,7 @@ use gpu_exporter::gpu::nvml::api::NvlinkErrorCounter;
 use gpu_exporter::gpu::nvml::counting::{CallCounter, Counting};
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
 use gpu_exporter::gpu::{Device, DeviceSample, GpuSource, LinkSample, Reading, SourceError, Value};
-use gpu_exporter::testing::fake_nvml::{FakeGpu, FakeNvml};
+use gpu_exporter_testing::fake_nvml::{FakeGpu, FakeNvml};
 
 const NOW: RetryPolicy = RetryPolicy {
     initial: Duration::ZERO,

@@ -19,7 +19,7 @@ use gpu_exporter::http::{router, AppState, HttpMetrics};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Published, Sampler, SamplerMetrics, SamplerOptions};
 use gpu_exporter::snapshot::BuildOptions;
-use gpu_exporter::testing::fake_nvml::{FakeGpu, FakeNvml};
+use gpu_exporter_testing::fake_nvml::{FakeGpu, FakeNvml};
 
 fn options() -> SamplerOptions {
     SamplerOptions {

@@ -25,7 +25,6 @@ use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::pods::cgroup::CgroupOwner;
 use gpu_exporter::pods::cri::{ContainerRuntime, CriClient, CriError};
 use gpu_exporter::pods::cri_proto::runtime_service_client::RuntimeServiceClient;
-use gpu_exporter::pods::cri_proto::runtime_service_server::{RuntimeService, RuntimeServiceServer};
 use gpu_exporter::pods::cri_proto::{
     ContainerFilter, ContainerState, ContainerStateValue, ListContainersRequest,
     ListContainersResponse, ListPodSandboxRequest, ListPodSandboxResponse, PodSandboxFilter,
@@ -36,8 +35,11 @@ use gpu_exporter::pods::directory::{LabelOptions, PodDirectory, RuntimeSnapshot}
 use gpu_exporter::pods::procfs::ProcRoot;
 use gpu_exporter::pods::refresher::RefreshOutcome;
 use gpu_exporter::sampler::Sampler;
-use gpu_exporter::testing::fake_cri::FakeRuntime;
-use gpu_exporter::testing::fake_kubelet::Assignments;
+use gpu_exporter_testing::fake_cri::FakeRuntime;
+use gpu_exporter_testing::fake_kubelet::Assignments;
+use gpu_exporter_testing::proto::cri::runtime_service_server::{
+    RuntimeService, RuntimeServiceServer,
+};
 
 use common::{series, SelfMetrics};
 
@@ -378,7 +380,7 @@ async fn runtime_failures_are_classified_and_name_the_socket() {
     let (_tx, rx) = watch::channel(Default::default());
     let server = serve(
         &other,
-        gpu_exporter::testing::fake_kubelet::FakeKubelet::new(rx).into_service(),
+        gpu_exporter_testing::fake_kubelet::FakeKubelet::new(rx).into_service(),
     );
     let e = cri_client(&other).list().await.unwrap_err();
     assert_eq!(e.reason(), "rejected", "{e:?}");
@@ -946,7 +948,7 @@ async fn fake_kubelet_serves_the_runtime_and_writes_the_proc_tree() {
         dir.path().join("proc"),
     );
     let file = common::pods_fixture("a100-mig-shared-seed1.toml");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fake-kubelet"))
+    let mut child = Command::new(common::fake_kubelet_bin::fake_kubelet_bin())
         .arg("--socket")
         .arg(&kubelet)
         .arg("--cri-socket")

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::SelfMetrics;
 use gpu_exporter::catalog::{self, Field};
-use gpu_exporter::gpu::scenario;
+use gpu_exporter::gpu::sim::scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{
     Device, DeviceSample, FieldError, FieldGap, GpuSource, SourceError, XidEvent,
@@ -22,7 +22,7 @@ use gpu_exporter::pods::proto::ListPodResourcesResponse;
 use gpu_exporter::pods::refresher::{Refresher, RefresherOptions};
 use gpu_exporter::pods::{Attribution, AttributionError, PodResolver};
 use gpu_exporter::sampler::{Published, Sampler, SamplerOptions};
-use gpu_exporter::testing::fake_kubelet::Assignments;
+use gpu_exporter_testing::fake_kubelet::Assignments;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

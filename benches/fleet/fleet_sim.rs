@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use gpu_exporter::config::{Args as ExporterArgs, Config};
-use gpu_exporter::gpu::scenario;
+use gpu_exporter::gpu::sim::scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{Device, GpuSource};
 use gpu_exporter::http::{self, AppState, HttpMetrics};

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use super::goflags;
+use crate::pods::GpuIdType;
 
 /// Which GPU backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -26,15 +27,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
-}
-
-/// How kubelet device ids are matched to GPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum GpuIdType {
-    /// GPU and MIG UUIDs (NVIDIA device plugin).
-    Uid,
-    /// `nvidia<N>` device names (GKE's device plugin).
-    DeviceName,
 }
 
 /// Where pod UIDs and labels (`--kubernetes-enable-pod-uid`, `--kubernetes-enable-pod-labels`)

@@ -2,7 +2,7 @@
 
 use super::file;
 use crate::catalog::CatalogError;
-use crate::gpu::scenario::ScenarioError;
+use crate::gpu::sim::scenario::ScenarioError;
 
 /// Errors resolving the configuration. Each names the flag (and file) concerned.
 #[derive(Debug, thiserror::Error)]

@@ -29,12 +29,14 @@ mod resolve;
 mod tests;
 mod values;
 
-pub use args::{Args, Backend, GpuIdType, LogFormat, PodMetadataSource};
+/// Re-exported from [`crate::pods`], where it belongs (the mapping interprets it).
+pub use crate::pods::GpuIdType;
+pub use args::{Args, Backend, LogFormat, PodMetadataSource};
 pub use error::ConfigError;
 pub use values::{parse_address, parse_devices};
 
 use crate::catalog::{self, Catalog, MetricSpec, Skipped};
-use crate::gpu::scenario::Scenario;
+use crate::gpu::sim::scenario::Scenario;
 use crate::snapshot::{BuildOptions, DeviceSelection};
 
 /// The metrics CSV shipped with gpu-exporter, used when `--collectors` is not given and
@@ -58,7 +60,7 @@ pub struct Config {
     /// Socket address to bind (`:PORT`: 0.0.0.0:PORT; see `listen_on`).
     pub listen: SocketAddr,
     /// Where to listen: `:PORT` is every address of both IP families.
-    pub listen_on: crate::http::listen::ListenOn,
+    pub listen_on: crate::listen_on::ListenOn,
     /// Sampling interval.
     pub interval: Duration,
     /// Hostname label value.

@@ -10,7 +10,7 @@ use super::{
     file, inert, Args, Backend, Config, ConfigError, BUILTIN_COUNTERS, DCGM_DEFAULT_COLLECTORS,
 };
 use crate::catalog::{self, Catalog, CatalogError, Skipped};
-use crate::gpu::scenario;
+use crate::gpu::sim::scenario;
 use crate::kubeapi::configmap::ConfigMapRef;
 use crate::snapshot::DeviceSelection;
 
@@ -130,9 +130,9 @@ impl Config {
         };
         let listen = parse_address(&args.address)?;
         let listen_on = if args.address.starts_with(':') {
-            crate::http::listen::ListenOn::AnyAddress(listen.port())
+            crate::listen_on::ListenOn::AnyAddress(listen.port())
         } else {
-            crate::http::listen::ListenOn::Address(listen)
+            crate::listen_on::ListenOn::Address(listen)
         };
         let selection = parse_devices(&args.devices)?;
         let switches = parse_devices(&args.switch_devices).map_err(|e| match e {

@@ -6,8 +6,8 @@
 //! inside the sample; only a failing *device* (fallen off the bus, driver gone) is an `Err`.
 
 pub mod dcgm;
+pub mod event_texts;
 pub mod nvml;
-pub mod scenario;
 pub mod sim;
 
 use std::fmt;

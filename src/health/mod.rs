@@ -4,16 +4,14 @@
 //! the counters needed for rates; [`derive`] turns one GPU's history and latest sample into
 //! DCGM-style health checks (0 pass, 10 warn, 20 fail). Both are pure: time is passed in as
 //! milliseconds on the sampler's monotonic clock. What the events mean (XID texts, clock-event
-//! reasons) is in `events`.
+//! reasons) is GPU vocabulary, in [`crate::gpu::event_texts`]; re-exported here.
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::catalog::Field;
 use crate::gpu::DeviceSample;
 
-mod events;
-
-pub use events::{xid_message, CLOCK_EVENTS, UNKNOWN_XID, XID_TEXTS};
+pub use crate::gpu::event_texts::{xid_message, CLOCK_EVENTS, UNKNOWN_XID, XID_TEXTS};
 
 /// Health result codes (dcgm-exporter's `health_error_code` values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -16,15 +16,7 @@ use tokio::net::TcpListener;
 /// later) while the server works through a burst of new connections.
 pub const LISTEN_BACKLOG: u32 = 4096;
 
-/// Where to listen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListenOn {
-    /// `:PORT`: every address of both families, on one dual-stack socket (`[::]` with
-    /// `IPV6_V6ONLY` off), or IPv4 alone where the host has no IPv6.
-    AnyAddress(u16),
-    /// An explicit address, as given.
-    Address(SocketAddr),
-}
+pub use crate::listen_on::ListenOn;
 
 /// Errors getting a listening socket.
 #[derive(Debug, thiserror::Error)]

@@ -11,12 +11,13 @@ use tracing_subscriber::EnvFilter;
 use gpu_exporter::config::{Backend, Config, LogFormat};
 use gpu_exporter::gpu::nvml::real::RealNvml;
 use gpu_exporter::gpu::nvml::{NvmlSource, RetryPolicy};
-use gpu_exporter::gpu::scenario::Scenario;
+use gpu_exporter::gpu::sim::assignments::Assignments;
+use gpu_exporter::gpu::sim::scenario::Scenario;
 use gpu_exporter::gpu::sim::{SimProcess, SimulatedSource};
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::logsink::LogSink;
 use gpu_exporter::pods::dra;
-use gpu_exporter::testing::fake_kubelet::Assignments;
+use gpu_exporter::pods::mapping::assigned_device;
 
 /// Logs to stderr through a writer that never fails (a closed stderr loses log lines, counted
 /// in the returned counter, and never panics the thread that logs).
@@ -101,7 +102,7 @@ pub fn sim_source(config: &Config) -> Result<SimulatedSource> {
     }
 }
 
-/// The PIDs of a fake-kubelet assignments file, placed on the simulated devices their
+/// The PIDs of an assignments file (the fake kubelet serves the same files), placed on the simulated devices their
 /// assignments name.
 fn sim_processes(
     path: &std::path::Path,
@@ -109,7 +110,8 @@ fn sim_processes(
     config: &Config,
 ) -> Result<Vec<SimProcess>> {
     let devices = source.devices()?;
-    Ok(Assignments::load(path)?.sim_processes(&devices, config.args.kubernetes_gpu_id_type)?)
+    let on = assigned_device(&devices, config.args.kubernetes_gpu_id_type);
+    Ok(Assignments::load(path)?.sim_processes(on)?)
 }
 
 /// `--list-devices`: what the backend finds, for writing fake-kubelet assignment files: ids

@@ -30,13 +30,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::GpuIdType;
+use crate::gpu::sim::assignments::DeviceNaming;
 use crate::gpu::Device;
 use crate::pods::dra::{self, NVIDIA_GPU_DRIVER};
 use crate::pods::proto::{
     AllocatableResourcesResponse, ContainerResources, ListPodResourcesResponse,
 };
-use crate::pods::{Attribution, DraClaim, EntityKey, Holder, PodRef};
+use crate::pods::{Attribution, DraClaim, EntityKey, GpuIdType, Holder, PodRef};
 
 /// The resource name of whole GPUs (and of MIG devices with the `single` MIG strategy).
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -219,6 +219,24 @@ pub fn replica_counts(
     ids.into_iter()
         .map(|(k, r)| (k, u32::try_from(r.len()).unwrap_or(u32::MAX)))
         .collect()
+}
+
+/// Where a device of an assignments file (`--sim-processes`) is among `devices`: the GPU index
+/// and MIG GPU instance a device-plugin id ([`resolve`]) or a DRA device name
+/// ([`dra::resolve`]) stands for, for [`Assignments::sim_processes`].
+///
+/// [`Assignments::sim_processes`]: crate::gpu::sim::assignments::Assignments::sim_processes
+pub fn assigned_device(
+    devices: &[Device],
+    id_type: GpuIdType,
+) -> impl Fn(&str, DeviceNaming) -> Option<(u32, Option<u32>)> + '_ {
+    move |id, naming| {
+        let key = match naming {
+            DeviceNaming::Plugin => resolve(id, devices, id_type).map(|(k, _)| k),
+            DeviceNaming::Dra => dra::resolve(id, devices).ok(),
+        }?;
+        Some((key.gpu, key.gi_id))
+    }
 }
 
 /// Resolves one device id to an entity and replica id.

@@ -16,7 +16,7 @@
 //!   `/proc/<pid>/cgroup` under `--path.procfs`.
 //! - [`usage`]: pure, NVML's per-process readings + owners + directory → per-container usage.
 //! - The fake kubelet and container runtime, for running all of it without a cluster, are test
-//!   doubles in [`crate::testing`].
+//!   doubles in crates/gpu-exporter-testing.
 //!
 //! The rest of the pipeline sees only the plain data below.
 
@@ -28,6 +28,7 @@ pub mod cri_refresher;
 pub mod directory;
 pub mod dra;
 mod grpc;
+mod id_type;
 pub mod kubelet;
 pub mod mapping;
 pub mod procfs;
@@ -41,6 +42,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use self::proto::{AllocatableResourcesResponse, ListPodResourcesResponse};
+
+pub use id_type::GpuIdType;
 
 /// A container that holds a device.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

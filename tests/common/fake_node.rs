@@ -19,7 +19,7 @@ pub struct FakeNode {
 
 impl FakeNode {
     pub fn start(kubelet: &Path, cri: &Path, proc_root: &Path, assignments: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fake-kubelet"))
+        let mut child = Command::new(super::fake_kubelet_bin::fake_kubelet_bin())
             .arg("--socket")
             .arg(kubelet)
             .arg("--cri-socket")

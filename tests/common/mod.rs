@@ -3,6 +3,7 @@
 
 pub mod binary;
 pub mod fake_node;
+pub mod fake_kubelet_bin;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use gpu_exporter::config::GpuIdType;
 /// collector in body order), under the name the tests use.
 #[allow(unused_imports)]
 pub use gpu_exporter::exporter_metrics::ExporterMetrics as SelfMetrics;
-use gpu_exporter::gpu::scenario::{self, Scenario};
+use gpu_exporter::gpu::sim::scenario::{self, Scenario};
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::GpuSource;
 use gpu_exporter::pods::directory::{LabelOptions, PodDirectory};
@@ -21,7 +22,7 @@ use gpu_exporter::pods::mapping::{self, MappingOptions};
 use gpu_exporter::pods::Attribution;
 use gpu_exporter::sampler::{Sampler, SamplerOptions};
 use gpu_exporter::snapshot::{BuildOptions, DeviceSelection};
-use gpu_exporter::testing::fake_kubelet::Assignments;
+use gpu_exporter_testing::fake_kubelet::Assignments;
 use tokio::sync::watch;
 
 pub const INTERVAL: Duration = Duration::from_secs(10);

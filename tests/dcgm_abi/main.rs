@@ -28,7 +28,7 @@ use gpu_exporter::gpu::dcgm::source::{DcgmOptions, DcgmSource};
 use gpu_exporter::gpu::dcgm::{
     self, reading, status, DcgmLibrary, Entity, EntityGroup, LatestValue,
 };
-use gpu_exporter::gpu::scenario::Scenario;
+use gpu_exporter::gpu::sim::scenario::Scenario;
 use gpu_exporter::gpu::sim::SimulatedSource;
 use gpu_exporter::gpu::{
     Device, DeviceSample, FieldError, FieldGap, GpuSource, SourceError, Value, XidEvent,

@@ -12,7 +12,7 @@ What it does:
    the newest naming generation (dcgm-exporter 4.10's default set plus per-link NVLink fields), with
    four faults whose alerts read renamed series (XID 79, overheating, PCIe replays, row remap).
 2. Pod labels: node-09 (8xH100-SXM) and node-10 (4xA100-80GB-MIG) run with `-k` against a
-   fake-kubelet each (src/bin/fake-kubelet.rs, docs/pods.md). Their assignments (TOML, written
+   fake-kubelet each (crates/gpu-exporter-testing/src/bin/fake-kubelet.rs, docs/pods.md). Their assignments (TOML, written
    here from the ids `gpu-exporter --list-devices` prints for the node's profile and seed) cover a
    whole GPU held by one pod, a MIG instance held by one pod (mixed-strategy resource name), a
    time-sliced GPU shared by two pods (`<uuid>::<n>`), and one idle GPU and one idle MIG instance
@@ -724,7 +724,7 @@ def report_memory(procs):
         f"max {peaks[-1][0] / 1024:.1f} MiB ({peaks[-1][1]})")
 
 
-# --- Pod labels: fake kubelets (src/bin/fake-kubelet.rs; file format in docs/pods.md) ---
+# --- Pod labels: fake kubelets (crates/gpu-exporter-testing/src/bin/fake-kubelet.rs; file format in docs/pods.md) ---
 
 
 def kubelet_socket(work, node):

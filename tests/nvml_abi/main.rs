@@ -10,6 +10,8 @@
 
 #[path = "../common/cstandin.rs"]
 mod cstandin;
+#[path = "../common/fake_kubelet_bin.rs"]
+mod fake_kubelet_bin;
 mod harness;
 mod node;
 mod processes;

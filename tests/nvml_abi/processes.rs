@@ -256,7 +256,7 @@ impl Drop for FakeKubelet {
 /// Starts the `fake-kubelet` binary on `dir` (kubelet and CRI sockets, proc tree) and waits
 /// until it serves.
 fn fake_kubelet(dir: &Path, assignments: &Path) -> FakeKubelet {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fake-kubelet"))
+    let mut child = Command::new(crate::fake_kubelet_bin::fake_kubelet_bin())
         .arg("--socket")
         .arg(dir.join("kubelet.sock"))
         .arg("--cri-socket")

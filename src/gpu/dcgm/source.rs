@@ -264,6 +264,11 @@ impl<S> Drop for DcgmSource<S> {
 }
 
 impl<S: GpuSource> GpuSource for DcgmSource<S> {
+    /// The inner source's name ("nvml"), not "dcgm", on purpose: the name is the `--backend`
+    /// that was chosen (DCGM only adds the profiling fields NVML cannot read), and it is
+    /// user-visible as the `backend` label of `gpu_exporter_build_info` and in the startup
+    /// warnings about fields the backend cannot read. Saying "dcgm" would change that series
+    /// for every node where DCGM happens to load.
     fn name(&self) -> &'static str {
         self.inner.name()
     }

@@ -2,7 +2,8 @@
 //!
 //! [`NvmlApi`] lists exactly the NVML calls gpu-exporter makes, one method per C call (so a
 //! [`super::counting::Counting`] wrapper can count them), returning plain data in NVML's own
-//! units. [`super::real::RealNvml`] implements it over `nvml-wrapper`; [`FakeNvml`](crate::testing::fake_nvml::FakeNvml)
+//! units. [`super::real::RealNvml`] implements it over `nvml-wrapper`; `FakeNvml`
+//! (crates/gpu-exporter-testing)
 //! implements it in memory for tests and benchmarks. Everything above this trait (field mapping,
 //! unit conversion, MIG, GPM deltas, GPU loss) is testable without a GPU.
 

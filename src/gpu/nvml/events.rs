@@ -201,7 +201,7 @@ fn pump_events<A: NvmlApi, C: Clock>(
                     // MAX_QUEUED_PER_GPU lines per sample, then one line with the drops.
                     Some(uuid) => {
                         if queue.push(uuid.clone(), r.xid) {
-                            tracing::warn!(gpu = %uuid, xid = r.xid, "XID {}: {}", r.xid, crate::health::xid_message(r.xid));
+                            tracing::warn!(gpu = %uuid, xid = r.xid, "XID {}: {}", r.xid, crate::gpu::event_texts::xid_message(r.xid));
                         }
                     }
                     None => tracing::warn!(
@@ -292,8 +292,8 @@ pub(super) fn ensure<A: NvmlApi>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_nvml::{FakeGpu, FakeNvml, WaitAnswer};
     use crate::gpu::nvml::api::XidReport;
-    use crate::testing::fake_nvml::{FakeGpu, FakeNvml, WaitAnswer};
     use std::cell::Cell;
 
     /// Simulated time: only pauses move it. It stops the loop once `limit` has passed, or after

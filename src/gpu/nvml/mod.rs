@@ -18,7 +18,7 @@
 //! 6. [`convert`]: pure mapping from DCGM fields to NVML calls and units.
 //! 7. [`api::NvmlApi`]: the narrow seam, one method per NVML call; [`real::RealNvml`] is the
 //!    only code that touches `nvml-wrapper` (over `ffi`, the raw calls it lacks),
-//!    [`FakeNvml`](crate::testing::fake_nvml::FakeNvml) an in-memory GPU fleet for tests, [`counting::Counting`] counts calls.
+//!    `FakeNvml` (crates/gpu-exporter-testing) an in-memory GPU fleet for tests, [`counting::Counting`] counts calls.
 
 pub mod api;
 mod call;
@@ -71,7 +71,7 @@ impl Default for RetryPolicy {
 type InitFn<A> = dyn Fn() -> Result<A, InitError> + Send + Sync;
 
 /// The NVML-backed [`GpuSource`], generic over the low-level API so it runs against
-/// [`FakeNvml`](crate::testing::fake_nvml::FakeNvml) in tests. Construct the real one with [`NvmlSource::real`].
+/// `FakeNvml` (crates/gpu-exporter-testing) in tests. Construct the real one with [`NvmlSource::real`].
 pub struct NvmlSource<A: NvmlApi> {
     init: Box<InitFn<A>>,
     retry: RetryPolicy,

@@ -260,8 +260,8 @@ mod tests {
     use super::super::api::MemoryInfo;
     use super::super::counting::Counting;
     use super::super::{NvmlSource, RetryPolicy};
+    use crate::fake_nvml::{FakeGpu, FakeMig, FakeNvml};
     use crate::gpu::GpuSource;
-    use crate::testing::fake_nvml::{FakeGpu, FakeMig, FakeNvml};
 
     fn source<A: NvmlApi + Clone>(api: &A) -> NvmlSource<A> {
         let a = api.clone();

@@ -10,8 +10,8 @@ use super::api::{ApiError, FieldNum, GpmMetric, MemoryInfo};
 use super::counting::Counting;
 use super::*;
 use crate::catalog::{self, Field};
+use crate::fake_nvml::{FakeGpu, FakeMig, FakeNvml};
 use crate::gpu::{FieldError, GpuIdentity, GpuSource, MigPlacement, Reading, SourceError, Value};
-use crate::testing::fake_nvml::{FakeGpu, FakeMig, FakeNvml};
 
 const NO_RETRY_WAIT: RetryPolicy = RetryPolicy {
     initial: Duration::ZERO,

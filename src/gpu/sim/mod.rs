@@ -9,9 +9,11 @@
 //! Layout: `profiles` holds the GPU models and fleet profiles (MIG layouts included);
 //! this file the fleet's state and its scenario handling; `values` what one sample of a GPU
 //! reads; `source` the [`GpuSource`] implementation; `seeded` the seeded hash every value and
-//! id comes from.
+//! id comes from; `assignments` the file of pods and processes that `--sim-processes` reads.
 
+pub mod assignments;
 mod profiles;
+pub mod scenario;
 mod seeded;
 mod source;
 #[cfg(test)]
@@ -21,10 +23,10 @@ mod values;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::scenario::{Action, Pattern, Scenario};
 use super::{GpuIdentity, GpuSource, XidEvent};
 pub use profiles::PROFILES;
 use profiles::{profile, Profile};
+use scenario::{Action, Pattern, Scenario};
 use seeded::{hash, uuid};
 
 /// Errors creating a simulated source.
@@ -142,7 +144,7 @@ impl SimulatedSource {
         let profile = profile(profile_name)
             .ok_or_else(|| SimError::UnknownProfile(profile_name.to_owned()))?;
         for ev in &scenario.events {
-            if let super::scenario::Target::Gpu(g) = ev.target {
+            if let scenario::Target::Gpu(g) = ev.target {
                 if g >= profile.gpus {
                     return Err(SimError::NoSuchGpu {
                         origin: scenario_origin.to_owned(),

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::catalog::Field;
-use crate::gpu::scenario;
+use crate::gpu::sim::scenario;
 use crate::gpu::{DeviceSample, FieldError, SourceError, Value};
 
 fn fleet(profile: &str, scenario_text: &str) -> SimulatedSource {
@@ -365,7 +365,7 @@ fn huge_scenario_counts_saturate_instead_of_overflowing() {
     // Issue 35 item 13: two events of i64::MAX errors overflowed the i64 counters (a panic in
     // a debug build, a negative count in a release one). Files are capped at
     // scenario::MAX_COUNT; a scenario built in code still saturates.
-    use crate::gpu::scenario::{Action, Event, Scenario, Target};
+    use crate::gpu::sim::scenario::{Action, Event, Scenario, Target};
     let ev = |action| Event {
         at: Duration::ZERO,
         target: Target::All,

@@ -1,6 +1,7 @@
 //! A fake kubelet pod-resources server, for the `fake-kubelet` binary, tests and demos.
 //!
-//! It serves `List` from an [`Assignments`] file: a TOML list of which container holds which
+//! It serves `List` from an [`Assignments`] file (parsed by the simulator's
+//! [`gpu_exporter::gpu::sim::assignments`], which `--sim-processes` reads too): a TOML list of which container holds which
 //! device ids. The ids are served exactly as written (the fake does not know about GPUs), so a
 //! file can describe whole GPUs (`GPU-…`), MIG devices (`MIG-…`), time-slicing replicas
 //! (`GPU-…::2`) or GKE names (`nvidia0/gi3`). Format:
@@ -62,34 +63,31 @@
 //! [`Assignments::processes`] tells the simulated fleet which PIDs run where.
 
 //!
-//! Layout: `model` holds what a parsed file is ([`Assignments`], its pods, containers and
-//! processes); `parse` reads the file; `node` derives what the node shows from it (the
-//! container runtime's listing, the proc tree's cgroups, the simulated processes); this file
-//! serves the pod-resources API.
+//! Layout: `node` derives what the node shows from a parsed file ([`Assignments`]: the
+//! kubelet's reply, the container runtime's listing, the proc tree's cgroups, the simulated
+//! processes); this file serves the pod-resources API.
 
-mod model;
 mod node;
-mod parse;
 #[cfg(test)]
 mod tests;
 
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::pods::proto::pod_resources_lister_server::{
+use crate::proto::pod_resources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use crate::pods::proto::{
+use gpu_exporter::pods::proto::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
     GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
     ListPodResourcesResponse,
 };
 
-pub use model::{
-    Assignments, AssignmentsError, CgroupDriver, CgroupLayout, DeviceNaming, FakeContainer,
-    FakePod, FakeProcess, HostProcess, Run, Runtime, DEFAULT_POOL,
+pub use gpu_exporter::gpu::sim::assignments::{
+    Allocation, AssignmentsError, CgroupDriver, CgroupLayout, Container as FakeContainer,
+    DeviceNaming, HostProcess, Pod as FakePod, Process as FakeProcess, Run, Runtime, DEFAULT_POOL,
 };
-pub use node::cgroup_file;
+pub use node::{cgroup_file, Assignments};
 
 /// The fake server: answers from whatever reply is current on its `watch` channel.
 #[derive(Debug, Clone)]

@@ -1,10 +1,10 @@
-//! An in-memory [`NvmlApi`](crate::gpu::nvml::api::NvmlApi): GPUs whose every NVML answer a test sets, and that can be made
+//! An in-memory [`NvmlApi`](gpu_exporter::gpu::nvml::api::NvmlApi): GPUs whose every NVML answer a test sets, and that can be made
 //! to fall off the bus, vanish, return, or raise an XID. Used by the backend's tests and by
 //! benchmarks that count NVML calls; never by the exporter itself.
 //!
 //! Layout: `gpu` holds one fake GPU (its MIG devices, links and every answer); this file the
 //! fake NVML that holds the fleet and the calls a test makes on it; `api` its answers to each
-//! [`NvmlApi`](crate::gpu::nvml::api::NvmlApi) call.
+//! [`NvmlApi`](gpu_exporter::gpu::nvml::api::NvmlApi) call.
 
 mod api;
 mod gpu;
@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::gpu::nvml::api::{ApiError, EventWait, GpmMetric, ProcessInfo, XidReport};
+use gpu_exporter::gpu::nvml::api::{ApiError, EventWait, GpmMetric, ProcessInfo, XidReport};
 
 pub use gpu::{FakeGpu, FakeLink, FakeMig};
 

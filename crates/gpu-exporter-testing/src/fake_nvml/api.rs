@@ -3,12 +3,12 @@
 use std::sync::mpsc;
 use std::sync::{Arc, PoisonError};
 
-use crate::gpu::nvml::api::{
+use gpu_exporter::gpu::nvml::api::{
     ApiError, ClockKind, FieldNum, FieldRequest, FieldResult, FieldValue, GiProfile, GpmMetric,
     GridLicensing, InforomObject, MemoryInfo, NvlinkErrorCounter, NvmlApi, ProcessInfo,
     ProcessUtilSample, Registered,
 };
-use crate::gpu::MigPlacement;
+use gpu_exporter::gpu::MigPlacement;
 
 use super::{FakeEvents, FakeGpmSample, FakeHandle, FakeNvml, Registration};
 

@@ -7,13 +7,13 @@
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::pods::cri_proto::runtime_service_server::{RuntimeService, RuntimeServiceServer};
-use crate::pods::cri_proto::{
+use crate::proto::cri::runtime_service_server::{RuntimeService, RuntimeServiceServer};
+use gpu_exporter::pods::cri_proto::{
     Container, ContainerFilter, ListContainersRequest, ListContainersResponse,
     ListPodSandboxRequest, ListPodSandboxResponse, PodSandbox, PodSandboxFilter, VersionRequest,
     VersionResponse,
 };
-use crate::pods::directory::RuntimeSnapshot;
+use gpu_exporter::pods::directory::RuntimeSnapshot;
 
 /// The fake runtime: answers from whatever snapshot is current on its `watch` channel.
 #[derive(Debug, Clone)]

@@ -1,17 +1,162 @@
-//! What the node shows for parsed assignments: the container runtime's listing, each process's
-//! `/proc/<pid>/cgroup`, and the processes of the simulated fleet.
+//! What the node shows for parsed assignments: the kubelet's pod-resources reply, the container
+//! runtime's listing, each process's `/proc/<pid>/cgroup`, and the processes of the simulated
+//! fleet.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use crate::pods::cri_proto::{
+use gpu_exporter::config::GpuIdType;
+use gpu_exporter::gpu::sim::assignments::{self as sim, derived_uid};
+use gpu_exporter::gpu::sim::SimProcess;
+use gpu_exporter::gpu::Device;
+use gpu_exporter::pods::cri_proto::{
     Container, ContainerMetadata, ContainerState, PodSandbox, PodSandboxMetadata, PodSandboxState,
 };
-use crate::pods::directory::RuntimeSnapshot;
+use gpu_exporter::pods::directory::RuntimeSnapshot;
+use gpu_exporter::pods::dra::NVIDIA_GPU_DRIVER;
+use gpu_exporter::pods::mapping::{assigned_device, GPU_RESOURCE};
+use gpu_exporter::pods::proto::{
+    CdiDevice, ClaimResource, ContainerDevices, ContainerResources, DynamicResource,
+    ListPodResourcesResponse, PodResources,
+};
 
-use super::model::*;
+use super::{
+    Allocation, AssignmentsError, CgroupDriver, CgroupLayout, FakePod, FakeProcess, HostProcess,
+    Runtime,
+};
+
+/// A fake node from an assignments file: the reply `List` will give, and the pods behind it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Assignments {
+    /// The reply.
+    pub reply: ListPodResourcesResponse,
+    /// The pods, for the fake CRI server, the proc tree and the simulated processes.
+    pub pods: Vec<FakePod>,
+    /// Processes outside any pod: in the proc tree under a systemd unit, run by the simulated
+    /// fleet, listed by no kubelet or runtime.
+    pub host_processes: Vec<HostProcess>,
+    /// How the proc tree spells cgroups.
+    pub layout: CgroupLayout,
+}
+
+impl From<sim::Assignments> for Assignments {
+    fn from(a: sim::Assignments) -> Self {
+        Self {
+            reply: reply(&a.pods),
+            pods: a.pods,
+            host_processes: a.host_processes,
+            layout: a.layout,
+        }
+    }
+}
+
+/// The kubelet's `List` reply for `pods`: pods and containers in file order; a container's
+/// device-plugin assignments in its `devices`, its DRA ones in `dynamic_resources` (one entry
+/// per claim, its devices in file order).
+fn reply(pods: &[FakePod]) -> ListPodResourcesResponse {
+    let mut out = Vec::new();
+    for p in pods {
+        let mut containers = Vec::new();
+        for c in &p.containers {
+            let mut container = ContainerResources {
+                name: c.name.clone(),
+                ..Default::default()
+            };
+            for run in &c.runs {
+                match &run.allocation {
+                    Allocation::Plugin { resource } => {
+                        container.devices.push(ContainerDevices {
+                            resource_name: resource
+                                .clone()
+                                .unwrap_or_else(|| GPU_RESOURCE.to_owned()),
+                            device_ids: run.devices.clone(),
+                            topology: None,
+                        });
+                    }
+                    Allocation::Dra {
+                        claim,
+                        claim_namespace,
+                        driver,
+                        pool,
+                    } => {
+                        let driver = driver.as_deref().unwrap_or(NVIDIA_GPU_DRIVER);
+                        let dr =
+                            dynamic_resource(claim, claim_namespace, driver, pool, &run.devices);
+                        match container.dynamic_resources.iter_mut().find(|c| {
+                            c.claim_name == dr.claim_name && c.claim_namespace == dr.claim_namespace
+                        }) {
+                            Some(existing) => existing.claim_resources.extend(dr.claim_resources),
+                            None => container.dynamic_resources.push(dr),
+                        }
+                    }
+                }
+            }
+            containers.push(container);
+        }
+        out.push(PodResources {
+            name: p.name.clone(),
+            namespace: p.namespace.clone(),
+            containers,
+            ..Default::default()
+        });
+    }
+    ListPodResourcesResponse { pod_resources: out }
+}
+
+/// A DRA claim's entry: one claim resource per device, each with the CDI id NVIDIA's driver
+/// would give it.
+fn dynamic_resource(
+    claim: &str,
+    namespace: &str,
+    driver: &str,
+    pool: &str,
+    devices: &[String],
+) -> DynamicResource {
+    let uid = derived_uid(&format!("claim/{namespace}/{claim}"));
+    DynamicResource {
+        claim_name: claim.to_owned(),
+        claim_namespace: namespace.to_owned(),
+        claim_resources: devices
+            .iter()
+            .map(|d| ClaimResource {
+                cdi_devices: vec![CdiDevice {
+                    name: format!("k8s.gpu.nvidia.com/claim={uid}-{d}"),
+                }],
+                driver_name: driver.to_owned(),
+                pool_name: pool.to_owned(),
+                device_name: d.clone(),
+                share_id: None,
+            })
+            .collect(),
+    }
+}
 
 impl Assignments {
+    /// Reads and parses `path` (the simulator's parser).
+    ///
+    /// # Errors
+    /// [`AssignmentsError`] naming the file (and line).
+    pub fn load(path: &Path) -> Result<Self, AssignmentsError> {
+        sim::Assignments::load(path).map(Self::from)
+    }
+
+    /// Parses assignments text; `origin` names it in errors.
+    ///
+    /// # Errors
+    /// [`AssignmentsError::Invalid`] with the line at fault.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, AssignmentsError> {
+        sim::Assignments::parse(text, origin).map(Self::from)
+    }
+
+    /// The file's pods and host processes, as the simulator reads them.
+    fn sim(&self) -> sim::Assignments {
+        sim::Assignments {
+            pods: self.pods.clone(),
+            host_processes: self.host_processes.clone(),
+            layout: self.layout,
+        }
+    }
+
     /// What the fake container runtime lists: one ready sandbox per pod (labels: the pod's plus
     /// the kubelet's `io.kubernetes.pod.*`) and one running container per container.
     pub fn runtime_snapshot(&self) -> RuntimeSnapshot {
@@ -67,65 +212,21 @@ impl Assignments {
     /// Every PID with the device it runs on, in file order (a PID listed for an assignment with
     /// several devices runs on each of them).
     pub fn processes(&self) -> Vec<FakeProcess> {
-        let mut out = Vec::new();
-        for p in &self.pods {
-            for c in &p.containers {
-                for run in &c.runs {
-                    for pid in &run.pids {
-                        for d in &run.devices {
-                            out.push(FakeProcess {
-                                pid: *pid,
-                                device_id: d.clone(),
-                                naming: run.naming,
-                                weight: run.weight,
-                            });
-                        }
-                    }
-                }
-            }
-        }
-        out.extend(self.host_processes.iter().map(|h| FakeProcess {
-            pid: h.pid,
-            device_id: h.device.clone(),
-            naming: DeviceNaming::Plugin,
-            weight: h.weight,
-        }));
-        out
+        self.sim().processes()
     }
 
     /// [`Assignments::processes`] placed on `devices` (the simulated fleet's), for
-    /// [`crate::gpu::sim::SimulatedSource::with_processes`].
+    /// [`gpu_exporter::gpu::sim::SimulatedSource::with_processes`]: what `--sim-processes` does.
     ///
     /// # Errors
     /// [`AssignmentsError::UnknownDevice`] for a device id or DRA device name that names none
     /// of `devices`.
     pub fn sim_processes(
         &self,
-        devices: &[crate::gpu::Device],
-        id_type: crate::config::GpuIdType,
-    ) -> Result<Vec<crate::gpu::sim::SimProcess>, AssignmentsError> {
-        self.processes()
-            .into_iter()
-            .map(|p| {
-                let key = match p.naming {
-                    DeviceNaming::Plugin => {
-                        crate::pods::mapping::resolve(&p.device_id, devices, id_type)
-                            .map(|(k, _)| k)
-                    }
-                    DeviceNaming::Dra => crate::pods::dra::resolve(&p.device_id, devices).ok(),
-                };
-                let key = key.ok_or(AssignmentsError::UnknownDevice {
-                    pid: p.pid,
-                    id: p.device_id.clone(),
-                })?;
-                Ok(crate::gpu::sim::SimProcess {
-                    pid: p.pid,
-                    gpu: key.gpu,
-                    gi_id: key.gi_id,
-                    weight: p.weight,
-                })
-            })
-            .collect()
+        devices: &[Device],
+        id_type: GpuIdType,
+    ) -> Result<Vec<SimProcess>, AssignmentsError> {
+        self.sim().sim_processes(assigned_device(devices, id_type))
     }
 
     /// The `/proc/<pid>/cgroup` text of every PID, as the kubelet and runtime place it.

@@ -1,5 +1,6 @@
-//! What the events the windows count mean: dcgm-exporter's `err_msg` text of each XID and the
-//! clock-event reason bits with their `clock_event` label values.
+//! What GPU events mean: dcgm-exporter's `err_msg` text of each XID and the clock-event reason
+//! bits with their `clock_event` label values. Vocabulary of the GPU layer: the NVML event
+//! reader logs the XID texts, and the health windows (`crate::health`) and the series use both.
 
 /// Clock event reason bits (NVML `nvmlClocksEventReason*`) and dcgm-exporter's label values.
 pub const CLOCK_EVENTS: &[(u64, &str)] = &[

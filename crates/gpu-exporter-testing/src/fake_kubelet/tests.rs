@@ -1,8 +1,8 @@
 //! Tests of the fake kubelet's assignments.
 
 use super::*;
-use crate::pods::dra::NVIDIA_GPU_DRIVER;
-use crate::pods::mapping::GPU_RESOURCE;
+use gpu_exporter::pods::dra::NVIDIA_GPU_DRIVER;
+use gpu_exporter::pods::mapping::GPU_RESOURCE;
 use std::path::Path;
 
 #[test]
@@ -146,11 +146,11 @@ fn a_node_file_describes_runtime_processes_and_proc_tree() {
     let dir = tempfile::tempdir().unwrap();
     let written = a.write_proc_tree(dir.path(), &[]).unwrap();
     assert_eq!(written, [101, 102, 201]);
-    let root = crate::pods::procfs::ProcRoot::new(dir.path());
+    let root = gpu_exporter::pods::procfs::ProcRoot::new(dir.path());
     for (pid, pod, container) in [(101, 0, 0), (201, 1, 0)] {
         assert_eq!(
             root.owner(pid).unwrap(),
-            crate::pods::cgroup::CgroupOwner::Pod {
+            gpu_exporter::pods::cgroup::CgroupOwner::Pod {
                 uid: a.pods[pod].uid.clone(),
                 container_id: Some(a.pods[pod].containers[container].id.clone()),
             }
@@ -177,8 +177,8 @@ fn every_layout_round_trips_through_the_parser() {
                 };
                 let text = cgroup_file(layout, uid, &cid);
                 assert_eq!(
-                    crate::pods::cgroup::parse(&text),
-                    Ok(crate::pods::cgroup::CgroupOwner::Pod {
+                    gpu_exporter::pods::cgroup::parse(&text),
+                    Ok(gpu_exporter::pods::cgroup::CgroupOwner::Pod {
                         uid: uid.into(),
                         container_id: Some(cid.clone())
                     }),

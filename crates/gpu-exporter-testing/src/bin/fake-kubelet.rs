@@ -15,7 +15,7 @@
 //!
 //! The file is read again when it changes (checked every second) or on SIGHUP; a file that no
 //! longer parses is reported and the previous assignments stay in force. The format is
-//! documented in `gpu_exporter::testing::fake_kubelet` and docs/pods.md. Once every socket is bound and the
+//! documented in `gpu_exporter_testing::fake_kubelet` and docs/pods.md. Once every socket is bound and the
 //! proc tree written, one line `fake-kubelet: serving N pods on PATH` goes to stdout (scripts and
 //! tests wait for it), after one line each for the CRI socket and the proc tree.
 
@@ -30,8 +30,8 @@ use tokio::sync::watch;
 use gpu_exporter::pods::directory::RuntimeSnapshot;
 use gpu_exporter::pods::proto::ListPodResourcesResponse;
 use gpu_exporter::shutdown_signal;
-use gpu_exporter::testing::fake_cri;
-use gpu_exporter::testing::fake_kubelet::{self as fake, Assignments};
+use gpu_exporter_testing::fake_cri;
+use gpu_exporter_testing::fake_kubelet::{self as fake, Assignments};
 
 /// Command line.
 #[derive(Debug, Parser)]

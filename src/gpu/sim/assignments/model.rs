@@ -1,12 +1,12 @@
-//! What an assignments file is once parsed: [`Assignments`], its pods, containers and processes,
-//! and how the node spells cgroups.
+//! What an assignments file is once parsed: [`Assignments`], its pods, containers and
+//! processes, and how the node spells cgroups.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::pods::proto::ListPodResourcesResponse;
+use crate::gpu::sim::SimProcess;
 
 /// An assignments file that cannot be used. Names the file and line.
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +20,7 @@ pub enum AssignmentsError {
         #[source]
         cause: std::io::Error,
     },
-    /// A proc tree file cannot be written.
+    /// A proc tree file cannot be written (the fake kubelet's `--proc-root`).
     #[error("{}: cannot write", path.display())]
     Write {
         /// The file or directory.
@@ -162,6 +162,28 @@ pub enum DeviceNaming {
     Dra,
 }
 
+/// How an assignment's devices were allocated, as the file says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Allocation {
+    /// By a device plugin, for `resource` (`None`: the file leaves it out, meaning
+    /// `nvidia.com/gpu`).
+    Plugin {
+        /// The extended resource name.
+        resource: Option<String>,
+    },
+    /// By a DRA driver, for a ResourceClaim.
+    Dra {
+        /// The claim's name.
+        claim: String,
+        /// The claim's namespace (the pod's unless the file says otherwise).
+        claim_namespace: String,
+        /// The driver (`None`: the file leaves it out, meaning NVIDIA's `gpu.nvidia.com`).
+        driver: Option<String>,
+        /// The pool ([`DEFAULT_POOL`] unless the file says otherwise).
+        pool: String,
+    },
+}
+
 /// One assignment's processes: they run on each of its devices.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {
@@ -169,15 +191,17 @@ pub struct Run {
     pub devices: Vec<String>,
     /// How `devices` are named.
     pub naming: DeviceNaming,
+    /// How they were allocated.
+    pub allocation: Allocation,
     /// Host PIDs.
     pub pids: Vec<u32>,
     /// Their share of each device against the other processes there.
     pub weight: f64,
 }
 
-/// A container of a fake pod.
+/// A container of an assigned pod.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FakeContainer {
+pub struct Container {
     /// Its name.
     pub name: String,
     /// Runtime id, 64 hex digits.
@@ -186,9 +210,9 @@ pub struct FakeContainer {
     pub runs: Vec<Run>,
 }
 
-/// A fake pod.
+/// A pod of the file.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FakePod {
+pub struct Pod {
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -200,12 +224,12 @@ pub struct FakePod {
     /// Labels.
     pub labels: BTreeMap<String, String>,
     /// Containers, in file order.
-    pub containers: Vec<FakeContainer>,
+    pub containers: Vec<Container>,
 }
 
 /// One simulated process: it runs on the device `device_id` with `weight`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FakeProcess {
+pub struct Process {
     /// Host PID.
     pub pid: u32,
     /// A device as written in the file (`GPU-…`, `MIG-…`, `GPU-…::2`, `nvidia0`, or a DRA
@@ -230,16 +254,74 @@ pub struct HostProcess {
     pub unit: String,
 }
 
-/// Parsed assignments: the reply `List` will give, and the pods behind it.
+/// A parsed assignments file: its pods (in file order) and the processes outside any pod.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Assignments {
-    /// The reply.
-    pub reply: ListPodResourcesResponse,
-    /// The pods, for the fake CRI server, the proc tree and the simulated processes.
-    pub pods: Vec<FakePod>,
+    /// The pods, in file order.
+    pub pods: Vec<Pod>,
     /// Processes outside any pod: in the proc tree under a systemd unit, run by the simulated
     /// fleet, listed by no kubelet or runtime.
     pub host_processes: Vec<HostProcess>,
     /// How the proc tree spells cgroups.
     pub layout: CgroupLayout,
+}
+
+impl Assignments {
+    /// Every PID with the device it runs on, in file order (a PID listed for an assignment with
+    /// several devices runs on each of them); then the host processes.
+    pub fn processes(&self) -> Vec<Process> {
+        let mut out = Vec::new();
+        for p in &self.pods {
+            for c in &p.containers {
+                for run in &c.runs {
+                    for pid in &run.pids {
+                        for d in &run.devices {
+                            out.push(Process {
+                                pid: *pid,
+                                device_id: d.clone(),
+                                naming: run.naming,
+                                weight: run.weight,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        out.extend(self.host_processes.iter().map(|h| Process {
+            pid: h.pid,
+            device_id: h.device.clone(),
+            naming: DeviceNaming::Plugin,
+            weight: h.weight,
+        }));
+        out
+    }
+
+    /// [`Assignments::processes`] placed on the simulated fleet's devices, for
+    /// [`super::SimulatedSource::with_processes`]. `resolve` finds the GPU index and MIG GPU
+    /// instance a device id or DRA device name stands for (the kubelet's naming rules, which
+    /// the caller brings: `pods::mapping::resolve`, `pods::dra::resolve`).
+    ///
+    /// # Errors
+    /// [`AssignmentsError::UnknownDevice`] for a device `resolve` does not find.
+    pub fn sim_processes(
+        &self,
+        resolve: impl Fn(&str, DeviceNaming) -> Option<(u32, Option<u32>)>,
+    ) -> Result<Vec<SimProcess>, AssignmentsError> {
+        self.processes()
+            .into_iter()
+            .map(|p| {
+                let (gpu, gi_id) =
+                    resolve(&p.device_id, p.naming).ok_or(AssignmentsError::UnknownDevice {
+                        pid: p.pid,
+                        id: p.device_id.clone(),
+                    })?;
+                Ok(SimProcess {
+                    pid: p.pid,
+                    gpu,
+                    gi_id,
+                    weight: p.weight,
+                })
+            })
+            .collect()
+    }
 }

@@ -1,17 +1,13 @@
 //! Reading an assignments file: the TOML checked line by line into [`Assignments`], with the
-//! ids a real kubelet and runtime would give (pod UIDs, container ids, DRA CDI devices).
+//! ids a real kubelet and runtime would give (pod UIDs, container ids).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::pods::dra::NVIDIA_GPU_DRIVER;
-use crate::pods::mapping::GPU_RESOURCE;
-use crate::pods::proto::{
-    CdiDevice, ClaimResource, ContainerDevices, ContainerResources, DynamicResource,
-    ListPodResourcesResponse, PodResources,
+use super::model::{
+    Allocation, Assignments, AssignmentsError, CgroupLayout, Container, DeviceNaming, File,
+    HostProcess, Pod, Run, DEFAULT_POOL,
 };
-
-use super::model::*;
 
 impl Assignments {
     /// Reads and parses `path`.
@@ -60,8 +56,7 @@ impl Assignments {
             },
             runtime: file.runtime.unwrap_or_default(),
         };
-        let mut pods: Vec<PodResources> = Vec::new();
-        let mut fakes: Vec<FakePod> = Vec::new();
+        let mut pods: Vec<Pod> = Vec::new();
         let mut pids_seen: BTreeMap<u32, String> = BTreeMap::new();
         for spanned in file.assignment {
             let at = spanned.span().start;
@@ -119,7 +114,7 @@ impl Assignments {
                     }
                 }
             }
-            let claim = match (&e.claim, &e.resource) {
+            let allocation = match (&e.claim, &e.resource) {
                 (Some(_), Some(_)) => {
                     return Err(invalid(
                         at,
@@ -130,24 +125,17 @@ impl Assignments {
                     if name.trim().is_empty() {
                         return Err(invalid(at, format!("assignment {who}: empty claim")));
                     }
-                    let claim_namespace = e
-                        .claim_namespace
-                        .clone()
-                        .unwrap_or_else(|| e.namespace.clone());
-                    let driver = e
-                        .driver
-                        .clone()
-                        .unwrap_or_else(|| NVIDIA_GPU_DRIVER.to_owned());
-                    let pool = e.pool.clone().unwrap_or_else(|| DEFAULT_POOL.to_owned());
-                    Some(dynamic_resource(
-                        name,
-                        &claim_namespace,
-                        &driver,
-                        &pool,
-                        &e.devices,
-                    ))
+                    Allocation::Dra {
+                        claim: name.clone(),
+                        claim_namespace: e
+                            .claim_namespace
+                            .clone()
+                            .unwrap_or_else(|| e.namespace.clone()),
+                        driver: e.driver.clone(),
+                        pool: e.pool.clone().unwrap_or_else(|| DEFAULT_POOL.to_owned()),
+                    }
                 }
-                (None, _) => {
+                (None, resource) => {
                     for (what, set) in [
                         ("claim_namespace", e.claim_namespace.is_some()),
                         ("driver", e.driver.is_some()),
@@ -160,13 +148,14 @@ impl Assignments {
                             ));
                         }
                     }
-                    None
+                    Allocation::Plugin {
+                        resource: resource.clone(),
+                    }
                 }
             };
-            let naming = if claim.is_some() {
-                DeviceNaming::Dra
-            } else {
-                DeviceNaming::Plugin
+            let naming = match allocation {
+                Allocation::Dra { .. } => DeviceNaming::Dra,
+                Allocation::Plugin { .. } => DeviceNaming::Plugin,
             };
             let pod = match pods
                 .iter_mut()
@@ -174,77 +163,37 @@ impl Assignments {
             {
                 Some(i) => &mut pods[i],
                 None => {
-                    pods.push(PodResources {
-                        name: e.pod.clone(),
-                        namespace: e.namespace.clone(),
-                        ..Default::default()
-                    });
-                    pods.last_mut().expect("just pushed")
-                }
-            };
-            let container = match pod.containers.iter().position(|c| c.name == e.container) {
-                Some(i) => &mut pod.containers[i],
-                None => {
-                    pod.containers.push(ContainerResources {
-                        name: e.container.clone(),
-                        ..Default::default()
-                    });
-                    pod.containers.last_mut().expect("just pushed")
-                }
-            };
-            match claim {
-                Some(dr) => match container.dynamic_resources.iter_mut().find(|c| {
-                    c.claim_name == dr.claim_name && c.claim_namespace == dr.claim_namespace
-                }) {
-                    Some(existing) => existing.claim_resources.extend(dr.claim_resources),
-                    None => container.dynamic_resources.push(dr),
-                },
-                None => container.devices.push(ContainerDevices {
-                    resource_name: e
-                        .resource
-                        .clone()
-                        .unwrap_or_else(|| GPU_RESOURCE.to_owned()),
-                    device_ids: e.devices.clone(),
-                    topology: None,
-                }),
-            }
-
-            let fake = match fakes
-                .iter_mut()
-                .position(|p| p.namespace == e.namespace && p.name == e.pod)
-            {
-                Some(i) => &mut fakes[i],
-                None => {
                     let key = format!("{}/{}", e.namespace, e.pod);
-                    fakes.push(FakePod {
+                    pods.push(Pod {
                         namespace: e.namespace.clone(),
                         name: e.pod.clone(),
-                        uid: e.pod_uid.clone().unwrap_or_else(|| uid_from(&key)),
+                        uid: e.pod_uid.clone().unwrap_or_else(|| derived_uid(&key)),
                         sandbox_id: hex_id(&format!("sandbox/{key}")),
                         labels: BTreeMap::new(),
                         containers: Vec::new(),
                     });
-                    fakes.last_mut().expect("just pushed")
+                    pods.last_mut().expect("just pushed")
                 }
             };
             if let Some(uid) = &e.pod_uid {
-                if !uid.eq_ignore_ascii_case(&fake.uid) {
+                if !uid.eq_ignore_ascii_case(&pod.uid) {
                     return Err(invalid(at, format!("assignment {who}: pod_uid differs from an earlier assignment of the same pod")));
                 }
             }
-            fake.labels.extend(e.labels);
+            pod.labels.extend(e.labels);
             let run = Run {
                 devices: e.devices,
                 naming,
+                allocation,
                 pids: e.pids,
                 weight,
             };
-            match fake.containers.iter_mut().find(|c| c.name == e.container) {
+            match pod.containers.iter_mut().find(|c| c.name == e.container) {
                 Some(c) if c.id != container_id => {
                     return Err(invalid(at, format!("assignment {who}: container_id differs from an earlier assignment of the same container")));
                 }
                 Some(c) => c.runs.push(run),
-                None => fake.containers.push(FakeContainer {
+                None => pod.containers.push(Container {
                     name: e.container,
                     id: container_id,
                     runs: vec![run],
@@ -287,10 +236,7 @@ impl Assignments {
             });
         }
         Ok(Self {
-            reply: ListPodResourcesResponse {
-                pod_resources: pods,
-            },
-            pods: fakes,
+            pods,
             host_processes,
             layout,
         })
@@ -304,8 +250,9 @@ pub(super) fn hex_id(key: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A UUID-shaped pod UID derived from `key`.
-pub(super) fn uid_from(key: &str) -> String {
+/// A UUID-shaped UID derived from `key`: the pod UIDs here, and the fake kubelet's DRA claim
+/// UIDs.
+pub fn derived_uid(key: &str) -> String {
     let h = hex_id(&format!("uid/{key}"));
     format!(
         "{}-{}-{}-{}-{}",
@@ -315,32 +262,4 @@ pub(super) fn uid_from(key: &str) -> String {
         &h[16..20],
         &h[20..32]
     )
-}
-
-/// A DRA claim's entry: one claim resource per device, each with the CDI id NVIDIA's driver
-/// would give it.
-fn dynamic_resource(
-    claim: &str,
-    namespace: &str,
-    driver: &str,
-    pool: &str,
-    devices: &[String],
-) -> DynamicResource {
-    let uid = uid_from(&format!("claim/{namespace}/{claim}"));
-    DynamicResource {
-        claim_name: claim.to_owned(),
-        claim_namespace: namespace.to_owned(),
-        claim_resources: devices
-            .iter()
-            .map(|d| ClaimResource {
-                cdi_devices: vec![CdiDevice {
-                    name: format!("k8s.gpu.nvidia.com/claim={uid}-{d}"),
-                }],
-                driver_name: driver.to_owned(),
-                pool_name: pool.to_owned(),
-                device_name: d.clone(),
-                share_id: None,
-            })
-            .collect(),
-    }
 }

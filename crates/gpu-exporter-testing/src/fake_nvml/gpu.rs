@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::gpu::nvml::api::{
+use gpu_exporter::gpu::nvml::api::{
     ApiError, FieldNum, GpmMetric, GridLicensing, MemoryInfo, NvlinkErrorCounter, ProcessInfo,
     ProcessUtilSample,
 };
