@@ -21,13 +21,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_core::Stream;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::Api;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::client::{bounded, KubeClient, WATCH_IDLE, WATCH_SECONDS};
@@ -347,7 +347,7 @@ async fn pause(wait: Duration, shutdown: &CancellationToken) -> bool {
 }
 
 async fn next_event<S: Stream + Unpin>(s: &mut S) -> Option<S::Item> {
-    s.next().await
+    std::future::poll_fn(|cx| std::pin::Pin::new(&mut *s).poll_next(cx)).await
 }
 
 fn api_pod(m: ObjectMeta) -> Option<((String, String), ApiPod)> {

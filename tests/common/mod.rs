@@ -2,8 +2,8 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod binary;
-pub mod fake_node;
 pub mod fake_kubelet_bin;
+pub mod fake_node;
 
 use std::sync::Arc;
 use std::time::Duration;
