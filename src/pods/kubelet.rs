@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
-use super::grpc::{self, Failure};
+use super::grpc;
 use super::proto::pod_resources_lister_client::PodResourcesListerClient;
 use super::proto::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ListPodResourcesRequest,
@@ -38,13 +38,14 @@ impl KubeletPodResources {
     /// Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// [`AttributionError::InvalidPath`] if `path` cannot form an endpoint.
+    /// [`AttributionError::InvalidEndpoint`] if `path` cannot form an endpoint.
     pub fn new(path: &Path, timeout: Duration) -> Result<Self, AttributionError> {
-        let channel =
-            grpc::unix_channel(path, timeout).map_err(|cause| AttributionError::InvalidPath {
-                path: path.to_owned(),
+        let channel = grpc::unix_channel(path, timeout).map_err(|cause| {
+            AttributionError::InvalidEndpoint {
+                endpoint: path.display().to_string(),
                 cause,
-            })?;
+            }
+        })?;
         let client =
             PodResourcesListerClient::new(channel).max_decoding_message_size(MAX_REPLY_BYTES);
         Ok(Self {
@@ -54,41 +55,13 @@ impl KubeletPodResources {
         })
     }
 
-    /// `call` within the timeout, its failure classified.
+    /// `call` within the timeout, its failure classified. Every call is named `List` in the
+    /// messages, as it always has been.
     async fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, AttributionError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(reply)) => Ok(reply.into_inner()),
-            Ok(Err(status)) => Err(self.classify(&status)),
-            Err(_) => Err(AttributionError::Timeout {
-                path: self.path.clone(),
-                after: self.timeout,
-            }),
-        }
-    }
-
-    fn classify(&self, status: &tonic::Status) -> AttributionError {
-        let path = self.path.clone();
-        match grpc::classify(status, &self.path) {
-            Failure::SocketMissing => AttributionError::SocketMissing { path },
-            Failure::NotASocket(cause) => AttributionError::InvalidPath { path, cause },
-            Failure::PermissionDenied(cause) => AttributionError::PermissionDenied { path, cause },
-            Failure::Unavailable(cause) => AttributionError::Unavailable { path, cause },
-            Failure::Timeout => AttributionError::Timeout {
-                path,
-                after: self.timeout,
-            },
-            Failure::RateLimited(cause) => AttributionError::RateLimited { path, cause },
-            Failure::TooLarge(cause) => AttributionError::TooLarge {
-                path,
-                limit: MAX_REPLY_BYTES,
-                cause,
-            },
-            Failure::Malformed(cause) => AttributionError::Malformed { path, cause },
-            Failure::Rejected(cause) => AttributionError::Rejected { path, cause },
-        }
+        grpc::bounded(&self.path, "List", self.timeout, MAX_REPLY_BYTES, call).await
     }
 }
 

@@ -27,7 +27,7 @@ pub mod cri_proto;
 pub mod cri_refresher;
 pub mod directory;
 pub mod dra;
-mod grpc;
+pub mod grpc;
 mod id_type;
 pub mod kubelet;
 pub mod mapping;
@@ -38,8 +38,6 @@ pub mod usage;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::PathBuf;
-use std::time::Duration;
 
 use self::proto::{AllocatableResourcesResponse, ListPodResourcesResponse};
 
@@ -172,150 +170,8 @@ pub trait PodResolver: Send + Sync + 'static {
     }
 }
 
-/// A boxed cause.
-pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+pub use grpc::Cause;
 
-/// Why the pod-resources API gave no usable answer. Each variant names the socket and has a
-/// `reason` label ([`AttributionError::reason`]) and a fix ([`AttributionError::hint`]).
-#[derive(Debug, thiserror::Error)]
-pub enum AttributionError {
-    /// The socket path is not a valid endpoint.
-    #[error("--pod-resources-kubelet-socket {}: not a usable socket path", path.display())]
-    InvalidPath {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        cause: Cause,
-    },
-    /// Nothing exists at the socket path.
-    #[error("no kubelet pod-resources socket at {}", path.display())]
-    SocketMissing {
-        /// The path.
-        path: PathBuf,
-    },
-    /// The socket exists but may not be opened.
-    #[error("no permission to connect to {}", path.display())]
-    PermissionDenied {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        cause: Cause,
-    },
-    /// Connecting or calling failed (kubelet down or restarting).
-    #[error("the kubelet is not answering on {}", path.display())]
-    Unavailable {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        cause: Cause,
-    },
-    /// No answer in time.
-    #[error("the kubelet did not answer List on {} within {after:?}", path.display())]
-    Timeout {
-        /// The path.
-        path: PathBuf,
-        /// The per-call timeout.
-        after: Duration,
-    },
-    /// The kubelet's rate limiter rejected the call.
-    #[error("the kubelet rate-limited List on {}", path.display())]
-    RateLimited {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        cause: Cause,
-    },
-    /// The reply exceeds the message size limit.
-    #[error("the List reply on {} is larger than the {limit}-byte limit", path.display())]
-    TooLarge {
-        /// The path.
-        path: PathBuf,
-        /// The limit in bytes.
-        limit: usize,
-        /// The cause.
-        #[source]
-        cause: Cause,
-    },
-    /// The reply could not be decoded.
-    #[error("the List reply on {} could not be decoded", path.display())]
-    Malformed {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        cause: Cause,
-    },
-    /// The kubelet answered with another error (e.g. `Unimplemented`).
-    #[error("the kubelet rejected List on {}", path.display())]
-    Rejected {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        cause: Cause,
-    },
-}
-
-impl AttributionError {
-    /// Every `reason` label value, for pre-initialised counters.
-    pub const REASONS: &'static [&'static str] = &[
-        "invalid_path",
-        "malformed",
-        "permission_denied",
-        "rate_limited",
-        "rejected",
-        "socket_missing",
-        "timeout",
-        "too_large",
-        "unavailable",
-    ];
-
-    /// The `reason` label for `gpu_exporter_pod_resources_errors_total`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            AttributionError::InvalidPath { .. } => "invalid_path",
-            AttributionError::SocketMissing { .. } => "socket_missing",
-            AttributionError::PermissionDenied { .. } => "permission_denied",
-            AttributionError::Unavailable { .. } => "unavailable",
-            AttributionError::Timeout { .. } => "timeout",
-            AttributionError::RateLimited { .. } => "rate_limited",
-            AttributionError::TooLarge { .. } => "too_large",
-            AttributionError::Malformed { .. } => "malformed",
-            AttributionError::Rejected { .. } => "rejected",
-        }
-    }
-
-    /// What to do about it, for the log.
-    pub fn hint(&self) -> &'static str {
-        match self {
-            AttributionError::InvalidPath { .. } => {
-                "pass the kubelet socket's path, e.g. /var/lib/kubelet/pod-resources/kubelet.sock"
-            }
-            AttributionError::SocketMissing { .. } => {
-                "mount the host's /var/lib/kubelet/pod-resources into the exporter's container as a hostPath volume (read-only is enough) and point --pod-resources-kubelet-socket at kubelet.sock inside it"
-            }
-            AttributionError::PermissionDenied { .. } => {
-                "the kubelet socket is root-only: run the exporter container as root (securityContext.runAsUser: 0) or grant it access to the socket"
-            }
-            AttributionError::Unavailable { .. } => {
-                "the kubelet may be restarting; gpu-exporter reconnects by itself. If this persists, check the kubelet and that the socket path is the live one"
-            }
-            AttributionError::Timeout { .. } => {
-                "the kubelet is overloaded or hung; gpu-exporter keeps the last answer until the TTL and retries"
-            }
-            AttributionError::RateLimited { .. } => {
-                "the kubelet allows 100 pod-resources calls per second for all clients on the node; another client is using them up"
-            }
-            AttributionError::TooLarge { .. } | AttributionError::Malformed { .. } => {
-                "the socket does not speak pod-resources v1 as expected, or the node runs an unusual number of pods; check the kubelet version and the socket path"
-            }
-            AttributionError::Rejected { .. } => {
-                "the kubelet does not serve pod-resources v1 List (Kubernetes before 1.20, or the KubeletPodResources feature gate is off)"
-            }
-        }
-    }
-}
+/// Why the pod-resources API gave no usable answer: the gRPC clients' error with the kubelet's
+/// flag, reasons and fixes ([`grpc::Kubelet`]).
+pub type AttributionError = grpc::GrpcError<grpc::Kubelet>;
