@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures_core::Stream;
 use k8s_openapi::api::core::v1::Pod;
@@ -34,7 +34,7 @@ use super::client::{bounded, KubeClient, WATCH_IDLE, WATCH_SECONDS};
 use super::error::{Call, KubeError};
 use super::metrics::KubeApiMetrics;
 use crate::pods::directory::{ApiPod, LabelOptions, PodDirectory};
-use crate::pods::refresher::backoff;
+use crate::pods::refresh::{backoff, unix_now};
 use crate::pods::Answered;
 
 /// The longest wait between two tries after failures.
@@ -360,10 +360,4 @@ fn api_pod(m: ObjectMeta) -> Option<((String, String), ApiPod)> {
             labels: m.labels.unwrap_or_default(),
         },
     ))
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }

@@ -14,7 +14,7 @@
 //! once per [`MIN_WAKE_GAP`], so new pods are attributed within a tick or two.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cri::ContainerRuntime;
 use super::directory::{LabelOptions, PodDirectory};
-use super::refresher::{backoff, RefreshOutcome};
+use super::refresh::{unix_now, Policy, RefreshOutcome};
 use super::Answered;
 
 mod metrics;
@@ -51,12 +51,9 @@ pub struct CriRefresher<R: ContainerRuntime> {
     metrics: Arc<CriMetrics>,
     opts: CriOptions,
     wake: Arc<Notify>,
-    last_good: Option<Instant>,
+    policy: Policy<()>,
     last_call: Option<Instant>,
-    problem: Option<&'static str>,
-    dropped_logged: bool,
     version_logged: bool,
-    failures: u32,
 }
 
 impl<R: ContainerRuntime> CriRefresher<R> {
@@ -73,14 +70,11 @@ impl<R: ContainerRuntime> CriRefresher<R> {
             tx,
             answered: watch::Sender::new(Answered::default()),
             metrics,
+            policy: Policy::new(opts.ttl),
             opts,
             wake: Arc::new(Notify::new()),
-            last_good: None,
             last_call: None,
-            problem: None,
-            dropped_logged: false,
             version_logged: false,
-            failures: 0,
         }
     }
 
@@ -103,7 +97,7 @@ impl<R: ContainerRuntime> CriRefresher<R> {
         match result {
             Ok(snapshot) => {
                 status.record_success(unix_now());
-                if let Some(reason) = self.problem.take() {
+                if let Some(reason) = self.policy.succeeded(now, ()) {
                     tracing::info!(socket = %self.runtime.origin(), previous = reason, "container runtime answering again");
                 }
                 if !self.version_logged {
@@ -117,9 +111,6 @@ impl<R: ContainerRuntime> CriRefresher<R> {
                         }
                     }
                 }
-                self.failures = 0;
-                self.dropped_logged = false;
-                self.last_good = Some(now);
                 let dir = PodDirectory::from_runtime(&snapshot, &self.opts.labels);
                 self.publish(dir);
                 self.answered.send_modify(|a| a.answers += 1);
@@ -128,37 +119,31 @@ impl<R: ContainerRuntime> CriRefresher<R> {
             Err(e) => {
                 let reason = e.reason();
                 status.record_failure(reason);
-                self.failures = self.failures.saturating_add(1);
-                let kept = self
-                    .last_good
-                    .map(|at| now.duration_since(at))
-                    .filter(|age| *age < self.opts.ttl);
-                if self.problem == Some(reason) {
-                    tracing::debug!(error = %crate::error_chain(&e), "CRI listing failed again");
-                } else {
-                    self.problem = Some(reason);
+                let failed = self.policy.failed(now, reason);
+                if failed.new_problem {
                     tracing::warn!(
                         error = %crate::error_chain(&e),
                         reason,
                         "container runtime unavailable: {}. Retrying every {:?} at most; {}",
                         e.hint(),
                         self.opts.refresh,
-                        if kept.is_some() {
+                        if failed.kept() {
                             "the last answer is used until it is older than the TTL"
                         } else {
                             "meanwhile no pod_uid, pod labels or per-container GPU usage (holder attribution only)"
                         },
                     );
+                } else {
+                    tracing::debug!(error = %crate::error_chain(&e), "CRI listing failed again");
                 }
-                if let Some(age) = kept {
-                    return RefreshOutcome::Kept { age };
+                if failed.kept() {
+                    return failed.outcome;
                 }
-                if self.last_good.take().is_some() && !self.dropped_logged {
+                if failed.log_dropped {
                     tracing::warn!(ttl = ?self.opts.ttl, "no good container runtime answer within the TTL; pod_uid, pod labels and per-container usage dropped until it answers");
-                    self.dropped_logged = true;
                 }
                 self.publish(PodDirectory::default());
-                RefreshOutcome::Dropped { reason }
+                failed.outcome
             }
         }
     }
@@ -178,7 +163,7 @@ impl<R: ContainerRuntime> CriRefresher<R> {
 
     /// The delay before the next listing.
     pub fn next_delay(&self) -> Duration {
-        backoff(self.failures, self.opts.refresh)
+        self.policy.next_delay(self.opts.refresh)
     }
 
     /// Runs until `shutdown`.
@@ -205,10 +190,4 @@ impl<R: ContainerRuntime> CriRefresher<R> {
             }
         }
     }
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }

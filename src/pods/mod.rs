@@ -33,6 +33,7 @@ pub mod kubelet;
 pub mod mapping;
 pub mod procfs;
 pub mod proto;
+pub mod refresh;
 pub mod refresher;
 pub mod usage;
 

@@ -13,7 +13,7 @@
 //!   `gpu_exporter_pod_resources_*` says the rest.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -21,19 +21,18 @@ use tokio_util::sync::CancellationToken;
 
 use super::mapping::{self, MappingOptions};
 use super::proto::{AllocatableResourcesResponse, ListPodResourcesResponse};
+use super::refresh::{unix_now, Policy};
 use super::{Answered, Attribution, PodResolver};
 use crate::gpu::Device;
 
 mod metrics;
+pub use super::refresh::{backoff, RefreshOutcome};
 pub use metrics::{PodResourcesMetrics, PodResourcesState};
 
 /// The default refresh period.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(10);
 /// The default TTL of the last good reply.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// The first retry delay after a failure.
-const FIRST_RETRY: Duration = Duration::from_millis(500);
-
 /// Refresher settings.
 #[derive(Debug, Clone)]
 pub struct RefresherOptions {
@@ -55,23 +54,6 @@ impl Default for RefresherOptions {
     }
 }
 
-/// What one refresh did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefreshOutcome {
-    /// A fresh reply was mapped and published.
-    Fresh,
-    /// The call failed; the last good reply (this old) is still in use.
-    Kept {
-        /// Age of the reply in use.
-        age: Duration,
-    },
-    /// The call failed and no reply younger than the TTL is left: no pod labels.
-    Dropped {
-        /// The `reason` of the failure.
-        reason: &'static str,
-    },
-}
-
 /// The attribution task's state.
 #[derive(Debug)]
 pub struct Refresher<R: PodResolver> {
@@ -81,17 +63,14 @@ pub struct Refresher<R: PodResolver> {
     answered: watch::Sender<Answered>,
     metrics: Arc<PodResourcesMetrics>,
     opts: RefresherOptions,
-    last_good: Option<(Instant, ListPodResourcesResponse)>,
+    /// The last good `List` reply, kept until the TTL, and the problem last logged.
+    policy: Policy<ListPodResourcesResponse>,
     /// The last `GetAllocatableResources` answer (kept when a later call fails: what the
     /// device plugins offer changes only when they are reconfigured).
     allocatable: Option<AllocatableResourcesResponse>,
-    /// The reason of the problem last logged, until a success clears it.
-    problem: Option<&'static str>,
-    dropped_logged: bool,
     unknown_logged: bool,
     dra_unresolved_logged: bool,
     dra_ignored_logged: bool,
-    failures: u32,
 }
 
 impl<R: PodResolver> Refresher<R> {
@@ -114,15 +93,12 @@ impl<R: PodResolver> Refresher<R> {
             tx,
             answered: watch::Sender::new(Answered::default()),
             metrics,
+            policy: Policy::new(opts.ttl),
             opts,
-            last_good: None,
             allocatable: None,
-            problem: None,
-            dropped_logged: false,
             unknown_logged: false,
             dra_unresolved_logged: false,
             dra_ignored_logged: false,
-            failures: 0,
         }
     }
 
@@ -140,16 +116,13 @@ impl<R: PodResolver> Refresher<R> {
         match result {
             Ok(reply) => {
                 status.record_success(unix_now());
-                if let Some(reason) = self.problem.take() {
+                if let Some(reason) = self.policy.succeeded(now, reply) {
                     tracing::info!(
                         socket = %self.resolver.origin(),
                         previous = reason,
                         "kubelet pod-resources answering again; pod labels restored"
                     );
                 }
-                self.failures = 0;
-                self.dropped_logged = false;
-                self.last_good = Some((now, reply));
                 match self.resolver.allocatable().await {
                     Ok(Some(a)) => self.allocatable = Some(a),
                     Ok(None) => {}
@@ -171,41 +144,34 @@ impl<R: PodResolver> Refresher<R> {
             Err(e) => {
                 let reason = e.reason();
                 status.record_failure(reason);
-                self.failures = self.failures.saturating_add(1);
-                let kept = self
-                    .last_good
-                    .as_ref()
-                    .map(|(at, _)| now.duration_since(*at))
-                    .filter(|age| *age < self.opts.ttl);
-                if self.problem == Some(reason) {
-                    tracing::debug!(error = %crate::error_chain(&e), "pod-resources List failed again");
-                } else {
-                    self.problem = Some(reason);
+                let failed = self.policy.failed(now, reason);
+                if failed.new_problem {
                     tracing::warn!(
                         error = %crate::error_chain(&e),
                         reason,
                         "pod attribution unavailable: {}. Retrying every {:?} at most; metrics are served {}",
                         e.hint(),
                         self.opts.refresh,
-                        if kept.is_some() {
+                        if failed.kept() {
                             "with the last known pod labels until they are older than the TTL"
                         } else {
                             "without pod labels meanwhile"
                         },
                     );
+                } else {
+                    tracing::debug!(error = %crate::error_chain(&e), "pod-resources List failed again");
                 }
-                if let Some(age) = kept {
-                    return RefreshOutcome::Kept { age };
+                if failed.kept() {
+                    return failed.outcome;
                 }
-                if self.last_good.take().is_some() && !self.dropped_logged {
+                if failed.log_dropped {
                     tracing::warn!(
                         ttl = ?self.opts.ttl,
                         "no good pod-resources answer within the TTL; pod labels dropped until the kubelet answers"
                     );
-                    self.dropped_logged = true;
                 }
                 self.publish();
-                RefreshOutcome::Dropped { reason }
+                failed.outcome
             }
         }
     }
@@ -214,7 +180,7 @@ impl<R: PodResolver> Refresher<R> {
     /// result if it differs from what the sampler has.
     pub fn publish(&mut self) {
         let devices = self.map_and_publish();
-        if self.last_good.is_some() {
+        if self.policy.last_good().is_some() {
             self.answered.send_if_modified(|a| {
                 let newer = a.answers > 0
                     && !a
@@ -232,11 +198,11 @@ impl<R: PodResolver> Refresher<R> {
     /// [`Refresher::publish`]'s mapping and publishing; returns the inventory it mapped with.
     fn map_and_publish(&mut self) -> Arc<Vec<Device>> {
         let devices = self.devices.borrow_and_update().clone();
-        let mut mapped = match &self.last_good {
-            Some((_, reply)) => mapping::attribution_from(reply, &devices, &self.opts.mapping),
+        let mut mapped = match self.policy.last_good() {
+            Some(reply) => mapping::attribution_from(reply, &devices, &self.opts.mapping),
             None => mapping::Mapped::default(),
         };
-        if let (Some(_), Some(a)) = (&self.last_good, &self.allocatable) {
+        if let (Some(_), Some(a)) = (self.policy.last_good(), &self.allocatable) {
             mapped.attribution.replicas = mapping::replica_counts(a, &devices, &self.opts.mapping);
         }
         self.metrics
@@ -284,7 +250,7 @@ impl<R: PodResolver> Refresher<R> {
 
     /// The delay before the next call.
     pub fn next_delay(&self) -> Duration {
-        backoff(self.failures, self.opts.refresh)
+        self.policy.next_delay(self.opts.refresh)
     }
 
     /// Runs until `shutdown`.
@@ -308,20 +274,4 @@ impl<R: PodResolver> Refresher<R> {
             }
         }
     }
-}
-
-/// The delay before the next call after `failures` consecutive failures: the refresh period
-/// while calls succeed, else 0.5 s doubling up to the refresh period.
-pub fn backoff(failures: u32, refresh: Duration) -> Duration {
-    if failures == 0 {
-        return refresh;
-    }
-    let shift = (failures - 1).min(16);
-    FIRST_RETRY.saturating_mul(1 << shift).min(refresh)
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
