@@ -2,17 +2,13 @@
 //! runs (pod labels/UID from the API server): the same shape as `gpu_exporter_cri_*`.
 
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::error::KubeError;
-use crate::pods::client_health::{ClientHealth, HealthFamilies};
+use crate::pods::client_health::{ClientHealth, ClientMetrics, HasHealth, HealthFamilies};
 use crate::self_metrics::{self, Collector, DescriptorEncoder, Num};
 
 /// The pod watch's health.
-#[derive(Debug, Default)]
-pub struct KubeApiMetrics {
-    inner: Mutex<KubeApiState>,
-}
+pub type KubeApiMetrics = ClientMetrics<KubeApiState>;
 
 /// A copy of [`KubeApiMetrics`].
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -25,39 +21,21 @@ pub struct KubeApiState {
     pub lists: u64,
 }
 
-impl KubeApiMetrics {
-    fn lock(&self) -> MutexGuard<'_, KubeApiState> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+impl HasHealth for KubeApiState {
+    fn health(&mut self) -> &mut ClientHealth {
+        &mut self.health
     }
+}
 
-    /// Turns the families on.
-    pub fn enable(&self) {
-        self.lock().health.enabled = true;
-    }
-
-    /// Records a successful call (a list, or a watch event) at `unix_seconds`.
-    pub fn record_success(&self, unix_seconds: f64) {
-        self.lock().health.record_success(unix_seconds);
-    }
-
+impl ClientMetrics<KubeApiState> {
     /// Records a completed list.
     pub fn record_list(&self) {
         self.lock().lists += 1;
     }
 
-    /// Records a failed call.
-    pub fn record_failure(&self, reason: &'static str) {
-        self.lock().health.record_failure(reason);
-    }
-
     /// Records the number of pods published.
     pub fn record_published(&self, pods: usize) {
         self.lock().pods = pods as u64;
-    }
-
-    /// A copy of the current state.
-    pub fn state(&self) -> KubeApiState {
-        self.lock().clone()
     }
 }
 
@@ -77,7 +55,7 @@ const HEALTH: HealthFamilies = HealthFamilies {
     reasons: KubeError::REASONS,
 };
 
-impl Collector for KubeApiMetrics {
+impl Collector for ClientMetrics<KubeApiState> {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let s = self.state();
         if !s.health.enabled {

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::self_metrics::{self, DescriptorEncoder, Num, Reason};
 
@@ -71,6 +72,47 @@ impl ClientHealth {
                 )
             }),
         )
+    }
+}
+
+/// A client's state (its series): its [`ClientHealth`] and what else it records.
+pub trait HasHealth: Clone {
+    /// The calls' health.
+    fn health(&mut self) -> &mut ClientHealth;
+}
+
+/// A client's series, updated by its task and read by the scrape: the state `S` behind a lock,
+/// replaced piece by piece. Each client names its own (`CriMetrics`, `PodResourcesMetrics`,
+/// `KubeApiMetrics`) and adds what it records besides its calls.
+#[derive(Debug, Default)]
+pub struct ClientMetrics<S> {
+    inner: Mutex<S>,
+}
+
+impl<S: HasHealth> ClientMetrics<S> {
+    /// The state, to update (a poisoned lock is taken over: the state is plain data).
+    pub fn lock(&self) -> MutexGuard<'_, S> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Turns the families on.
+    pub fn enable(&self) {
+        self.lock().health().enabled = true;
+    }
+
+    /// Records a successful call at `unix_seconds`.
+    pub fn record_success(&self, unix_seconds: f64) {
+        self.lock().health().record_success(unix_seconds);
+    }
+
+    /// Records a failed call.
+    pub fn record_failure(&self, reason: &'static str) {
+        self.lock().health().record_failure(reason);
+    }
+
+    /// A copy of the current state.
+    pub fn state(&self) -> S {
+        self.lock().clone()
     }
 }
 

@@ -3,17 +3,13 @@
 //! last listing is a snapshot, replaced as a whole.
 
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::pods::client_health::{ClientHealth, HealthFamilies};
+use crate::pods::client_health::{ClientHealth, ClientMetrics, HasHealth, HealthFamilies};
 use crate::pods::cri::CriError;
 use crate::self_metrics::{self, Collector, DescriptorEncoder, Num};
 
 /// The container-runtime client's health.
-#[derive(Debug, Default)]
-pub struct CriMetrics {
-    inner: Mutex<CriState>,
-}
+pub type CriMetrics = ClientMetrics<CriState>;
 
 /// A copy of [`CriMetrics`].
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -27,36 +23,18 @@ pub struct CriState {
     pub containers: u64,
 }
 
-impl CriMetrics {
-    fn lock(&self) -> MutexGuard<'_, CriState> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+impl HasHealth for CriState {
+    fn health(&mut self) -> &mut ClientHealth {
+        &mut self.health
     }
+}
 
-    /// Turns the families on.
-    pub fn enable(&self) {
-        self.lock().health.enabled = true;
-    }
-
-    /// Records a successful listing at `unix_seconds`.
-    pub fn record_success(&self, unix_seconds: f64) {
-        self.lock().health.record_success(unix_seconds);
-    }
-
-    /// Records a failed listing.
-    pub fn record_failure(&self, reason: &'static str) {
-        self.lock().health.record_failure(reason);
-    }
-
+impl ClientMetrics<CriState> {
     /// Records the size of what was published.
     pub fn record_published(&self, pods: usize, containers: usize) {
         let mut s = self.lock();
         s.pods = pods as u64;
         s.containers = containers as u64;
-    }
-
-    /// A copy of the current state.
-    pub fn state(&self) -> CriState {
-        self.lock().clone()
     }
 }
 
@@ -76,7 +54,7 @@ const HEALTH: HealthFamilies = HealthFamilies {
     reasons: CriError::REASONS,
 };
 
-impl Collector for CriMetrics {
+impl Collector for ClientMetrics<CriState> {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let s = self.state();
         if !s.health.enabled {

@@ -4,18 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::pods::client_health::{ClientHealth, HealthFamilies};
+use crate::pods::client_health::{ClientHealth, ClientMetrics, HasHealth, HealthFamilies};
 use crate::pods::dra::Unresolved;
 use crate::pods::AttributionError;
 use crate::self_metrics::{self, Collector, DescriptorEncoder, Num, Reason};
 
 /// The pod-resources client's health.
-#[derive(Debug, Default)]
-pub struct PodResourcesMetrics {
-    inner: Mutex<PodResourcesState>,
-}
+pub type PodResourcesMetrics = ClientMetrics<PodResourcesState>;
 
 /// A copy of [`PodResourcesMetrics`].
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -33,26 +29,13 @@ pub struct PodResourcesState {
     pub dra_unresolved: BTreeMap<&'static str, u64>,
 }
 
-impl PodResourcesMetrics {
-    fn lock(&self) -> MutexGuard<'_, PodResourcesState> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+impl HasHealth for PodResourcesState {
+    fn health(&mut self) -> &mut ClientHealth {
+        &mut self.health
     }
+}
 
-    /// Turns the families on (Kubernetes mode).
-    pub fn enable(&self) {
-        self.lock().health.enabled = true;
-    }
-
-    /// Records a successful call at `unix_seconds`.
-    pub fn record_success(&self, unix_seconds: f64) {
-        self.lock().health.record_success(unix_seconds);
-    }
-
-    /// Records a failed call.
-    pub fn record_failure(&self, reason: &'static str) {
-        self.lock().health.record_failure(reason);
-    }
-
+impl ClientMetrics<PodResourcesState> {
     /// Turns the DRA family on (`--kubernetes-enable-dra`).
     pub fn enable_dra(&self) {
         self.lock().dra_enabled = true;
@@ -68,11 +51,6 @@ impl PodResourcesMetrics {
         let mut s = self.lock();
         s.unknown_devices = unknown_devices as u64;
         s.allocated_entities = allocated_entities as u64;
-    }
-
-    /// A copy of the current state.
-    pub fn state(&self) -> PodResourcesState {
-        self.lock().clone()
     }
 }
 
@@ -92,7 +70,7 @@ const HEALTH: HealthFamilies = HealthFamilies {
     reasons: AttributionError::REASONS,
 };
 
-impl Collector for PodResourcesMetrics {
+impl Collector for ClientMetrics<PodResourcesState> {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let s = self.state();
         if !s.health.enabled {
