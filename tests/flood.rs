@@ -13,6 +13,8 @@
 //! The floods run one at a time (a lock) and each in a runtime of its own thread, so that the
 //! scraper's deadline measures the exporter, not this process's scheduler.
 
+mod common;
+
 use std::io::BufRead as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -21,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use common::tls::Ca;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -84,19 +86,11 @@ struct Tls {
 }
 
 fn tls_files(dir: &Path) -> Tls {
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name
-        .push(DnType::CommonName, "flood test CA");
-    let ca = CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap();
-    let mut p =
-        CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
-    p.distinguished_name.push(DnType::CommonName, "localhost");
-    let key = KeyPair::generate().unwrap();
-    let cert = p.signed_by(&key, &ca).unwrap();
+    let ca = Ca::new("flood test CA");
+    let (cert, key) = ca.leaf(&["localhost", "127.0.0.1"], false);
     let (crt, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::write(&crt, cert.pem()).unwrap();
-    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    std::fs::write(&crt, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
     let web_config = dir.join("web.yml");
     std::fs::write(
         &web_config,

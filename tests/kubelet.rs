@@ -8,6 +8,9 @@
 
 mod common;
 
+use common::grpc::{serve, Server};
+use common::logs::LogBuf;
+
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -17,7 +20,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use prost::Message;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tonic::codegen::http;
 use tonic::{Request, Response, Status};
@@ -80,57 +83,13 @@ fn reply(pods: Vec<PodResources>) -> ListPodResourcesResponse {
     }
 }
 
-/// A gRPC server on a unix socket, stopped gracefully on drop of `stop`.
-struct Server {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-    path: PathBuf,
-}
-
-impl Server {
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = (&mut self.task).await;
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Binds `path` (ready on return) and serves `svc` on it.
-macro_rules! serve {
-    ($path:expr, $svc:expr) => {{
-        let path: PathBuf = $path.to_owned();
-        let listener = tokio::net::UnixListener::bind(&path).expect("bind test socket");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let svc = $svc;
-        let task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    async {
-                        let _ = stopped.await;
-                    },
-                )
-                .await
-                .expect("test server");
-        });
-        Server {
-            stop: Some(stop),
-            task,
-            path,
-        }
-    }};
-}
-
 /// The standard fake kubelet: answers with whatever `tx` holds.
 fn fake_kubelet(
     path: &Path,
     first: ListPodResourcesResponse,
 ) -> (Server, watch::Sender<ListPodResourcesResponse>) {
     let (tx, rx) = watch::channel(first);
-    (serve!(path, FakeKubelet::new(rx).into_service()), tx)
+    (serve(path, FakeKubelet::new(rx).into_service()), tx)
 }
 
 /// A kubelet that misbehaves on `List`: hangs (reporting each call) or answers an error.
@@ -608,9 +567,9 @@ async fn a_hanging_kubelet_times_out_while_the_sampler_keeps_publishing() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("kubelet.sock");
     let (calls_tx, mut calls) = mpsc::unbounded_channel();
-    let server = serve!(
+    let server = serve(
         &sock,
-        PodResourcesListerServer::new(Misbehaving::Hang(calls_tx))
+        PodResourcesListerServer::new(Misbehaving::Hang(calls_tx)),
     );
     let resolver = KubeletPodResources::new(&sock, Duration::from_millis(300)).unwrap();
     let mut p = pipeline("8xH100-SXM", resolver, false, RefresherOptions::default());
@@ -653,9 +612,9 @@ async fn error_replies_are_classified() {
         (tonic::Code::PermissionDenied, "no", "rejected"),
     ] {
         let sock = dir.path().join(format!("{reason}.sock"));
-        let server = serve!(
+        let server = serve(
             &sock,
-            PodResourcesListerServer::new(Misbehaving::Fail(code, msg))
+            PodResourcesListerServer::new(Misbehaving::Fail(code, msg)),
         );
         let e = client(&sock).list().await.unwrap_err();
         assert_eq!(e.reason(), reason, "{code:?}: {e}");
@@ -667,7 +626,7 @@ async fn error_replies_are_classified() {
 async fn a_malformed_reply_is_reported_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("kubelet.sock");
-    let server = serve!(&sock, Malformed);
+    let server = serve(&sock, Malformed);
     let e = client(&sock).list().await.unwrap_err();
     assert!(matches!(e, AttributionError::Malformed { .. }), "{e:?}");
     assert_eq!(e.reason(), "malformed");
@@ -1257,38 +1216,9 @@ async fn one_container_with_two_replicas_of_a_gpu_is_a_single_holder() {
     assert_eq!(lines_for(&body, POD_INFO, 0, None).len(), 2);
 }
 
-/// A log sink for one test's thread-local subscriber.
-#[derive(Clone, Default)]
-struct LogBuf(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogBuf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl LogBuf {
-    fn count(&self, needle: &str) -> usize {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .matches(needle)
-            .count()
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn each_problem_is_logged_once_with_its_fix() {
-    let logs = LogBuf::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = LogBuf::capture(tracing::Level::INFO);
 
     let missing = || {
         Err(AttributionError::SocketMissing {

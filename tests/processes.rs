@@ -11,6 +11,8 @@
 
 mod common;
 
+use common::grpc::{serve, Server};
+
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -18,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{watch, Notify};
 use tonic::{Request, Response, Status};
 
 use gpu_exporter::gpu::sim::SimulatedSource;
@@ -47,54 +49,6 @@ const PROFILE: &str = "4xA100-80GB-MIG";
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-/// A gRPC server on a unix socket, stopped on `stop`.
-struct Server {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Server {
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
-
-fn serve<S>(path: &Path, svc: S) -> Server
-where
-    S: tower::Service<
-            tonic::codegen::http::Request<tonic::body::Body>,
-            Response = tonic::codegen::http::Response<tonic::body::Body>,
-            Error = std::convert::Infallible,
-        > + tonic::server::NamedService
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
-    let listener = tokio::net::UnixListener::bind(path).expect("bind test socket");
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                async {
-                    let _ = stopped.await;
-                },
-            )
-            .await
-            .expect("test server");
-    });
-    Server {
-        stop: Some(stop),
-        task,
-    }
-}
 
 fn fake_cri(path: &Path, snap: RuntimeSnapshot) -> (Server, watch::Sender<RuntimeSnapshot>) {
     let (tx, rx) = watch::channel(snap);

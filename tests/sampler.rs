@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::logs::LogBuf;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -579,38 +581,9 @@ async fn a_pod_change_is_published_within_one_refresh_without_reading_the_gpus()
     assert!(util_of(&second, 2).contains(ALICE));
 }
 
-/// A log sink for one test's thread-local subscriber.
-#[derive(Clone, Default)]
-struct LogBuf(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogBuf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl LogBuf {
-    fn count(&self, needle: &str) -> usize {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .matches(needle)
-            .count()
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn pre_hopper_gpus_have_no_profiling_series_and_say_why_once() {
-    let logs = LogBuf::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = LogBuf::capture(tracing::Level::INFO);
 
     let h = common::harness(
         common::sim("4xA100-80GB-MIG", None),

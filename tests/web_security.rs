@@ -2,6 +2,8 @@
 //! 127.0.0.1:0: TLS, mTLS, client SANs, basic auth, certificate rotation, method and size
 //! limits, slowloris. Certificates are generated per test with rcgen.
 
+mod common;
+
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,11 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::tls::Ca;
 use gpu_exporter::exporter_metrics::ExporterMetrics as SelfMetrics;
 use gpu_exporter::http::{self, AppState, Limits};
 use gpu_exporter::sampler::Published;
 use gpu_exporter::web::{WebConfigState, WebSecurity};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,51 +24,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const BODY: &str = "# HELP DCGM_FI_DEV_GPU_TEMP t\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{gpu=\"0\"} 41\n";
-
-/// A CA and what it signs.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name.push(DnType::CommonName, name);
-        Self {
-            issuer: CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap(),
-        }
-    }
-
-    fn pem(&self) -> String {
-        self.issuer.pem()
-    }
-
-    /// (certificate PEM, key PEM) for `sans`, valid until the given date (midnight UTC).
-    fn leaf_until(&self, sans: &[&str], (y, m, d): (i32, u8, u8)) -> (String, String) {
-        let mut p =
-            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-        p.distinguished_name.push(DnType::CommonName, sans[0]);
-        p.not_after = rcgen::date_time_ymd(y, m, d);
-        let key = KeyPair::generate().unwrap();
-        let cert = p.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
-    /// (certificate PEM, key PEM) for `sans`; `expired` puts validity in 2000.
-    fn leaf(&self, sans: &[&str], expired: bool) -> (String, String) {
-        let mut p =
-            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-        p.distinguished_name.push(DnType::CommonName, sans[0]);
-        if expired {
-            p.not_before = rcgen::date_time_ymd(2000, 1, 1);
-            p.not_after = rcgen::date_time_ymd(2000, 2, 1);
-        }
-        let key = KeyPair::generate().unwrap();
-        let cert = p.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);

@@ -4,6 +4,9 @@
 pub mod binary;
 pub mod fake_kubelet_bin;
 pub mod fake_node;
+pub mod grpc;
+pub mod logs;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;

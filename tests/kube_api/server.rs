@@ -72,19 +72,10 @@ pub struct ApiServer {
 
 /// A CA and a server certificate for 127.0.0.1 signed by it: (CA PEM, server config).
 fn tls_identity() -> (String, Arc<rustls::ServerConfig>) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name
-        .push(DnType::CommonName, "test cluster CA");
-    let ca = CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap();
-    let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
-    leaf.distinguished_name
-        .push(DnType::CommonName, "kube-apiserver");
-    let key = KeyPair::generate().unwrap();
-    let cert = leaf.signed_by(&key, &ca).unwrap();
+    let ca = crate::common::tls::Ca::new("test cluster CA");
+    let (cert, key) = ca.named_leaf("kube-apiserver", &["127.0.0.1"]);
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -92,8 +83,8 @@ fn tls_identity() -> (String, Arc<rustls::ServerConfig>) {
     .unwrap()
     .with_no_client_auth()
     .with_single_cert(
-        vec![CertificateDer::from_pem_slice(cert.pem().as_bytes()).unwrap()],
-        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
+        vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+        PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
     )
     .unwrap();
     (ca.pem(), Arc::new(config))
