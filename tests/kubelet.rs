@@ -1249,6 +1249,11 @@ async fn each_problem_is_logged_once_with_its_fix() {
         r.refresh_once().await;
     }
     assert_eq!(logs.count("pod attribution unavailable"), 1);
+    // Logged under the task's own module (the target a log filter names).
+    assert_eq!(
+        logs.count("gpu_exporter::pods::refresher: pod attribution unavailable"),
+        1
+    );
     assert_eq!(logs.count("hostPath"), 1);
     r.refresh_once().await;
     assert_eq!(logs.count("answering again"), 1);

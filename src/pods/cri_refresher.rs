@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cri::ContainerRuntime;
 use super::directory::{LabelOptions, PodDirectory};
-use super::refresh::{unix_now, Policy, RefreshOutcome};
+use super::refresh::{log_failure, unix_now, Policy, RefreshOutcome};
 use super::Answered;
 
 mod metrics;
@@ -120,27 +120,19 @@ impl<R: ContainerRuntime> CriRefresher<R> {
                 let reason = e.reason();
                 status.record_failure(reason);
                 let failed = self.policy.failed(now, reason);
-                if failed.new_problem {
-                    tracing::warn!(
-                        error = %crate::error_chain(&e),
-                        reason,
-                        "container runtime unavailable: {}. Retrying every {:?} at most; {}",
-                        e.hint(),
-                        self.opts.refresh,
-                        if failed.kept() {
-                            "the last answer is used until it is older than the TTL"
-                        } else {
-                            "meanwhile no pod_uid, pod labels or per-container GPU usage (holder attribution only)"
-                        },
-                    );
-                } else {
-                    tracing::debug!(error = %crate::error_chain(&e), "CRI listing failed again");
-                }
+                log_failure!(
+                    failed,
+                    e,
+                    self.opts.refresh,
+                    self.opts.ttl,
+                    warn: "container runtime unavailable: {}. Retrying every {:?} at most; {}",
+                    kept: "the last answer is used until it is older than the TTL",
+                    not_kept: "meanwhile no pod_uid, pod labels or per-container GPU usage (holder attribution only)",
+                    again: "CRI listing failed again",
+                    dropped: "no good container runtime answer within the TTL; pod_uid, pod labels and per-container usage dropped until it answers",
+                );
                 if failed.kept() {
                     return failed.outcome;
-                }
-                if failed.log_dropped {
-                    tracing::warn!(ttl = ?self.opts.ttl, "no good container runtime answer within the TTL; pod_uid, pod labels and per-container usage dropped until it answers");
                 }
                 self.publish(PodDirectory::default());
                 failed.outcome

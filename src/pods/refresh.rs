@@ -121,6 +121,40 @@ impl<T> Policy<T> {
     }
 }
 
+/// Logs a failed call as [`Policy::failed`] said: a new problem as a warning with the error's
+/// fix (`warn`: a format with the hint, the refresh period and then `kept` or `not_kept`), the
+/// same one again at debug (`again`), and the drop of the last answer once (`dropped`, with the
+/// TTL). A macro so that the lines keep the task's module as their target.
+macro_rules! log_failure {
+    (
+        $failed:expr, $error:expr, $refresh:expr, $ttl:expr,
+        warn: $warn:literal,
+        kept: $kept:literal,
+        not_kept: $not_kept:literal,
+        again: $again:literal,
+        dropped: $dropped:literal $(,)?
+    ) => {{
+        let failed: &$crate::pods::refresh::Failed = &$failed;
+        let error = &$error;
+        if failed.new_problem {
+            tracing::warn!(
+                error = %$crate::error_chain(error),
+                reason = error.reason(),
+                $warn,
+                error.hint(),
+                $refresh,
+                if failed.kept() { $kept } else { $not_kept },
+            );
+        } else {
+            tracing::debug!(error = %$crate::error_chain(error), $again);
+        }
+        if failed.log_dropped {
+            tracing::warn!(ttl = ?$ttl, $dropped);
+        }
+    }};
+}
+pub(crate) use log_failure;
+
 /// The delay before the next call after `failures` consecutive failures: the refresh period
 /// while calls succeed, else 0.5 s doubling up to the refresh period.
 pub fn backoff(failures: u32, refresh: Duration) -> Duration {

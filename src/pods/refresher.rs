@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::mapping::{self, MappingOptions};
 use super::proto::{AllocatableResourcesResponse, ListPodResourcesResponse};
-use super::refresh::{unix_now, Policy};
+use super::refresh::{log_failure, unix_now, Policy};
 use super::{Answered, Attribution, PodResolver};
 use crate::gpu::Device;
 
@@ -145,30 +145,19 @@ impl<R: PodResolver> Refresher<R> {
                 let reason = e.reason();
                 status.record_failure(reason);
                 let failed = self.policy.failed(now, reason);
-                if failed.new_problem {
-                    tracing::warn!(
-                        error = %crate::error_chain(&e),
-                        reason,
-                        "pod attribution unavailable: {}. Retrying every {:?} at most; metrics are served {}",
-                        e.hint(),
-                        self.opts.refresh,
-                        if failed.kept() {
-                            "with the last known pod labels until they are older than the TTL"
-                        } else {
-                            "without pod labels meanwhile"
-                        },
-                    );
-                } else {
-                    tracing::debug!(error = %crate::error_chain(&e), "pod-resources List failed again");
-                }
+                log_failure!(
+                    failed,
+                    e,
+                    self.opts.refresh,
+                    self.opts.ttl,
+                    warn: "pod attribution unavailable: {}. Retrying every {:?} at most; metrics are served {}",
+                    kept: "with the last known pod labels until they are older than the TTL",
+                    not_kept: "without pod labels meanwhile",
+                    again: "pod-resources List failed again",
+                    dropped: "no good pod-resources answer within the TTL; pod labels dropped until the kubelet answers",
+                );
                 if failed.kept() {
                     return failed.outcome;
-                }
-                if failed.log_dropped {
-                    tracing::warn!(
-                        ttl = ?self.opts.ttl,
-                        "no good pod-resources answer within the TTL; pod labels dropped until the kubelet answers"
-                    );
                 }
                 self.publish();
                 failed.outcome
