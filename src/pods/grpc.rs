@@ -226,6 +226,21 @@ impl<C: Client> GrpcError<C> {
     }
 }
 
+/// Every `reason` value of a client whose bad-endpoint reason is `invalid` (which sorts first).
+const fn reasons(invalid: &'static str) -> [&'static str; 9] {
+    [
+        invalid,
+        "malformed",
+        "permission_denied",
+        "rate_limited",
+        "rejected",
+        "socket_missing",
+        "timeout",
+        "too_large",
+        "unavailable",
+    ]
+}
+
 /// The kubelet pod-resources client ([`super::kubelet`]).
 #[derive(Debug)]
 pub enum Kubelet {}
@@ -237,17 +252,7 @@ impl Client for Kubelet {
         flag: "--pod-resources-kubelet-socket",
         not_usable: "not a usable socket path",
         invalid_reason: "invalid_path",
-        reasons: &[
-            "invalid_path",
-            "malformed",
-            "permission_denied",
-            "rate_limited",
-            "rejected",
-            "socket_missing",
-            "timeout",
-            "too_large",
-            "unavailable",
-        ],
+        reasons: &reasons("invalid_path"),
         invalid_hint: "pass the kubelet socket's path, e.g. /var/lib/kubelet/pod-resources/kubelet.sock",
         socket_missing_hint: "mount the host's /var/lib/kubelet/pod-resources into the exporter's container as a hostPath volume (read-only is enough) and point --pod-resources-kubelet-socket at kubelet.sock inside it",
         permission_denied_hint: "the kubelet socket is root-only: run the exporter container as root (securityContext.runAsUser: 0) or grant it access to the socket",
@@ -270,17 +275,7 @@ impl Client for Cri {
         flag: "--container-runtime-endpoint",
         not_usable: "not a usable unix socket",
         invalid_reason: "invalid_endpoint",
-        reasons: &[
-            "invalid_endpoint",
-            "malformed",
-            "permission_denied",
-            "rate_limited",
-            "rejected",
-            "socket_missing",
-            "timeout",
-            "too_large",
-            "unavailable",
-        ],
+        reasons: &reasons("invalid_endpoint"),
         invalid_hint: "pass the runtime's unix socket, e.g. unix:///run/containerd/containerd.sock (containerd), unix:///run/crio/crio.sock (CRI-O), unix:///run/cri-dockerd.sock (cri-dockerd)",
         socket_missing_hint: "mount the runtime socket's directory (e.g. /run/containerd) into the exporter's container as a hostPath volume and point --container-runtime-endpoint at the socket; k3s and RKE2 use /run/k3s/containerd/containerd.sock",
         permission_denied_hint: "the runtime socket is root-only: run the exporter container as root (securityContext.runAsUser: 0)",
@@ -561,6 +556,10 @@ mod tests {
         assert!(GrpcError::<Cri>::REASONS.contains(&"invalid_endpoint"));
         assert!(GrpcError::<Kubelet>::REASONS.contains(&"invalid_path"));
         assert!(!GrpcError::<Kubelet>::REASONS.contains(&"invalid_endpoint"));
+        // Sorted, as the counters are rendered in this order.
+        for reasons in [GrpcError::<Cri>::REASONS, GrpcError::<Kubelet>::REASONS] {
+            assert!(reasons.is_sorted(), "{reasons:?}");
+        }
     }
 
     #[tokio::test]
