@@ -114,6 +114,25 @@ impl<S: HasHealth> ClientMetrics<S> {
     pub fn state(&self) -> S {
         self.lock().clone()
     }
+
+    /// Writes the health families `f` if the client runs, and returns the state the rest is
+    /// written from; `None` (nothing written) if it does not run.
+    ///
+    /// # Errors
+    /// Only the writer's.
+    pub fn encode_health(
+        &self,
+        e: &mut DescriptorEncoder,
+        f: &HealthFamilies,
+    ) -> Result<Option<S>, fmt::Error> {
+        let mut s = self.state();
+        let health = s.health();
+        if !health.enabled {
+            return Ok(None);
+        }
+        health.encode(e, f)?;
+        Ok(Some(s))
+    }
 }
 
 #[cfg(test)]

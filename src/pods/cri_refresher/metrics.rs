@@ -56,11 +56,9 @@ const HEALTH: HealthFamilies = HealthFamilies {
 
 impl Collector for ClientMetrics<CriState> {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
-        let s = self.state();
-        if !s.health.enabled {
+        let Some(s) = self.encode_health(&mut e, &HEALTH)? else {
             return Ok(());
-        }
-        s.health.encode(&mut e, &HEALTH)?;
+        };
         self_metrics::gauge1(
             &mut e,
             "gpu_exporter_cri_pods",
