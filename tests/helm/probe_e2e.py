@@ -84,23 +84,31 @@ def render(helm, args):
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
-def materialize(docs, root):
-    """Writes each ConfigMap/Secret volume of the container under root (the chart's objects, or
-    the user's own from tests/helm/objects-*.yaml); returns the container and a function mapping
-    an in-container path to the host path."""
-    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+def write_volumes(docs, root, user_objects=True):
+    """Writes each ConfigMap/Secret volume the DaemonSet's first container mounts under root (the
+    chart's objects and, with user_objects, the user's own from tests/helm/objects-*.yaml),
+    honouring `items` and `subPath`; raises harness.Failure for a volume naming an object nobody
+    creates or a key it lacks. Returns the pod spec, the container, and its mounts as (mountPath, host path written,
+    read-only, None) for ConfigMaps/Secrets, and (mountPath, None, read-only, the node's path) for
+    hostPath volumes, left to the caller."""
+    ds = next((d for d in docs if d["kind"] == "DaemonSet"), None)
+    if ds is None:
+        raise harness.Failure("the render has no DaemonSet")
     spec = ds["spec"]["template"]["spec"]
     c = spec["containers"][0]
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     objects = {}
-    for f in sorted(VALUES.glob("objects-*.yaml")):
+    for f in sorted(VALUES.glob("objects-*.yaml")) if user_objects else []:
         objects.update({(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(f.read_text()) if d})
     objects.update({(d["kind"], d["metadata"]["name"]): d for d in docs})
-    mounts, dirs = [], []
+    mounts = []
     for n, m in enumerate(c.get("volumeMounts", [])):
-        v = volumes[m["name"]]
+        v = volumes.get(m["name"])
+        if v is None:
+            raise harness.Failure(f"volumeMount {m['mountPath']} names volume {m['name']}, which the pod does not have")
         if "configMap" in v:
-            obj = objects.get(("ConfigMap", v["configMap"]["name"]))
+            want = ("ConfigMap", v["configMap"]["name"])
+            obj = objects.get(want)
             files = dict(obj["data"]) if obj else None
             items = v["configMap"].get("items")
             if files is not None and items:
@@ -109,15 +117,19 @@ def materialize(docs, root):
                     raise harness.Failure(f"volume {m['name']}: ConfigMap {v['configMap']['name']} lacks keys {missing}")
                 files = {i["path"]: files[i["key"]] for i in items}
         elif "secret" in v:
-            obj = objects.get(("Secret", v["secret"]["secretName"]))
+            want = ("Secret", v["secret"]["secretName"])
+            obj = objects.get(want)
             files = None
             if obj:
                 files = {k: base64.b64decode(x) for k, x in (obj.get("data") or {}).items()}
                 files.update(obj.get("stringData") or {})
+        elif "hostPath" in v:
+            mounts.append((m["mountPath"].rstrip("/"), None, bool(m.get("readOnly")), v["hostPath"]["path"]))
+            continue
         else:
-            continue  # hostPath: the node's directories are not needed with --backend sim
+            raise harness.Failure(f"volume {m['name']}: a kind this test does not know: {sorted(v)}")
         if files is None:
-            raise harness.Failure(f"volume {m['name']} names an object neither the chart renders nor the user creates: "
+            raise harness.Failure(f"volume {m['name']} names {want[0]} {want[1]}, which neither the chart renders nor the user creates: "
                                   "the pod would never start")
         d = root / f"{n}-{m['name']}"
         d.mkdir()
@@ -128,9 +140,18 @@ def materialize(docs, root):
             target = d / m["subPath"]
             if not target.is_file():
                 raise harness.Failure(f"mount {m['mountPath']}: subPath {m['subPath']} is not in volume {m['name']}")
-        mounts.append((m["mountPath"].rstrip("/"), target))
-        dirs.append(d)
-    mounts.sort(key=lambda t: -len(t[0]))
+        # ConfigMap and Secret volumes are always read-only in a pod.
+        mounts.append((m["mountPath"].rstrip("/"), target, True, None))
+    return spec, c, mounts
+
+
+def materialize(docs, root):
+    """write_volumes, for the exporter run as a plain process: returns the container and a
+    function mapping an in-container path to the host path (hostPath volumes are not needed with
+    --backend sim)."""
+    _, c, all_mounts = write_volumes(docs, root)
+    mounts = sorted(((mp, d) for mp, d, _, _ in all_mounts if d is not None), key=lambda t: -len(t[0]))
+    dirs = {d if d.is_dir() else d.parent for _, d in mounts}
 
     def host(path):
         if path.startswith("-") and "=" in path:  # --flag=PATH
@@ -168,9 +189,10 @@ def fetch(url, auth=None, timeout=5):
 
 
 def check_families(name, body, want, failures):
-    """The DCGM_FI_* families /metrics serves against what the values file means."""
+    """The DCGM_FI_* families /metrics serves against what the values file means; returns them."""
     served = set()
     hostnames = 0
+    before = len(failures)
     for line in body.decode(errors="replace").splitlines():
         if line.startswith("DCGM_FI_"):
             served.add(line.split("{")[0].split(" ")[0])
@@ -181,8 +203,10 @@ def check_families(name, body, want, failures):
         failures.append(f"{name}: /metrics serves {sorted(served)}: not within the chart's default CSV or lacking {sorted(want['must'])}")
     if want.get("no_hostname") and hostnames:
         failures.append(f"{name}: -n given, but {hostnames} DCGM_FI_* series carry a hostname label")
-    log(f"{name}: /metrics serves {len(served)} DCGM_FI_* families, as the values file's CSV says"
-        + ("; no hostname label (-n)" if want.get("no_hostname") else ""))
+    if len(failures) == before:
+        log(f"{name}: /metrics serves {len(served)} DCGM_FI_* families, as the values file's CSV says"
+            + ("; no hostname label (-n)" if want.get("no_hostname") else ""))
+    return served
 
 
 def run_case(name, helm_args, users, want, binary, failures):
