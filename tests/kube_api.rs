@@ -58,6 +58,12 @@ fn value(body: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
+/// Asserts that the unlabelled-or-exact `series` of `body` has the value `want`.
+#[track_caller]
+fn expect_value(body: &str, series: &str, want: f64) {
+    assert_eq!(value(body, series), Some(want), "{series}:\n{body}");
+}
+
 /// The GPU temperature lines of `pod`.
 fn pod_lines<'a>(body: &'a str, pod: &str) -> Vec<&'a str> {
     let needle = format!("pod=\"{pod}\"");
@@ -402,21 +408,9 @@ fn pod_uid_and_labels_come_from_a_node_scoped_watch_without_a_runtime_socket() {
     // The kubelet attributes batch/etl-4, but this node's API pods do not include it.
     assert!(lacks(&body, "etl-4", "pod_uid="), "{body}");
     assert!(lacks(&body, "etl-4", "app=\"wrong\""), "{body}");
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_up"),
-        Some(1.0),
-        "{body}"
-    );
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_pods"),
-        Some(2.0),
-        "{body}"
-    );
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_lists_total"),
-        Some(1.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_up", 1.0);
+    expect_value(&body, "gpu_exporter_kube_api_pods", 2.0);
+    expect_value(&body, "gpu_exporter_kube_api_lists_total", 1.0);
     let requests = api.requests();
     assert!(
         requests
@@ -452,11 +446,7 @@ fn pod_uid_and_labels_come_from_a_node_scoped_watch_without_a_runtime_socket() {
     api.delete_pod("ml", "llm-train-0");
     let body = until(e, "DELETED", |b| lacks(b, "llm-train-0", "pod_uid="));
     assert!(lacks(&body, "llm-train-0", "app=\"llm\""), "{body}");
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_pods"),
-        Some(2.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_pods", 2.0);
     api.bookmark();
 
     // The server ends the watch (its timeout): watched again from the last resourceVersion, no
@@ -478,11 +468,7 @@ fn pod_uid_and_labels_come_from_a_node_scoped_watch_without_a_runtime_socket() {
     let body = until(e, "an event on the new watch", |b| {
         has(b, "notebook-alice", "app=\"notebook-v3\"")
     });
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_lists_total"),
-        Some(1.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_lists_total", 1.0);
     let watches: Vec<String> = api
         .requests()
         .into_iter()
@@ -507,21 +493,13 @@ fn pod_uid_and_labels_come_from_a_node_scoped_watch_without_a_runtime_socket() {
         "{body}"
     );
     assert!(has(&body, "etl-4", "pod_uid=\"uid-etl-4\""), "{body}");
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_errors_total{reason=\"gone\"}"),
-        Some(1.0),
-        "{body}"
+    expect_value(
+        &body,
+        "gpu_exporter_kube_api_errors_total{reason=\"gone\"}",
+        1.0,
     );
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_lists_total"),
-        Some(2.0),
-        "{body}"
-    );
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_up"),
-        Some(1.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_lists_total", 2.0);
+    expect_value(&body, "gpu_exporter_kube_api_up", 1.0);
     assert_eq!(
         e.warnings_about("Kubernetes API unavailable"),
         0,
@@ -556,11 +534,7 @@ fn watches_that_always_expire_are_listed_again_and_no_pod_is_lost() {
             .is_some_and(|n| n >= 2.0),
         "{body}"
     );
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_pods"),
-        Some(2.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_pods", 2.0);
 }
 
 #[test]
@@ -577,11 +551,7 @@ fn a_refused_list_degrades_names_the_rbac_to_grant_and_recovers() {
         )
         .is_some_and(|n| n >= 1.0)
     });
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_up"),
-        Some(0.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_up", 0.0);
     // The kubelet's attribution is there; the API's labels are not.
     assert!(lacks(&body, "llm-train-0", "pod_uid="), "{body}");
     assert_eq!(
@@ -600,11 +570,7 @@ fn a_refused_list_degrades_names_the_rbac_to_grant_and_recovers() {
     let body = until(e, "recovered", |b| {
         has(b, "llm-train-0", "pod_uid=\"uid-llm-0\"")
     });
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_up"),
-        Some(1.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_up", 1.0);
     assert!(
         e.log().contains("Kubernetes API answering again"),
         "{}",
@@ -625,16 +591,8 @@ fn refused_credentials_degrade_with_a_self_metric() {
         )
         .is_some_and(|n| n >= 1.0)
     });
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_up"),
-        Some(0.0),
-        "{body}"
-    );
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_pods"),
-        Some(0.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_up", 0.0);
+    expect_value(&body, "gpu_exporter_kube_api_pods", 0.0);
     assert!(lacks(&body, "llm-train-0", "pod_uid="), "{body}");
     assert!(e.log().contains("401 Unauthorized"), "{}", e.log());
 }
@@ -660,16 +618,8 @@ fn a_hung_server_times_out_the_last_answer_lasts_until_the_ttl_and_it_recovers()
             && value(b, "gpu_exporter_kube_api_errors_total{reason=\"timeout\"}")
                 .is_some_and(|n| n >= 1.0)
     });
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_pods"),
-        Some(0.0),
-        "{body}"
-    );
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_up"),
-        Some(0.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_pods", 0.0);
+    expect_value(&body, "gpu_exporter_kube_api_up", 0.0);
     assert!(e.log().contains("no answer within 300ms"), "{}", e.log());
     assert!(
         e.log().contains("pod_uid and pod labels dropped"),
@@ -680,11 +630,7 @@ fn a_hung_server_times_out_the_last_answer_lasts_until_the_ttl_and_it_recovers()
     let body = until(e, "recovered", |b| {
         has(b, "llm-train-0", "pod_uid=\"uid-llm-0\"")
     });
-    assert_eq!(
-        value(&body, "gpu_exporter_kube_api_up"),
-        Some(1.0),
-        "{body}"
-    );
+    expect_value(&body, "gpu_exporter_kube_api_up", 1.0);
 }
 
 #[test]
