@@ -76,6 +76,7 @@ pub mod exporter_metrics;
 pub mod fsread;
 pub mod godur;
 pub mod gpu;
+pub mod gzip;
 pub mod health;
 pub mod hpc;
 pub mod http;

@@ -485,10 +485,12 @@ async fn serve<S: GpuSource>(
                 processes: config.process_usage,
                 retention: RETENTION,
                 hostname: (build.hostname_label, build.hostname),
+                publish_every: Duration::from_millis(config.args.accounting_publish_interval),
             });
         tracing::info!(
             idle_power_watts = ?config.args.accounting_idle_power_watts,
             per_process = config.process_usage,
+            publish_interval_ms = config.args.accounting_publish_interval,
             "accounting: energy and GPU time per container (gpu_exporter_container_*_total)"
         );
     }

@@ -18,7 +18,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -112,6 +111,8 @@ pub struct Sampler<S: GpuSource> {
     last: Option<LastSample>,
     /// Bumped whenever discovery finds a different device list.
     device_generation: u64,
+    /// Accounting's allocation shares, kept while the pods and devices stay.
+    allocations: accounting::input::Allocations,
     /// Append the exporter's own `process_*` series (`--enable-exporter-metrics`).
     exporter_metrics: bool,
     /// The fields that can never be read on which GPUs.
@@ -150,6 +151,7 @@ impl<S: GpuSource> Sampler<S> {
             first_answers: FirstAnswers::default(),
             last: None,
             device_generation: 0,
+            allocations: accounting::input::Allocations::default(),
             exporter_metrics: false,
             gaps: fields::FieldGapCheck::default(),
         }
@@ -469,12 +471,15 @@ impl<S: GpuSource> Sampler<S> {
         );
         if fresh && self.metrics.accounting.enabled() {
             // Once per sample, before the self-metrics are encoded into this body.
-            let ticks = accounting::input::ticks(accounting::input::Inputs {
-                outcomes: &last.outcomes,
-                attribution: &attribution,
-                usage: &workload.usage,
-                processes: &last.processes,
-            });
+            let ticks = self.allocations.ticks(
+                accounting::input::Inputs {
+                    outcomes: &last.outcomes,
+                    attribution: &attribution,
+                    usage: &workload.usage,
+                    processes: &last.processes,
+                },
+                Some((&attribution, self.device_generation)),
+            );
             self.metrics
                 .accounting
                 .record(last.begun.saturating_duration_since(self.started), &ticks);
@@ -504,10 +509,15 @@ impl<S: GpuSource> Sampler<S> {
         if let Some(text) = &last.process_text {
             body.push_str(text);
         }
-        self.metrics.accounting.render_into(&mut body);
+        // The accounting families, rendered and compressed on their own interval.
+        let accounting = (self.metrics.accounting).published(
+            last.begun.saturating_duration_since(self.started),
+            last.timestamp_seconds,
+        );
         // Compressed here, once, before it is published: no scrape waits for or pays it.
-        Arc::new(Published::new(
-            Bytes::from(body),
+        Arc::new(Published::with_tail(
+            body,
+            accounting,
             last.begun,
             snap.series,
             self.not_ready.clone(),

@@ -17,7 +17,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::binary::{command, get, Exporter};
@@ -176,8 +176,12 @@ impl Node {
             .arg(format!("unix://{}", cri.display()))
             .arg("--path.procfs")
             .arg(&proc_root)
-            .args(["--pod-resources-refresh", "500", "--cri-refresh", "500"])
-            .args(args);
+            .args(["--pod-resources-refresh", "500", "--cri-refresh", "500"]);
+        if !args.iter().any(|a| *a == "--accounting-publish-interval") {
+            // Published at every sample: these tests follow the totals sample by sample.
+            cmd.args(["--accounting-publish-interval", "0"]);
+        }
+        cmd.args(args);
         let mut e = Exporter::start(cmd);
         e.wait_ready();
         Self {
@@ -349,5 +353,102 @@ fn a_mig_gpus_energy_is_split_over_its_instances_by_slices_through_the_real_bina
             (r - rate).abs() <= rate * 0.01,
             "{a:?}: {r} J/GPU-s vs {rate}"
         );
+    }
+}
+
+const PUBLISHED: &str = "gpu_exporter_accounting_published_timestamp_seconds";
+
+/// The accounting series of a body (its `gpu_exporter_container_*` lines), as text.
+fn accounting_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.starts_with("gpu_exporter_container_") && l.contains("_total{"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn between_publications_scrapes_see_the_last_published_totals_and_gzip_serves_the_same_body() {
+    // Published every 1.5 s, sampled every 100 ms: most samples keep the last publication
+    // (its text and its compressed blocks) while their own series change.
+    let node = std::fs::read_to_string(fixture("pods/h100-accounting-seed1.toml")).unwrap();
+    let scenario = fixture("scenarios/accounting.toml");
+    let n = Node::start(
+        &node,
+        &[
+            "--sim-scenario".as_ref(),
+            scenario.as_os_str(),
+            "--accounting-publish-interval".as_ref(),
+            "1500".as_ref(),
+            "-c".as_ref(),
+            "100".as_ref(),
+        ],
+    );
+    let e = &n.e;
+    scrape_until(e, "the first accounts", |b| {
+        b.has(ENERGY, &[("consumer", "holder")]) && b.has(PUBLISHED, &[])
+    });
+    // Scrapes, plain and gzip, until three publications after the first accounts were seen.
+    let mut by_publication: BTreeMap<u64, (Vec<String>, BTreeSet<u64>)> = BTreeMap::new();
+    let until = Instant::now() + DEADLINE;
+    let mut gzip = false;
+    while by_publication.len() < 4 {
+        assert!(
+            Instant::now() < until,
+            "four publications not within {DEADLINE:?}"
+        );
+        let (status, text) = if gzip {
+            common::binary::get_gzip(e.loopback(), "/metrics")
+        } else {
+            get(e.loopback(), "/metrics")
+        };
+        gzip = !gzip;
+        assert_eq!(status, 200);
+        let b = Body::parse(&text);
+        let at = (b.sum(PUBLISHED, &[]) * 1e6).round() as u64;
+        let lines = accounting_lines(&text);
+        assert!(!lines.is_empty(), "{text}");
+        let seen = by_publication
+            .entry(at)
+            .or_insert_with(|| (lines.clone(), BTreeSet::new()));
+        // One publication, whatever sample's body serves it (and in either encoding): the
+        // same totals, to the byte.
+        assert_eq!(
+            seen.0, lines,
+            "publication at {at} µs changed between scrapes"
+        );
+        seen.1.insert(samples(&b) as u64);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The kept publication was served by bodies of several samples.
+    assert!(
+        by_publication.values().any(|(_, s)| s.len() >= 2),
+        "{:?}",
+        by_publication
+            .values()
+            .map(|(_, s)| s.len())
+            .collect::<Vec<_>>()
+    );
+    // Publications are at least the interval apart (the first two may be closer: the accounts
+    // appearing publish at once), and no counter decreases from one to the next.
+    let pubs: Vec<_> = by_publication.iter().collect();
+    for w in pubs.windows(2).skip(1) {
+        assert!(
+            w[1].0 - w[0].0 >= 1_400_000,
+            "published {} µs apart",
+            w[1].0 - w[0].0
+        );
+    }
+    for w in pubs.windows(2) {
+        let (a, b) = (
+            Body::parse(&w[0].1 .0.join("\n")),
+            Body::parse(&w[1].1 .0.join("\n")),
+        );
+        for ((name, labels), v) in &a.0 {
+            let later = b.0.get(&(name.clone(), labels.clone())).copied();
+            assert!(
+                later.is_some_and(|l| l >= *v),
+                "{name}{labels:?}: {v} -> {later:?}"
+            );
+        }
     }
 }

@@ -78,6 +78,7 @@ fn known_metrics() -> BTreeSet<String> {
             processes: true,
             retention: std::time::Duration::from_secs(3600),
             hostname: ("hostname".into(), "node-a".into()),
+            publish_every: std::time::Duration::ZERO,
         });
     let holder = gpu_exporter::accounting::Account::container(
         None,
@@ -95,7 +96,7 @@ fn known_metrics() -> BTreeSet<String> {
                 uuid: "GPU-0".into(),
                 index: 0,
                 energy_mj: Some(energy),
-                allocated: vec![(holder.clone(), 0.5)],
+                allocated: vec![(holder.clone(), 0.5)].into(),
                 busy: vec![(holder.clone(), 0.5)],
                 running: Some(Default::default()),
             }],

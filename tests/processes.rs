@@ -1013,6 +1013,7 @@ async fn accounting_splits_each_gpus_own_energy_exactly_by_holders_and_activity(
             processes: true,
             retention: Duration::from_secs(3600),
             hostname: ("hostname".into(), "node-a".into()),
+            publish_every: std::time::Duration::ZERO,
         });
     let first = n.body().await;
     let mut last = String::new();

@@ -77,6 +77,7 @@ fn the_accounting_counters_pass_promtool() {
         processes: true,
         retention: std::time::Duration::from_secs(3600),
         hostname: ("hostname".into(), "node-a".into()),
+        publish_every: std::time::Duration::ZERO,
     });
     let holder = Account::container(
         Some(2),
@@ -101,7 +102,8 @@ fn the_accounting_counters_pass_promtool() {
                 allocated: vec![
                     (holder.clone(), 3.0 / 7.0),
                     (Account::unallocated(Some(9)), 1.0 / 7.0),
-                ],
+                ]
+                .into(),
                 busy: vec![(holder.clone(), 0.2), (outside.clone(), 0.1)],
                 running: Some([outside.clone()].into_iter().collect()),
             }],

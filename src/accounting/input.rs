@@ -21,9 +21,10 @@
 //! When any instance of a GPU has no activity reading, none is used for that GPU: its dynamic
 //! energy follows the allocation instead.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
-use super::types::{Account, Consumer, GpuTick};
+use super::types::{Account, Consumer, GpuTick, Shares};
 use crate::catalog::Field;
 use crate::gpu::{FieldError, GpuProcess, MigInstance, Value};
 use crate::pods::usage::EntityUsage;
@@ -91,32 +92,106 @@ fn holder_shares(
 
 /// The ticks of one sample: one per device read.
 pub fn ticks(i: Inputs<'_>) -> Vec<GpuTick> {
-    let mut out = Vec::new();
-    for (n, o) in i.outcomes.iter().enumerate() {
-        let Ok(sample) = &o.sample else {
-            continue;
+    Allocations::default().ticks(i, None)
+}
+
+/// Each GPU's allocation shares, kept while the attribution and the devices they were made
+/// from stay the same: pods change at pod events, not at each sample, so a steady sample hands
+/// the ledger the same lists (which it recognises by pointer) without copying a pod's names.
+#[derive(Debug, Default)]
+pub struct Allocations {
+    /// The attribution (by pointer) and device generation the lists were made from.
+    from: Option<(Arc<Attribution>, u64)>,
+    /// By GPU index.
+    lists: HashMap<u32, Shares>,
+}
+
+impl Allocations {
+    /// The ticks of one sample; `from` names the attribution and device generation `i` comes
+    /// from (the same ones reuse the lists made for them; `None` makes them again).
+    pub fn ticks(&mut self, i: Inputs<'_>, from: Option<(&Arc<Attribution>, u64)>) -> Vec<GpuTick> {
+        let same = match (&self.from, from) {
+            (Some((a, g)), Some((b, h))) => Arc::ptr_eq(a, b) && *g == h,
+            _ => false,
         };
-        let d = &o.device;
-        let index = d.identity.index;
-        let processes = match i.processes.get(n) {
-            Some(Some(Ok(list))) => Some(list.as_slice()),
-            _ => None,
-        };
-        let mut tick = GpuTick {
-            uuid: d.identity.uuid.clone(),
-            index,
-            energy_mj: sample
-                .get_i64(Field::TotalEnergyConsumption)
-                .and_then(|e| u64::try_from(e).ok()),
-            running: processes.map(|_| BTreeSet::new()),
-            ..GpuTick::default()
-        };
-        if d.mig_enabled {
-            mig(&mut tick, i, o, processes);
-        } else {
-            whole(&mut tick, i, index, processes);
+        if !same {
+            self.lists.clear();
+            self.from = from.map(|(a, g)| (Arc::clone(a), g));
         }
-        out.push(tick);
+        let mut out = Vec::new();
+        for (n, o) in i.outcomes.iter().enumerate() {
+            let Ok(sample) = &o.sample else {
+                continue;
+            };
+            let d = &o.device;
+            let index = d.identity.index;
+            let processes = match i.processes.get(n) {
+                Some(Some(Ok(list))) => Some(list.as_slice()),
+                _ => None,
+            };
+            let allocated = Arc::clone(
+                self.lists
+                    .entry(index)
+                    .or_insert_with(|| allocation(i.attribution, o).into()),
+            );
+            let mut tick = GpuTick {
+                uuid: d.identity.uuid.clone(),
+                index,
+                energy_mj: sample
+                    .get_i64(Field::TotalEnergyConsumption)
+                    .and_then(|e| u64::try_from(e).ok()),
+                allocated,
+                running: processes.map(|_| BTreeSet::new()),
+                ..GpuTick::default()
+            };
+            if d.mig_enabled {
+                mig(&mut tick, i, o, processes);
+            } else {
+                whole(&mut tick, i, index, processes);
+            }
+            out.push(tick);
+        }
+        out
+    }
+}
+
+/// Who holds how much of a device: its holders (of the whole GPU, or of each MIG instance by
+/// its slices), and the capacity of instances nobody holds or replicas nobody holds.
+fn allocation(attribution: &Attribution, o: &DeviceOutcome) -> Vec<(Account, f64)> {
+    let d = &o.device;
+    if !d.mig_enabled {
+        let key = EntityKey {
+            gpu: d.identity.index,
+            gi_id: None,
+        };
+        return holder_shares(
+            None,
+            attribution.holders_of(key),
+            attribution.replicas_of(key),
+            1.0,
+        );
+    }
+    let count = d.instances.len();
+    let mut out = Vec::new();
+    for inst in &d.instances {
+        let gi = Some(inst.gi_id);
+        let share = instance_share(inst, count);
+        let key = EntityKey {
+            gpu: d.identity.index,
+            gi_id: gi,
+        };
+        let holders = attribution.holders_of(key);
+        if holders.is_empty() {
+            out.push((Account::unallocated(gi), share));
+            continue;
+        }
+        let shares = holder_shares(gi, holders, attribution.replicas_of(key), share);
+        let held: f64 = shares.iter().map(|(_, s)| s).sum();
+        if held < share {
+            // Replicas of the instance nobody holds.
+            out.push((Account::unallocated(gi), share - held));
+        }
+        out.extend(shares);
     }
     out
 }
@@ -127,7 +202,6 @@ fn whole(tick: &mut GpuTick, i: Inputs<'_>, index: u32, processes: Option<&[GpuP
         gi_id: None,
     };
     let holders = i.attribution.holders_of(key);
-    tick.allocated = holder_shares(None, holders, i.attribution.replicas_of(key), 1.0);
     let Some(list) = processes else {
         return;
     };
@@ -186,19 +260,6 @@ fn mig(tick: &mut GpuTick, i: Inputs<'_>, o: &DeviceOutcome, processes: Option<&
             gi_id: gi,
         };
         let holders = i.attribution.holders_of(key);
-        let replicas = i.attribution.replicas_of(key);
-        if holders.is_empty() {
-            tick.allocated.push((Account::unallocated(gi), share));
-        } else {
-            let shares = holder_shares(gi, holders, replicas, share);
-            let held: f64 = shares.iter().map(|(_, s)| s).sum();
-            if held < share {
-                // Replicas of the instance nobody holds.
-                tick.allocated
-                    .push((Account::unallocated(gi), share - held));
-            }
-            tick.allocated.extend(shares);
-        }
         let holds = |pod: &PodRef| holders.iter().any(|h| &h.pod == pod);
         // Who runs here, and their framebuffer.
         let mut users: Vec<(Account, u64)> = Vec::new();

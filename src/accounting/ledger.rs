@@ -25,9 +25,10 @@
 //! ran on it (with process readings; without them, in which nothing was measured busy).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::types::{Account, Consumer, GpuTick};
+use super::types::{Account, Consumer, GpuTick, Shares};
 
 /// An interval must be this long to teach the idle power (shorter ones are too noisy).
 const IDLE_LEARN_MIN: Duration = Duration::from_secs(1);
@@ -68,20 +69,117 @@ impl PartialEq for LabelCache {
     }
 }
 
-/// The weights of the intervals not charged yet (no reading since).
+/// What the intervals not charged yet (no reading since) have in common; each account's own
+/// weights are in its [`Slot`].
 #[derive(Debug, Default)]
 struct Pending {
     /// Microseconds.
     dt_us: u64,
-    /// Allocation share x seconds.
-    allocated: BTreeMap<Account, f64>,
-    /// Busy share x seconds.
-    busy: BTreeMap<Account, f64>,
     /// Whether a process ran in any of them (or, without process readings, anything was busy).
     active: bool,
     /// Energy read but not split yet (a change seen with no time elapsed since the last
     /// reading), millijoules.
     owed_mj: u64,
+}
+
+/// One account on one GPU: its totals and its weights in the intervals not charged yet.
+#[derive(Debug, Default)]
+struct Slot {
+    totals: Totals,
+    /// Allocation share x seconds since the last charge.
+    pending_allocated: f64,
+    /// Busy share x seconds since the last charge.
+    pending_busy: f64,
+}
+
+/// The accounts of one GPU. Slots are kept in arrival order and found through `index`, whose
+/// order (by account) is the order they are split and rendered in, so results do not depend on
+/// arrival. A sample's allocation list changes only with the pods (the input hands the same
+/// list, by pointer, until then): its slots are looked up once and reused, so a steady sample
+/// touches each account without a lookup.
+#[derive(Debug, Default)]
+pub struct Accounts {
+    slots: Vec<Slot>,
+    index: BTreeMap<Account, usize>,
+    /// The last allocation list seen and the slot of each of its entries.
+    resolved: Option<(Shares, Vec<usize>)>,
+    /// Reused for the weights of each split.
+    scratch: Vec<(usize, f64)>,
+    /// An account came or went (or its labels changed) since the ledger last looked.
+    changed: bool,
+}
+
+impl Accounts {
+    /// Every account with its totals, in account order.
+    pub fn iter(&self) -> impl Iterator<Item = (&Account, &Totals)> {
+        self.index.iter().map(|(a, &s)| (a, &self.slots[s].totals))
+    }
+
+    /// How many accounts there are.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The slot of `a`, made (with the key copied) when the account is new.
+    fn slot(&mut self, a: &Account) -> usize {
+        if let Some(&s) = self.index.get(a) {
+            return s;
+        }
+        self.slots.push(Slot::default());
+        self.index.insert(a.clone(), self.slots.len() - 1);
+        self.changed = true;
+        self.slots.len() - 1
+    }
+
+    /// The slots of `list`'s entries: without a lookup when it is the list seen last.
+    fn resolve(&mut self, list: &Shares) -> Vec<usize> {
+        if let Some((seen, slots)) = &self.resolved {
+            if Arc::ptr_eq(seen, list) {
+                return slots.clone();
+            }
+        }
+        let slots: Vec<usize> = list.iter().map(|(a, _)| self.slot(a)).collect();
+        self.resolved = Some((Arc::clone(list), slots.clone()));
+        slots
+    }
+
+    /// Drops the accounts `keep` refuses; slots move, so the resolved list is forgotten.
+    fn retain(&mut self, keep: impl Fn(&Slot) -> bool) {
+        if self.slots.iter().all(&keep) {
+            return;
+        }
+        let mut moved = vec![None; self.slots.len()];
+        let mut kept = Vec::with_capacity(self.slots.len());
+        for (i, s) in std::mem::take(&mut self.slots).into_iter().enumerate() {
+            if keep(&s) {
+                moved[i] = Some(kept.len());
+                kept.push(s);
+            }
+        }
+        self.slots = kept;
+        self.index.retain(|_, s| match moved[*s] {
+            Some(n) => {
+                *s = n;
+                true
+            }
+            None => false,
+        });
+        self.resolved = None;
+        self.changed = true;
+    }
+
+    /// Every slot with a positive weight `w` gives, in account order, into `scratch`.
+    fn weights(&mut self, w: impl Fn(&Slot) -> f64) -> Vec<(usize, f64)> {
+        let mut out = std::mem::take(&mut self.scratch);
+        out.clear();
+        out.extend(self.index.values().map(|&s| (s, w(&self.slots[s]))));
+        out
+    }
 }
 
 /// One GPU's state.
@@ -92,7 +190,7 @@ struct GpuState {
     last_energy: Option<u64>,
     pending: Pending,
     learned_idle_mw: Option<u64>,
-    totals: BTreeMap<Account, Totals>,
+    accounts: Accounts,
     seen: Duration,
 }
 
@@ -115,7 +213,7 @@ impl IdleSource {
     }
 }
 
-/// What the ledger says about one GPU (for the self-metrics).
+/// What the ledger says about one GPU (a copy, for tests and checks).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuAccounts {
     /// GPU index.
@@ -136,7 +234,7 @@ pub struct GpuView<'a> {
     /// The idle power used for the static part, milliwatts, and how it is known.
     pub idle_mw: Option<(u64, IdleSource)>,
     /// Every account with its totals.
-    pub accounts: &'a BTreeMap<Account, Totals>,
+    pub accounts: &'a Accounts,
 }
 
 /// The accounts of every GPU.
@@ -145,6 +243,8 @@ pub struct Ledger {
     idle_mw_flag: Option<u64>,
     retention: Duration,
     gpus: BTreeMap<String, GpuState>,
+    /// Bumped by each record that adds or drops an account or a GPU.
+    generation: u64,
 }
 
 impl Ledger {
@@ -155,30 +255,45 @@ impl Ledger {
             idle_mw_flag,
             retention,
             gpus: BTreeMap::new(),
+            generation: 0,
         }
+    }
+
+    /// Changes when the set of accounts (or a GPU's labels) does: a rendering of the totals
+    /// made at one generation has the same series as any later one of that generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Advances every GPU of `ticks` to `at` (the sample's time, monotonic). GPUs not in
     /// `ticks` keep their baseline and pending weights (their time passes uncharged).
     pub fn record(&mut self, at: Duration, ticks: &[GpuTick]) {
+        let mut changed = false;
         for tick in ticks {
             let idle_flag = self.idle_mw_flag;
-            let gpu = self
-                .gpus
-                .entry(tick.uuid.clone())
-                .or_insert_with(|| GpuState {
-                    index: tick.index,
-                    last_at: at,
-                    last_energy: None,
-                    pending: Pending::default(),
-                    learned_idle_mw: None,
-                    totals: BTreeMap::new(),
-                    seen: at,
-                });
+            if !self.gpus.contains_key(&tick.uuid) {
+                changed = true;
+                self.gpus.insert(
+                    tick.uuid.clone(),
+                    GpuState {
+                        index: tick.index,
+                        last_at: at,
+                        last_energy: None,
+                        pending: Pending::default(),
+                        learned_idle_mw: None,
+                        accounts: Accounts::default(),
+                        seen: at,
+                    },
+                );
+            }
+            let Some(gpu) = self.gpus.get_mut(&tick.uuid) else {
+                continue;
+            };
             if gpu.index != tick.index {
                 gpu.index = tick.index;
-                for t in gpu.totals.values_mut() {
-                    t.labels = LabelCache::default();
+                gpu.accounts.changed = true;
+                for s in &mut gpu.accounts.slots {
+                    s.totals.labels = LabelCache::default();
                 }
             }
             gpu.seen = at;
@@ -187,15 +302,25 @@ impl Ledger {
             gpu.advance(dt, at, tick, idle_flag);
         }
         let retention = self.retention;
+        let before = self.gpus.len();
         self.gpus
             .retain(|_, g| at.saturating_sub(g.seen) < retention || g.seen == at);
+        changed |= self.gpus.len() != before;
         for gpu in self.gpus.values_mut() {
             if gpu.seen != at {
                 // Not read this tick: its time passes uncharged.
                 gpu.last_at = at;
             }
-            gpu.totals
-                .retain(|_, t| at.saturating_sub(t.last_change) < retention);
+            // An account with weights not charged yet stays until they are.
+            gpu.accounts.retain(|s| {
+                at.saturating_sub(s.totals.last_change) < retention
+                    || s.pending_allocated > 0.0
+                    || s.pending_busy > 0.0
+            });
+            changed |= std::mem::take(&mut gpu.accounts.changed);
+        }
+        if changed {
+            self.generation += 1;
         }
     }
 
@@ -208,7 +333,11 @@ impl Ledger {
                     GpuAccounts {
                         index: v.index,
                         idle_mw: v.idle_mw,
-                        accounts: v.accounts.clone(),
+                        accounts: v
+                            .accounts
+                            .iter()
+                            .map(|(a, t)| (a.clone(), t.clone()))
+                            .collect(),
                     },
                 )
             })
@@ -225,7 +354,7 @@ impl Ledger {
                 (None, Some(w)) => Some((w, IdleSource::Measured)),
                 (None, None) => None,
             },
-            accounts: &g.totals,
+            accounts: &g.accounts,
         })
     }
 }
@@ -233,31 +362,42 @@ impl Ledger {
 impl GpuState {
     fn advance(&mut self, dt: Duration, at: Duration, tick: &GpuTick, idle_flag: Option<u64>) {
         let secs = dt.as_secs_f64();
+        let accounts = &mut self.accounts;
         if !dt.is_zero() {
             let held: f64 = tick.allocated.iter().map(|(_, s)| *s).sum();
-            let rest = (held < 1.0).then(|| (Account::unallocated(None), 1.0 - held));
-            for (a, share) in tick.allocated.iter().chain(rest.iter()) {
-                if *share <= 0.0 {
+            let slots = accounts.resolve(&tick.allocated);
+            let rest = (held < 1.0).then(|| {
+                let a = Account::unallocated(None);
+                (accounts.slot(&a), a, 1.0 - held)
+            });
+            let listed = tick
+                .allocated
+                .iter()
+                .zip(slots)
+                .map(|((a, share), s)| (s, a, *share));
+            for (s, a, share) in listed.chain(rest.iter().map(|(s, a, r)| (*s, a, *r))) {
+                if share <= 0.0 {
                     continue;
                 }
                 let waste = matches!(a.consumer, Consumer::Container { holder: true, .. })
                     && tick.running.as_ref().is_some_and(|r| !r.contains(a));
-                touch(&mut self.totals, a, at, |t| {
-                    t.allocated_gpu_seconds += share * secs;
-                    if waste {
-                        t.idle_allocated_gpu_seconds += share * secs;
-                    }
-                });
-                add(&mut self.pending.allocated, a, share * secs);
+                let slot = &mut accounts.slots[s];
+                slot.totals.last_change = at;
+                slot.totals.allocated_gpu_seconds += share * secs;
+                if waste {
+                    slot.totals.idle_allocated_gpu_seconds += share * secs;
+                }
+                slot.pending_allocated += share * secs;
             }
             for (a, busy) in &tick.busy {
                 if *busy <= 0.0 {
                     continue;
                 }
-                touch(&mut self.totals, a, at, |t| {
-                    t.busy_gpu_seconds += busy * secs
-                });
-                add(&mut self.pending.busy, a, busy * secs);
+                let s = accounts.slot(a);
+                let slot = &mut accounts.slots[s];
+                slot.totals.last_change = at;
+                slot.totals.busy_gpu_seconds += busy * secs;
+                slot.pending_busy += busy * secs;
             }
             self.pending.dt_us = self
                 .pending
@@ -275,6 +415,7 @@ impl GpuState {
         let Some(last) = self.last_energy.replace(energy) else {
             // The first reading: the baseline.
             self.pending = Pending::default();
+            self.accounts.settle();
             return;
         };
         let change = if energy >= last {
@@ -290,7 +431,7 @@ impl GpuState {
         }
         let GpuState {
             pending,
-            totals,
+            accounts,
             learned_idle_mw,
             ..
         } = self;
@@ -306,68 +447,44 @@ impl GpuState {
         )
         .unwrap_or(delta);
         let dynamic_mj = delta - static_mj;
-        let mut charge = |a: &Account, mj: u64| {
-            if mj > 0 {
-                touch(totals, a, at, |t| {
-                    t.energy_mj = t.energy_mj.saturating_add(mj)
-                });
-            }
+        let allocated = accounts.weights(|s| s.pending_allocated);
+        let busy = accounts.weights(|s| s.pending_busy);
+        let mut charges: Vec<(usize, u64)> = Vec::new();
+        let unallocated = || Account::unallocated(None);
+        let mut fallback = None;
+        let mut charge = |s: Option<usize>, mj: u64| match s {
+            Some(s) => charges.push((s, mj)),
+            None => fallback = Some(fallback.unwrap_or(0) + mj),
         };
-        split_each(static_mj, &pending.allocated, &mut charge);
-        if pending.busy.values().any(|b| *b > 0.0) {
-            split_each(dynamic_mj, &pending.busy, &mut charge);
+        split_each(static_mj, &allocated, &mut charge);
+        if busy.iter().any(|(_, b)| *b > 0.0) {
+            split_each(dynamic_mj, &busy, &mut charge);
         } else {
-            split_each(dynamic_mj, &pending.allocated, &mut charge);
+            split_each(dynamic_mj, &allocated, &mut charge);
         }
-        pending.settle();
+        if let Some(mj) = fallback {
+            let s = accounts.slot(&unallocated());
+            charges.push((s, mj));
+        }
+        for (s, mj) in charges {
+            if mj > 0 {
+                let t = &mut accounts.slots[s].totals;
+                t.last_change = at;
+                t.energy_mj = t.energy_mj.saturating_add(mj);
+            }
+        }
+        accounts.scratch = allocated;
+        accounts.settle();
+        *pending = Pending::default();
     }
 }
 
-impl Pending {
-    /// Starts the next interval. The accounts weighed in this one keep their entries (at
-    /// zero), so the next interval finds them without copying their keys again; those not
-    /// weighed in this one (a pod gone) are dropped.
+impl Accounts {
+    /// Starts the next interval: every account's weights back to zero.
     fn settle(&mut self) {
-        for m in [&mut self.allocated, &mut self.busy] {
-            m.retain(|_, w| {
-                let keep = *w > 0.0;
-                *w = 0.0;
-                keep
-            });
-        }
-        self.dt_us = 0;
-        self.active = false;
-        self.owed_mj = 0;
-    }
-}
-
-/// Applies `f` to the totals of `a`, marked as changed at `at`: one lookup, and the key is
-/// copied only when the account is new.
-fn touch(
-    map: &mut BTreeMap<Account, Totals>,
-    a: &Account,
-    at: Duration,
-    f: impl FnOnce(&mut Totals),
-) {
-    if let Some(t) = map.get_mut(a) {
-        t.last_change = at;
-        f(t);
-        return;
-    }
-    let mut t = Totals {
-        last_change: at,
-        ..Totals::default()
-    };
-    f(&mut t);
-    map.insert(a.clone(), t);
-}
-
-/// Adds `w` to the pending weight of `a` (the key copied only when new).
-fn add(map: &mut BTreeMap<Account, f64>, a: &Account, w: f64) {
-    match map.get_mut(a) {
-        Some(v) => *v += w,
-        None => {
-            map.insert(a.clone(), w);
+        for s in &mut self.slots {
+            s.pending_allocated = 0.0;
+            s.pending_busy = 0.0;
         }
     }
 }
@@ -377,53 +494,64 @@ fn add(map: &mut BTreeMap<Account, f64>, a: &Account, w: f64) {
 /// first, so the split is exact and deterministic. No positive weight: all to the
 /// unallocated account of the whole GPU.
 pub fn split(total: u64, weights: &BTreeMap<Account, f64>) -> Vec<(Account, u64)> {
+    let listed: Vec<(&Account, f64)> = weights.iter().map(|(a, w)| (a, *w)).collect();
     let mut out = Vec::new();
-    split_each(total, weights, |a, n| out.push((a.clone(), n)));
+    split_each(total, &listed, |a, n| {
+        out.push((
+            a.map_or_else(|| Account::unallocated(None), Clone::clone),
+            n,
+        ));
+    });
     out
 }
 
-/// [`split`], handing each account's units to `f` (nothing is copied).
-pub fn split_each(total: u64, weights: &BTreeMap<Account, f64>, mut f: impl FnMut(&Account, u64)) {
+/// [`split`] over any keys, handing each key's units to `f` in `weights` order; `None` is
+/// the unallocated account of the whole GPU (no positive weight).
+pub fn split_each<K: Copy>(total: u64, weights: &[(K, f64)], mut f: impl FnMut(Option<K>, u64)) {
     const SCALE: f64 = (1u64 << 40) as f64;
+    let positive = |w: f64| w.is_finite() && w > 0.0;
     let sum: f64 = weights
-        .values()
-        .filter(|w| w.is_finite() && **w > 0.0)
+        .iter()
+        .map(|(_, w)| *w)
+        .filter(|w| positive(*w))
         .sum();
     if total == 0 {
         return;
     }
     if sum <= 0.0 || !sum.is_finite() {
-        f(&Account::unallocated(None), total);
+        f(None, total);
         return;
     }
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let ints: Vec<(&Account, u128)> = weights
+    let ints: Vec<(K, u128)> = weights
         .iter()
-        .filter(|(_, w)| w.is_finite() && **w > 0.0)
-        .map(|(a, w)| (a, ((w / sum) * SCALE).round().max(1.0) as u128))
+        .filter(|(_, w)| positive(*w))
+        .map(|(k, w)| (*k, ((w / sum) * SCALE).round().max(1.0) as u128))
         .collect();
     let denom: u128 = ints.iter().map(|(_, w)| w).sum();
     let total128 = u128::from(total);
-    let mut out: Vec<(&Account, u64, u128)> = ints
+    let mut out: Vec<(K, u64, u128)> = ints
         .iter()
-        .map(|(a, w)| {
+        .map(|(k, w)| {
             let q = total128 * w;
-            (*a, u64::try_from(q / denom).unwrap_or(u64::MAX), q % denom)
+            (*k, u64::try_from(q / denom).unwrap_or(u64::MAX), q % denom)
         })
         .collect();
     let given: u64 = out.iter().map(|(_, n, _)| n).sum();
     let mut left = total - given;
-    let mut order: Vec<usize> = (0..out.len()).collect();
-    order.sort_by(|&a, &b| out[b].2.cmp(&out[a].2).then(a.cmp(&b)));
-    for i in order {
-        if left == 0 {
-            break;
+    if left > 0 {
+        let mut order: Vec<usize> = (0..out.len()).collect();
+        order.sort_by(|&a, &b| out[b].2.cmp(&out[a].2).then(a.cmp(&b)));
+        for i in order {
+            if left == 0 {
+                break;
+            }
+            out[i].1 += 1;
+            left -= 1;
         }
-        out[i].1 += 1;
-        left -= 1;
     }
-    for (a, n, _) in out {
-        f(a, n);
+    for (k, n, _) in out {
+        f(Some(k), n);
     }
 }
 

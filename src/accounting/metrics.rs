@@ -19,13 +19,14 @@
 //! `namespace`, `pod`, `container` (absent but for containers). Empty labels are left out:
 //! Prometheus treats an empty label as no label.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use std::fmt::Write as _;
 
 use super::ledger::{GpuAccounts, GpuView, Ledger, Totals};
 use super::types::{Account, Consumer, GpuTick};
+use crate::gzip::Part;
 use crate::render::escape_label_value;
 
 /// How accounting runs.
@@ -40,6 +41,9 @@ pub struct AccountingOptions {
     /// The node label's name (`hostname`, or `Hostname` as dcgm-exporter 4.8.2 and older
     /// named it) and value, as on the GPU series.
     pub hostname: (String, String),
+    /// How often the families are rendered again (`--accounting-publish-interval`); zero:
+    /// at every sample. The totals advance at every sample either way.
+    pub publish_every: Duration,
 }
 
 /// The ledger and its families; off (nothing rendered, nothing recorded) until enabled.
@@ -53,6 +57,10 @@ struct Inner {
     ledger: Option<Ledger>,
     processes: bool,
     hostname: (String, String),
+    publish_every: Duration,
+    /// The families as last rendered, the sample time and the ledger generation they were
+    /// rendered at.
+    published: Option<(Duration, u64, Arc<Part>)>,
 }
 
 impl Default for AccountingMetrics {
@@ -62,6 +70,8 @@ impl Default for AccountingMetrics {
                 ledger: None,
                 processes: false,
                 hostname: ("hostname".into(), String::new()),
+                publish_every: Duration::ZERO,
+                published: None,
             }),
         }
     }
@@ -78,6 +88,8 @@ impl AccountingMetrics {
         i.ledger = Some(Ledger::new(opts.idle_mw, opts.retention));
         i.processes = opts.processes;
         i.hostname = opts.hostname;
+        i.publish_every = opts.publish_every;
+        i.published = None;
     }
 
     /// Whether accounting is on.
@@ -122,7 +134,7 @@ fn family(
 ) {
     let mut header = false;
     for g in gpus {
-        for (a, t) in g.accounts {
+        for (a, t) in g.accounts.iter() {
             let Some(v) = value(a, t) else {
                 continue;
             };
@@ -217,14 +229,46 @@ fn label_set(g: &GpuView<'_>, a: &Account, host: &(String, String)) -> String {
 }
 
 impl AccountingMetrics {
-    /// Appends the accounting families to `out` (a body being rendered), in Prometheus text
-    /// format 0.0.4; nothing while accounting is off.
+    /// The accounting families for the body of the sample taken at `at` (the time the ledger
+    /// was last advanced to), with their compressed form: rendered again when a publish
+    /// interval has passed since they last were, or when an account came or went (so a new
+    /// pod's series show at once, and a gone one's stop), else as they were. The totals are
+    /// exact at each publication; between two, a scrape sees the last one. `None` while
+    /// accounting is off.
+    /// `unix_seconds` is the sample's wall-clock time, served as
+    /// `gpu_exporter_accounting_published_timestamp_seconds` with the families it dates.
+    pub fn published(&self, at: Duration, unix_seconds: f64) -> Option<Arc<Part>> {
+        let mut inner = self.lock();
+        let generation = inner.ledger.as_ref()?.generation();
+        if let Some((when, g, part)) = &inner.published {
+            let due = at.saturating_sub(*when) >= inner.publish_every;
+            if !due && *g == generation {
+                return Some(Arc::clone(part));
+            }
+        }
+        let mut text = String::new();
+        inner.render(&mut text);
+        text.push_str("# HELP gpu_exporter_accounting_published_timestamp_seconds When the accounting families in this body were rendered (unix time): their totals are as of that sample (--accounting-publish-interval).\n# TYPE gpu_exporter_accounting_published_timestamp_seconds gauge\ngpu_exporter_accounting_published_timestamp_seconds ");
+        micro(&mut text, unix_seconds);
+        text.push('\n');
+        let part = Part::new(text);
+        inner.published = Some((at, generation, Arc::clone(&part)));
+        Some(part)
+    }
+
+    /// Appends the accounting families to `out` as they are now, in Prometheus text format
+    /// 0.0.4; nothing while accounting is off.
     pub fn render_into(&self, out: &mut String) {
-        let inner = self.lock();
-        let Some(ledger) = inner.ledger.as_ref() else {
+        self.lock().render(out);
+    }
+}
+
+impl Inner {
+    fn render(&self, out: &mut String) {
+        let Some(ledger) = self.ledger.as_ref() else {
             return;
         };
-        let (processes, host) = (inner.processes, &inner.hostname);
+        let (processes, host) = (self.processes, &self.hostname);
         let gpus: Vec<GpuView<'_>> = ledger.view().collect();
         family(
             out,
@@ -304,7 +348,7 @@ mod tests {
             uuid: "GPU-a".into(),
             index,
             energy_mj: Some(mj),
-            allocated: vec![(holder.clone(), 0.5)],
+            allocated: vec![(holder.clone(), 0.5)].into(),
             busy: vec![(holder, 0.25)],
             running: None,
         }
@@ -317,6 +361,69 @@ mod tests {
     }
 
     #[test]
+    fn families_are_published_again_only_after_the_publish_interval_and_exact_when_they_are() {
+        let m = AccountingMetrics::default();
+        assert!(m.published(Duration::ZERO, 0.0).is_none(), "off: no part");
+        m.enable(AccountingOptions {
+            idle_mw: Some(0),
+            processes: false,
+            retention: Duration::from_secs(600),
+            hostname: ("hostname".into(), "node-a".into()),
+            publish_every: Duration::from_secs(60),
+        });
+        let text = |p: &Arc<Part>| String::from_utf8(p.text().to_vec()).expect("utf-8");
+        let joules = |p: &Arc<Part>| {
+            let t = text(p);
+            let line = t
+                .lines()
+                .find(|l| {
+                    l.starts_with("gpu_exporter_container_energy_joules_total{")
+                        && l.contains("consumer=\"holder\"")
+                })
+                .map(str::to_owned);
+            line.map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+        };
+        let secs = Duration::from_secs;
+        m.record(secs(0), &[tick(0, 1_000)]);
+        let empty = m.published(secs(0), 1e9 + 0.0).expect("on");
+        assert_eq!(joules(&empty), None, "the first reading is the baseline");
+        // The accounts appear: published at once, though the interval has not passed.
+        m.record(secs(10), &[tick(0, 2_000)]);
+        let first = m.published(secs(10), 1e9 + 10.0).expect("on");
+        assert_eq!(joules(&first).as_deref(), Some("1"), "{}", text(&first));
+        // Within the interval, the same accounts: the same part (not rendered or compressed
+        // again), though the totals advanced.
+        m.record(secs(30), &[tick(0, 4_000)]);
+        let kept = m.published(secs(30), 1e9 + 30.0).expect("on");
+        assert!(Arc::ptr_eq(&first, &kept));
+        assert_eq!(joules(&kept).as_deref(), Some("1"));
+        // A minute after the last publication: rendered again, with every joule since.
+        m.record(secs(70), &[tick(0, 6_500)]);
+        let next = m.published(secs(70), 1e9 + 70.0).expect("on");
+        assert!(!Arc::ptr_eq(&first, &next));
+        assert_eq!(joules(&next).as_deref(), Some("5.5"), "{}", text(&next));
+        // The families as render_into writes them at that moment, then their date.
+        let mut now = String::new();
+        m.render_into(&mut now);
+        assert!(text(&next).starts_with(&now));
+        assert!(text(&next)
+            .ends_with("\ngpu_exporter_accounting_published_timestamp_seconds 1000000070\n"));
+        assert!(text(&kept)
+            .ends_with("\ngpu_exporter_accounting_published_timestamp_seconds 1000000010\n"));
+        // Zero: every sample.
+        m.enable(AccountingOptions {
+            idle_mw: Some(0),
+            processes: false,
+            retention: Duration::from_secs(600),
+            hostname: ("hostname".into(), "node-a".into()),
+            publish_every: Duration::ZERO,
+        });
+        let a = m.published(secs(71), 1e9 + 71.0).expect("on");
+        let b = m.published(secs(71), 1e9 + 71.0).expect("on");
+        assert!(!Arc::ptr_eq(&a, &b));
+    }
+
+    #[test]
     fn families_render_exact_joules_with_cached_label_sets_that_follow_a_renumbered_gpu() {
         let m = AccountingMetrics::default();
         assert_eq!(body(&m), "", "off: nothing");
@@ -325,6 +432,7 @@ mod tests {
             processes: false,
             retention: Duration::from_secs(60),
             hostname: ("Hostname".into(), "node-a".into()),
+            publish_every: std::time::Duration::ZERO,
         });
         m.record(Duration::from_secs(0), &[tick(0, 1_000)]);
         m.record(Duration::from_secs(2), &[tick(0, 3_001)]);

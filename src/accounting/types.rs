@@ -3,6 +3,7 @@
 //! the metrics.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use crate::pods::PodRef;
 
@@ -63,6 +64,10 @@ impl Account {
     }
 }
 
+/// Each account's share of a GPU, as a sample's input hands it (the same list, by pointer,
+/// while the pods and devices stay).
+pub type Shares = Arc<[(Account, f64)]>;
+
 /// One sample's view of one physical GPU: the input of the [`Ledger`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct GpuTick {
@@ -74,8 +79,9 @@ pub struct GpuTick {
     /// `None` when it could not be read.
     pub energy_mj: Option<u64>,
     /// The share of the GPU each holder holds, in [0, 1]; the ledger gives what is left to
-    /// the whole GPU's unallocated account.
-    pub allocated: Vec<(Account, f64)>,
+    /// the whole GPU's unallocated account. Shared: it changes only with the pods, and the
+    /// ledger reuses its lookups while it is the same list.
+    pub allocated: Shares,
     /// Measured activity, as a share of the whole GPU in [0, 1] (an SM utilisation of 40 % on
     /// the whole GPU is 0.4; a MIG instance holding 3/7 of the GPU, 50 % active, is 3/14).
     pub busy: Vec<(Account, f64)>,

@@ -159,6 +159,13 @@ pub struct Args {
     #[arg(long, env = "GPU_EXPORTER_NO_ACCOUNTING")]
     pub no_accounting: bool,
 
+    /// Accounting (on with -k): how often, ms, the gpu_exporter_container_*_total families are
+    /// rendered again into the served body; 0: at every sample. The totals advance at every
+    /// sample either way, so each publication is exact; between two, scrapes see the last.
+    #[arg(long, env = "GPU_EXPORTER_ACCOUNTING_PUBLISH_INTERVAL", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub accounting_publish_interval: u64,
+
     /// The host's /proc, to map GPU processes (host PIDs) to containers: /proc with hostPID,
     /// or the host's /proc mounted elsewhere (/host/proc in the shipped DaemonSet).
     #[arg(

@@ -1,10 +1,12 @@
 //! What the sampler publishes and `/metrics` serves: the rendered body and the same body
 //! gzip-compressed, both made by the sampler before the sample is published.
 
-use std::io::Write as _;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::time::Instant;
+
+use crate::gzip::{self, Part};
 
 /// A rendered sample, as served by `/metrics`.
 #[derive(Debug, Clone)]
@@ -26,9 +28,32 @@ impl Published {
     /// A published sample; compresses `body` (on the caller's thread: the sampler's), so that
     /// no scrape compresses it or waits for another scrape to.
     pub fn new(body: Bytes, at: Instant, series: usize, not_ready: Option<String>) -> Self {
-        let gzip = gzip(&body);
+        let gzip = gzip::gzip(&body, None);
         Self {
             body,
+            at,
+            series,
+            not_ready,
+            gzip,
+        }
+    }
+
+    /// A published sample whose body is `head` (rendered for this sample) followed by `tail`
+    /// (kept from an earlier one, already compressed: only `head` is compressed here).
+    pub fn with_tail(
+        mut head: String,
+        tail: Option<Arc<Part>>,
+        at: Instant,
+        series: usize,
+        not_ready: Option<String>,
+    ) -> Self {
+        let gzip = gzip::gzip(head.as_bytes(), tail.as_deref());
+        let mut body = std::mem::take(&mut head).into_bytes();
+        if let Some(t) = &tail {
+            body.extend_from_slice(t.text());
+        }
+        Self {
+            body: Bytes::from(body),
             at,
             series,
             not_ready,
@@ -41,20 +66,6 @@ impl Published {
     pub fn gzip_body(&self) -> &Bytes {
         &self.gzip
     }
-}
-
-/// `body` gzip-compressed at the fast level: exposition text shrinks about tenfold at a
-/// fraction of the default level's cost.
-fn gzip(body: &[u8]) -> Bytes {
-    let mut enc = flate2::write::GzEncoder::new(
-        Vec::with_capacity(body.len() / 8 + 64),
-        flate2::Compression::fast(),
-    );
-    let compressed = enc
-        .write_all(body)
-        .and_then(|()| enc.finish())
-        .expect("gzip into a Vec: writing to memory cannot fail");
-    Bytes::from(compressed)
 }
 
 #[cfg(test)]

@@ -215,6 +215,39 @@ pub fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     exchange(s, path, "")
 }
 
+/// HTTP GET asking for gzip, as Prometheus does; (status, the body decoded). Panics unless
+/// the answer is one whole gzip member (a decoder that stops at the first member's end reads
+/// all of it).
+pub fn get_gzip(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect_timeout(&addr, DEADLINE).expect("connect");
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept-Encoding: gzip\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).expect("write request");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a header");
+    let head = String::from_utf8_lossy(&buf[..split]).to_ascii_lowercase();
+    let status = head[9..12].parse().expect("a status");
+    assert!(head.contains("content-encoding: gzip"), "{head}");
+    let body = &buf[split + 4..];
+    let mut text = String::new();
+    let mut d = flate2::read::GzDecoder::new(body);
+    d.read_to_string(&mut text).expect("one gzip member");
+    let mut rest = Vec::new();
+    let _ = d.into_inner().read_to_end(&mut rest);
+    assert!(
+        rest.is_empty(),
+        "{} bytes after the gzip member",
+        rest.len()
+    );
+    (status, text)
+}
+
 /// Accepts any server certificate, as the kubelet's HTTPS probes do.
 #[derive(Debug)]
 struct NoVerification(Arc<rustls::crypto::CryptoProvider>);

@@ -145,6 +145,9 @@ def main():
             "--cri-refresh", str(CRI_REFRESH_MS), "--cri-ttl", str(CRI_TTL_MS), "--cri-timeout", "1000",
             "--kubernetes-process-usage", "--kubernetes-enable-pod-uid", "--kubernetes-enable-pod-labels",
             "-a", f"127.0.0.1:{port}", "-c", str(INTERVAL_MS),
+            # Accounting published every 3 s (default: a minute), so that the energy check
+            # below sees several publications, each kept over the samples between.
+            "--accounting-publish-interval", "3000",
         ], "exporter.log")
 
         # The same, at the default collect interval (30 s): its first scrape and a pod's

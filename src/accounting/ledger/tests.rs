@@ -1,4 +1,5 @@
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
@@ -26,7 +27,7 @@ fn tick(energy: Option<u64>, allocated: &[(Account, f64)], busy: &[(Account, f64
         uuid: "GPU-a".into(),
         index: 0,
         energy_mj: energy,
-        allocated: allocated.to_vec(),
+        allocated: allocated.to_vec().into(),
         busy: busy.to_vec(),
         running: Some(
             busy.iter()
@@ -182,4 +183,41 @@ fn work_outside_pods_is_charged_to_its_own_account_and_gone_pods_are_dropped_aft
     assert!(!e.contains_key(&holder("a")), "{e:?}");
     assert!(e.contains_key(&Account::unallocated(None)));
     let _ = BTreeSet::<Account>::new();
+}
+
+#[test]
+fn a_list_seen_before_keeps_charging_its_own_accounts_after_others_are_dropped() {
+    // Pod "c" holds the GPU first (its account takes the first slot); then "a" and "b" hold it
+    // through one list that the input hands again at every sample (the same pointer). When
+    // "c" is dropped after retention the slots move: the list must still charge "a" and "b".
+    let mut l = Ledger::new(Some(0), secs(60));
+    let mk = |v: &[(Account, f64)]| -> GpuTick {
+        let mut t = tick(None, v, &[]);
+        t.running = None;
+        t
+    };
+    let at_energy = |l: &mut Ledger, t: u64, e: u64, list: &Arc<[(Account, f64)]>| {
+        let mut k = mk(&[]);
+        k.allocated = Arc::clone(list);
+        k.energy_mj = Some(e);
+        l.record(secs(t), &[k]);
+    };
+    let c: Arc<[(Account, f64)]> = vec![(holder("c"), 1.0)].into();
+    let ab: Arc<[(Account, f64)]> = vec![(holder("a"), 0.5), (holder("b"), 0.5)].into();
+    at_energy(&mut l, 0, 0, &c);
+    at_energy(&mut l, 10, 1_000, &c);
+    for t in (20..=200).step_by(10) {
+        at_energy(&mut l, t, 1_000 + (t - 10) * 100, &ab);
+    }
+    let g = &l.accounts()["GPU-a"];
+    assert!(
+        !g.accounts.contains_key(&holder("c")),
+        "dropped after retention"
+    );
+    let (a, b) = (&g.accounts[&holder("a")], &g.accounts[&holder("b")]);
+    // 19 intervals of 10 s at half the GPU each.
+    assert!((a.allocated_gpu_seconds - 95.0).abs() < 1e-9, "{a:?}");
+    assert!((b.allocated_gpu_seconds - 95.0).abs() < 1e-9, "{b:?}");
+    assert_eq!(a.energy_mj + b.energy_mj, 19 * 1_000);
+    assert_eq!(a.energy_mj, b.energy_mj);
 }
