@@ -359,15 +359,71 @@ fn self_metrics() -> SamplerMetrics {
     }
 }
 
+/// A sampler over a simulated node with `pods` pods, accounting off (`None`) or on, published
+/// every `Some(interval)`; `(sampler, the case's name, its channels' senders)`.
+fn tick_case(
+    rt: &tokio::runtime::Runtime,
+    profile: &str,
+    pods: usize,
+    accounting: Option<Duration>,
+) -> (Sampler<SimulatedSource>, String, Box<dyn std::any::Any>) {
+    let source = sim(profile);
+    let catalog = catalog_for(&source);
+    let devices = source.devices().expect("devices");
+    let (catalog_tx, catalog_rx) = watch::channel(Arc::new(catalog));
+    let (pods_tx, pods_rx) = watch::channel(Arc::new(attribution(&devices, pods)));
+    let mut sampler = Sampler::new(
+        Arc::new(source),
+        catalog_rx,
+        pods_rx,
+        SamplerOptions {
+            interval: INTERVAL,
+            rediscover_every: Duration::from_secs(3600),
+            build: options(),
+        },
+        {
+            let m = self_metrics();
+            if let Some(publish_every) = accounting {
+                m.accounting
+                    .enable(gpu_exporter::accounting::AccountingOptions {
+                        idle_mw: None,
+                        processes: false,
+                        retention: Duration::from_secs(900),
+                        hostname: ("hostname".into(), "bench".into()),
+                        publish_every,
+                    });
+            }
+            m
+        },
+    );
+    rt.block_on(sampler.tick());
+    let first = rt.block_on(sampler.tick());
+    let suffix = match accounting {
+        None => "",
+        Some(d) if d.is_zero() => "+accounting-every-tick",
+        Some(_) => "+accounting",
+    };
+    let name = format!("{profile}/{pods}pods{suffix}");
+    eprintln!(
+        "tick/{name}: body {} bytes, {} lines, {} gzipped, {} series",
+        first.body.len(),
+        first.body.iter().filter(|b| **b == b'\n').count(),
+        first.gzip_body().len(),
+        first.series
+    );
+    // The senders are kept as long as the sampler, as the exporter keeps them.
+    (sampler, name, Box::new((catalog_tx, pods_tx)))
+}
+
 fn bench_tick(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let mut group = c.benchmark_group("tick");
-    // With `-k` accounting advances at every tick: the 200-pod node is measured with it off and on.
-    // Accounting publishes on its own interval (the default, a minute: a tick rarely renders
-    // it) or, as `--accounting-publish-interval 0`, at every tick.
+    // With `-k` accounting advances at every tick: the 200-pod node is measured with it off and
+    // on, published on its own interval (the default, a minute: a tick rarely renders it) or,
+    // as `--accounting-publish-interval 0`, at every tick.
     for (profile, pods, accounting) in [
         ("1xA100-40GB", 0, None),
         ("8xH100-SXM", 200, None),
@@ -376,56 +432,64 @@ fn bench_tick(c: &mut Criterion) {
         ("64xH100-SXM", 0, None),
         ("8xA100-80GB-7xMIG", 56, None),
     ] {
-        let source = sim(profile);
-        let catalog = catalog_for(&source);
-        let devices = source.devices().expect("devices");
-        let (_catalog_tx, catalog_rx) = watch::channel(Arc::new(catalog));
-        let (_pods_tx, pods_rx) = watch::channel(Arc::new(attribution(&devices, pods)));
-        let mut sampler = Sampler::new(
-            Arc::new(source),
-            catalog_rx,
-            pods_rx,
-            SamplerOptions {
-                interval: INTERVAL,
-                rediscover_every: Duration::from_secs(3600),
-                build: options(),
-            },
-            {
-                let m = self_metrics();
-                if let Some(publish_every) = accounting {
-                    m.accounting
-                        .enable(gpu_exporter::accounting::AccountingOptions {
-                            idle_mw: None,
-                            processes: false,
-                            retention: Duration::from_secs(900),
-                            hostname: ("hostname".into(), "bench".into()),
-                            publish_every,
-                        });
-                }
-                m
-            },
-        );
-        rt.block_on(sampler.tick());
-        let first = rt.block_on(sampler.tick());
-        let series = first.series;
+        let (mut sampler, name, _senders) = tick_case(&rt, profile, pods, accounting);
+        let series = rt.block_on(sampler.tick()).series;
         group.throughput(Throughput::Elements(series as u64));
-        let suffix = match accounting {
-            None => "",
-            Some(d) if d.is_zero() => "+accounting-every-tick",
-            Some(_) => "+accounting",
-        };
-        eprintln!(
-            "tick/{profile}/{pods}pods{suffix}: body {} bytes, {} lines, {} gzipped",
-            first.body.len(),
-            first.body.iter().filter(|b| **b == b'\n').count(),
-            first.gzip_body().len()
-        );
-        group.bench_function(
-            BenchmarkId::from_parameter(format!("{profile}/{pods}pods{suffix}")),
-            |b| {
-                b.iter(|| rt.block_on(sampler.tick()));
-            },
-        );
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| rt.block_on(sampler.tick()));
+        });
+    }
+    group.finish();
+}
+
+/// The CPU time of the whole process (every thread), ns: what a tick costs the node, however
+/// busy the machine is with other work (wall time is not, on a shared 2-core VM).
+struct ProcessCpu;
+
+/// Its values are nanoseconds, formatted as wall time's.
+static WALL: criterion::measurement::WallTime = criterion::measurement::WallTime;
+
+fn cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+}
+
+impl criterion::measurement::Measurement for ProcessCpu {
+    type Intermediate = u64;
+    type Value = u64;
+
+    fn start(&self) -> u64 {
+        cpu_ns()
+    }
+    fn end(&self, i: u64) -> u64 {
+        cpu_ns().saturating_sub(i)
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn criterion::measurement::ValueFormatter {
+        criterion::measurement::Measurement::formatter(&WALL)
+    }
+}
+
+/// Accounting's cost on the tick in CPU time (issue 37's target: at most +10 %).
+fn bench_tick_cpu(c: &mut Criterion<ProcessCpu>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("tick_cpu");
+    for accounting in [None, Some(Duration::from_secs(60)), Some(Duration::ZERO)] {
+        let (mut sampler, name, _senders) = tick_case(&rt, "8xH100-SXM", 200, accounting);
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| rt.block_on(sampler.tick()));
+        });
     }
     group.finish();
 }
@@ -485,4 +549,12 @@ criterion_group! {
         .measurement_time(Duration::from_secs(3));
     targets = bench_snapshot_and_gzip, bench_csv, bench_pod_mapping, bench_tick, bench_nvml_fake
 }
-criterion_main!(benches);
+criterion_group! {
+    name = cpu;
+    config = Criterion::default()
+        .with_measurement(ProcessCpu)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = bench_tick_cpu
+}
+criterion_main!(benches, cpu);
