@@ -332,7 +332,8 @@ async fn run(args: Args) -> Result<()> {
             processes: false,
             retention: Duration::from_secs(15 * 60),
             hostname: ("hostname".to_owned(), hostname.clone()),
-            publish_every: std::time::Duration::ZERO,
+            // --accounting-publish-interval's default.
+            publish_every: Duration::from_secs(60),
         });
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Arc::clone(&samples)));
