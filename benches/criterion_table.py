@@ -16,7 +16,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- criterion:begin -->", "<!-- criterion:end -->"
-GROUPS = ["build", "render", "build_render", "gzip", "tick", "csv_parse", "pod_mapping", "nvml_fake_tick"]
+GROUPS = ["build", "render", "build_render", "gzip", "tick", "tick_cpu", "csv_parse", "pod_mapping", "nvml_fake_tick"]
 # (plural, singular) of what each group reports as throughput.
 UNIT = {"build": ("series", "series"), "render": ("series", "series"),
         "build_render": ("series", "series"), "tick": ("series", "series"),
