@@ -278,3 +278,54 @@ async fn the_first_scrape_after_ready_is_attributed_and_changes_follow_without_a
     // Other pods keep their labels.
     assert!(body.contains("pod=\"embed-a\""));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_socket_does_not_hold_the_first_sample_for_its_call_timeout() {
+    // With -k and neither the kubelet's nor the runtime's socket present, waiting the call
+    // timeouts (ten minutes each here) would not help: the first sample is published at once,
+    // without pod labels, and the sources are not counted as having timed out.
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = dir.path().join("kubelet.sock");
+    let cri = dir.path().join("cri.sock");
+    let mut e = Exporter::start(&[
+        "-k".as_ref(),
+        "--pod-resources-kubelet-socket".as_ref(),
+        kubelet.as_os_str(),
+        "--pod-resources-timeout".as_ref(),
+        "600000".as_ref(),
+        "--kubernetes-process-usage".as_ref(),
+        "--container-runtime-endpoint".as_ref(),
+        format!("unix://{}", cri.display()).as_ref(),
+        "--cri-timeout".as_ref(),
+        "600000".as_ref(),
+        "--path.procfs".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    let mut sources = std::collections::BTreeSet::new();
+    for _ in 0..2 {
+        let v = e.wait_for("first sample published without this attribution source: it cannot");
+        assert_eq!(v["fields"]["reason"], "socket_missing", "{v}");
+        sources.insert(
+            v["fields"]["source"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+    }
+    assert_eq!(sources, ["cri".to_owned(), "kubelet".to_owned()].into());
+    e.wait_for("first sample published; /ready answers 200");
+    let (status, body) = e.get("/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(common::series(&body, FB)
+        .iter()
+        .all(|l| !l.contains("pod=")));
+    for source in ["cri", "kubelet"] {
+        let line = format!(
+            "gpu_exporter_attribution_first_answer_timeouts_total{{source=\"{source}\"}} 0\n"
+        );
+        assert!(
+            body.contains(&line),
+            "{line} (no source timed out):\n{body}"
+        );
+    }
+}

@@ -113,12 +113,17 @@ impl<R: ContainerRuntime> CriRefresher<R> {
                 }
                 let dir = PodDirectory::from_runtime(&snapshot, &self.opts.labels);
                 self.publish(dir);
-                self.answered.send_modify(|a| a.answers += 1);
+                self.answered.send_modify(|a| {
+                    a.answers += 1;
+                    a.unavailable = None;
+                });
                 RefreshOutcome::Fresh
             }
             Err(e) => {
                 let reason = e.reason();
                 status.record_failure(reason);
+                self.answered
+                    .send_if_modified(|a| super::unavailable(a, reason));
                 let failed = self.policy.failed(now, reason);
                 log_failure!(
                     failed,

@@ -132,17 +132,30 @@ pub struct Answered {
     /// The device inventory the published attribution was mapped with (the kubelet's device
     /// ids are matched against it); `None` for sources that need no inventory.
     pub inventory: Option<std::sync::Arc<Vec<crate::gpu::Device>>>,
+    /// Why the source cannot answer soon, so the first sample need not wait for it: its socket
+    /// does not exist (`socket_missing`); `None` once it answers.
+    pub unavailable: Option<&'static str>,
 }
 
 impl Answered {
     /// Whether this source has answered, and (where it maps device ids) with `devices`.
     pub fn covers(&self, devices: &[crate::gpu::Device]) -> bool {
+        // (`unavailable` is not an answer: see `FirstAnswers`, which stops waiting on it.)
         self.answers > 0
             && self
                 .inventory
                 .as_ref()
                 .is_none_or(|i| i.as_slice() == devices)
     }
+}
+
+/// Marks `a` unavailable when a call failed with `reason` and that failure will not go away
+/// within a call timeout (the socket does not exist); whether it changed.
+pub(crate) fn unavailable(a: &mut Answered, reason: &'static str) -> bool {
+    let now = (reason == "socket_missing").then_some(reason);
+    let changed = a.unavailable != now;
+    a.unavailable = now;
+    changed
 }
 
 /// Lists the device assignments of the pods on this node.

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::mapping::{self, MappingOptions};
 use super::proto::{AllocatableResourcesResponse, ListPodResourcesResponse};
 use super::refresh::{log_failure, unix_now, Policy};
-use super::{Answered, Attribution, PodResolver};
+use super::{unavailable, Answered, Attribution, PodResolver};
 use crate::gpu::Device;
 
 mod metrics;
@@ -138,12 +138,14 @@ impl<R: PodResolver> Refresher<R> {
                 self.answered.send_modify(|a| {
                     a.answers += 1;
                     a.inventory = Some(devices);
+                    a.unavailable = None;
                 });
                 RefreshOutcome::Fresh
             }
             Err(e) => {
                 let reason = e.reason();
                 status.record_failure(reason);
+                self.answered.send_if_modified(|a| unavailable(a, reason));
                 let failed = self.policy.failed(now, reason);
                 log_failure!(
                     failed,

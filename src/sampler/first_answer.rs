@@ -1,6 +1,7 @@
 //! Attribution from the first sample: the first tick after a successful discovery waits for
 //! the first answer of every attribution source (kubelet, container runtime, HPC directory),
-//! each at most its call timeout (`gpu_exporter_attribution_first_answer_timeouts_total`).
+//! each at most its call timeout (`gpu_exporter_attribution_first_answer_timeouts_total`), and
+//! not at all for a source whose socket does not exist (waiting would not make it appear).
 
 use std::time::Duration;
 
@@ -52,12 +53,25 @@ impl FirstAnswers {
         let start = Instant::now();
         for gate in &mut self.gates {
             let deadline = start + gate.wait;
-            let answered = matches!(
-                tokio::time::timeout_at(deadline, gate.answered.wait_for(|a| a.covers(devices)))
-                    .await,
-                Ok(Ok(_))
-            );
-            if answered {
+            let seen = tokio::time::timeout_at(
+                deadline,
+                gate.answered
+                    .wait_for(|a| a.covers(devices) || a.unavailable.is_some()),
+            )
+            .await;
+            let (answered, unavailable) = match &seen {
+                Ok(Ok(a)) => (a.covers(devices), a.unavailable),
+                _ => (false, None),
+            };
+            if let (false, Some(reason)) = (answered, unavailable) {
+                // Waiting would not help (its socket does not exist): the refresher has
+                // already warned why; its labels follow when it answers.
+                tracing::info!(
+                    source = gate.source,
+                    reason,
+                    "first sample published without this attribution source: it cannot answer yet"
+                );
+            } else if answered {
                 tracing::debug!(
                     source = gate.source,
                     "first sample: attribution source answered"
