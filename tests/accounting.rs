@@ -153,6 +153,15 @@ struct Node {
 }
 
 impl Node {
+    /// The H100 node of the accounting scenario (its pods and duty cycles), with `args`.
+    fn accounting_scenario(args: &[&str]) -> Self {
+        let node = std::fs::read_to_string(fixture("pods/h100-accounting-seed1.toml")).unwrap();
+        let scenario = fixture("scenarios/accounting.toml");
+        let mut all: Vec<&std::ffi::OsStr> = vec!["--sim-scenario".as_ref(), scenario.as_os_str()];
+        all.extend(args.iter().map(std::ffi::OsStr::new));
+        Self::start(&node, &all)
+    }
+
     fn start(node: &str, args: &[&std::ffi::OsStr]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
@@ -195,18 +204,11 @@ impl Node {
 
 #[test]
 fn energy_and_gpu_time_split_by_known_duty_cycles_through_the_real_binaries() {
-    let node = std::fs::read_to_string(fixture("pods/h100-accounting-seed1.toml")).unwrap();
-    let scenario = fixture("scenarios/accounting.toml");
-    let n = Node::start(
-        &node,
-        &[
-            "--sim-scenario".as_ref(),
-            scenario.as_os_str(),
-            "--kubernetes-process-usage".as_ref(),
-            "--accounting-idle-power-watts".as_ref(),
-            "60".as_ref(),
-        ],
-    );
+    let n = Node::accounting_scenario(&[
+        "--kubernetes-process-usage",
+        "--accounting-idle-power-watts",
+        "60",
+    ]);
     let (e, fake, assignments) = (&n.e, &n.fake, &n.assignments);
     // Two samples: the energy baseline is set and a first interval charged.
     let b0 = scrape_until(e, "two samples", |b| {
@@ -259,7 +261,8 @@ fn energy_and_gpu_time_split_by_known_duty_cycles_through_the_real_binaries() {
     assert!(d(ALLOCATED, &[("UUID", GPU4), ("consumer", "unallocated")]) > 0.0);
 
     // A pod leaves GPU 5 and another arrives on GPU 6 (the fake kubelet's file changes).
-    let moved = node
+    let moved = std::fs::read_to_string(assignments)
+        .unwrap()
         .replace("pod = \"leaving\"", "pod = \"arriving\"")
         .replace(GPU5, GPU6);
     std::fs::write(assignments, moved).unwrap();
@@ -370,19 +373,7 @@ fn accounting_lines(text: &str) -> Vec<String> {
 fn between_publications_scrapes_see_the_last_published_totals_and_gzip_serves_the_same_body() {
     // Published every 1.5 s, sampled every 100 ms: most samples keep the last publication
     // (its text and its compressed blocks) while their own series change.
-    let node = std::fs::read_to_string(fixture("pods/h100-accounting-seed1.toml")).unwrap();
-    let scenario = fixture("scenarios/accounting.toml");
-    let n = Node::start(
-        &node,
-        &[
-            "--sim-scenario".as_ref(),
-            scenario.as_os_str(),
-            "--accounting-publish-interval".as_ref(),
-            "1500".as_ref(),
-            "-c".as_ref(),
-            "100".as_ref(),
-        ],
-    );
+    let n = Node::accounting_scenario(&["--accounting-publish-interval", "1500", "-c", "100"]);
     let e = &n.e;
     scrape_until(e, "the first accounts", |b| {
         b.has(ENERGY, &[("consumer", "holder")]) && b.has(PUBLISHED, &[])

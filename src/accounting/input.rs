@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::types::{Account, Consumer, GpuTick, Shares};
 use crate::catalog::Field;
-use crate::gpu::{FieldError, GpuProcess, MigInstance, Value};
+use crate::gpu::{Device, FieldError, GpuProcess, MigInstance, Value};
 use crate::pods::usage::EntityUsage;
 use crate::pods::{Attribution, EntityKey, Holder, PodRef};
 use crate::snapshot::DeviceOutcome;
@@ -155,6 +155,19 @@ impl Allocations {
     }
 }
 
+/// Each MIG instance of `d`: its `GPU_I_ID`, its share of the GPU and the key its holders are
+/// filed under.
+fn instances(d: &Device) -> impl Iterator<Item = (Option<u32>, f64, EntityKey)> + '_ {
+    let count = d.instances.len();
+    d.instances.iter().map(move |inst| {
+        let key = EntityKey {
+            gpu: d.identity.index,
+            gi_id: Some(inst.gi_id),
+        };
+        (key.gi_id, instance_share(inst, count), key)
+    })
+}
+
 /// Who holds how much of a device: its holders (of the whole GPU, or of each MIG instance by
 /// its slices), and the capacity of instances nobody holds or replicas nobody holds.
 fn allocation(attribution: &Attribution, o: &DeviceOutcome) -> Vec<(Account, f64)> {
@@ -171,15 +184,8 @@ fn allocation(attribution: &Attribution, o: &DeviceOutcome) -> Vec<(Account, f64
             1.0,
         );
     }
-    let count = d.instances.len();
     let mut out = Vec::new();
-    for inst in &d.instances {
-        let gi = Some(inst.gi_id);
-        let share = instance_share(inst, count);
-        let key = EntityKey {
-            gpu: d.identity.index,
-            gi_id: gi,
-        };
+    for (gi, share, key) in instances(d) {
         let holders = attribution.holders_of(key);
         if holders.is_empty() {
             out.push((Account::unallocated(gi), share));
@@ -249,16 +255,9 @@ fn mig(tick: &mut GpuTick, i: Inputs<'_>, o: &DeviceOutcome, processes: Option<&
     let Ok(sample) = &o.sample else {
         return;
     };
-    let count = d.instances.len();
     let mut busy = Vec::new();
     let mut all_active_known = true;
-    for inst in &d.instances {
-        let gi = Some(inst.gi_id);
-        let share = instance_share(inst, count);
-        let key = EntityKey {
-            gpu: d.identity.index,
-            gi_id: gi,
-        };
+    for (gi, share, key) in instances(d) {
         let holders = i.attribution.holders_of(key);
         let holds = |pod: &PodRef| holders.iter().any(|h| &h.pod == pod);
         // Who runs here, and their framebuffer.
@@ -293,7 +292,7 @@ fn mig(tick: &mut GpuTick, i: Inputs<'_>, o: &DeviceOutcome, processes: Option<&
         let activity = sample
             .instances
             .iter()
-            .find(|s| s.gi_id == inst.gi_id)
+            .find(|s| Some(s.gi_id) == gi)
             .and_then(|s| {
                 s.readings
                     .iter()
