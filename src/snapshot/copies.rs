@@ -6,8 +6,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::labels::{render_pod_labels, Names, DRA_LABELS};
-use super::model::{BuildOptions, Workload};
+use super::labels::{render_pod_labels, DRA_LABELS};
+use super::model::{BuildOptions, Names, Workload};
 use crate::catalog::{Catalog, Field};
 use crate::gpu::{MigInstance, Value};
 use crate::pods::directory::PodMeta;

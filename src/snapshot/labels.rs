@@ -4,40 +4,11 @@
 
 use std::collections::HashSet;
 
-use super::model::{BuildOptions, DeviceOutcome};
+use super::model::{BuildOptions, DeviceOutcome, Names};
 use crate::catalog::{Catalog, Field};
 use crate::gpu::MigInstance;
 use crate::pods::directory::PodMeta;
 use crate::render::push_label;
-
-/// The label names that `-o/--use-old-namespace` changes.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Names {
-    pub(super) uuid: &'static str,
-    pub(super) pod: &'static str,
-    pub(super) namespace: &'static str,
-    pub(super) container: &'static str,
-}
-
-impl Names {
-    pub(super) fn of(opts: &BuildOptions) -> Self {
-        if opts.old_namespace {
-            Names {
-                uuid: "uuid",
-                pod: "pod_name",
-                namespace: "pod_namespace",
-                container: "container_name",
-            }
-        } else {
-            Names {
-                uuid: "UUID",
-                pod: "pod",
-                namespace: "namespace",
-                container: "container",
-            }
-        }
-    }
-}
 
 /// The labels of a DRA holder's copies (dcgm-exporter's), the last two on MIG instances only.
 pub(super) const DRA_LABELS: [&str; 7] = [

@@ -50,7 +50,7 @@ pub use selection::DeviceSelection;
 
 use copies::Ctx;
 use entity::{entity, link_entity};
-use labels::Names;
+use model::Names;
 use pod_families::{container_families, pod_info};
 use series::{entity_series, health_series};
 
@@ -134,16 +134,13 @@ pub fn build_with(
                 }
             }
         }
-        snap.series += fam.series.len();
-        snap.families.push(fam);
+        snap.push(fam);
     }
     if let Some(fam) = pod_info(&ctx, &entities) {
-        snap.series += fam.series.len();
-        snap.families.push(fam);
+        snap.push(fam);
     }
     for fam in container_families(&ctx, &entities) {
-        snap.series += fam.series.len();
-        snap.families.push(fam);
+        snap.push(fam);
     }
     snap
 }
