@@ -13,7 +13,7 @@ use super::model::{BuildOptions, Names, Workload};
 use crate::gpu::MigInstance;
 use crate::pods::directory::PodMeta;
 use crate::pods::usage::{ContainerUsage, EntityUsage};
-use crate::pods::{Attribution, DraClaim, Holder, PodRef};
+use crate::pods::{Attribution, DraClaim, EntityKey, Holder, PodRef};
 
 /// The labels of a DRA holder's copies (dcgm-exporter's), the last two on MIG instances only.
 pub(super) const DRA_LABELS: [&str; 7] = [
@@ -113,7 +113,7 @@ impl<'a> Ctx<'a, '_> {
 
     /// A GPU or MIG instance.
     fn device(&self, entity: Entity<'a>) -> Attributed<'a> {
-        let key = entity.key();
+        let key = entity_key(&entity);
         let holders = self.attribution.holders_of(key);
         let usage = self.workload.usage.get(&key);
         let jobs = self.attribution.jobs_of(key);
@@ -171,7 +171,7 @@ impl<'a> Ctx<'a, '_> {
     /// An NVLink: the pod attributes of the pods holding the whole GPU and its HPC jobs (its
     /// `<gpu>` file, as dcgm-exporter); no per-process values.
     fn link(&self, entity: Entity<'a>) -> Attributed<'a> {
-        let gpu = entity.key();
+        let gpu = entity_key(&entity);
         let holders = self.attribution.holders_of(gpu);
         let variants = self.variants(holders, None, self.attribution.jobs_of(gpu), None);
         Attributed {
@@ -273,6 +273,14 @@ impl<'a> Ctx<'a, '_> {
                 .collect();
         }
         out
+    }
+}
+
+/// What the holders, jobs and usage of `entity` are filed under (a link's are its GPU's).
+fn entity_key(entity: &Entity<'_>) -> EntityKey {
+    EntityKey {
+        gpu: entity.outcome.device.identity.index,
+        gi_id: entity.instance.map(|i| i.gi_id),
     }
 }
 

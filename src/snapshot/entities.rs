@@ -6,7 +6,6 @@
 use super::model::{BuildOptions, DeviceOutcome, Names};
 use crate::catalog::{Catalog, Field};
 use crate::gpu::{LinkSample, MigInstance};
-use crate::pods::EntityKey;
 use crate::render::push_label;
 
 /// A GPU, a MIG instance of one, or an NVLink of one.
@@ -17,16 +16,6 @@ pub(super) struct Entity<'a> {
     pub(super) link: Option<&'a LinkSample>,
     /// Escaped label prefix: identity, hostname and label-type fields.
     pub(super) prefix: String,
-}
-
-impl Entity<'_> {
-    /// What its holders, jobs and usage are filed under (a link's are its GPU's).
-    pub(super) fn key(&self) -> EntityKey {
-        EntityKey {
-            gpu: self.outcome.device.identity.index,
-            gi_id: self.instance.map(|i| i.gi_id),
-        }
-    }
 }
 
 /// The exported entities, by the families they appear in.
