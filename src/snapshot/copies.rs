@@ -134,7 +134,7 @@ impl<'a> Ctx<'a, '_> {
         } else {
             Vec::new()
         };
-        let mut listed: Vec<(&Holder, Option<&PodMeta>)> = Vec::new();
+        let mut listed: Vec<(&Holder, Option<&PodMeta>)> = Vec::with_capacity(holders.len());
         for h in holders {
             // One series per container and replica, however many claims it holds the entity by.
             if listed

@@ -115,6 +115,10 @@ pub fn pod_label_names<'a>(
 fn render_pod_labels(meta: Option<&PodMeta>, reserved: &HashSet<String>) -> String {
     let mut out = String::new();
     let labels = meta.map_or(&[][..], |m| m.labels.as_slice());
+    // The usual case (pod labels off): every pod-info series comes here.
+    if labels.is_empty() {
+        return out;
+    }
     for (k, v) in pod_label_names(labels, reserved) {
         push_label(&mut out, &k, v);
     }
@@ -164,7 +168,7 @@ pub(super) fn label<'a>(copies: Copies<'a>, catalog: &Catalog, opts: &BuildOptio
         names: Names::of(opts),
         last_pod: None,
     };
-    let mut pod_info = Vec::new();
+    let mut pod_info = Vec::with_capacity(copies.devices.iter().map(|a| a.holders.len()).sum());
     let mut containers = Vec::new();
     let mut devices = Vec::with_capacity(copies.devices.len());
     for a in copies.devices {

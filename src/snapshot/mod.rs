@@ -82,6 +82,6 @@ pub fn build_with(
     let labels = labels::label(copies, catalog, opts);
     let mut snap = Snapshot::default();
     series::families(catalog, &labels, opts, &mut snap);
-    pod_families::families(&labels, &mut snap);
+    pod_families::families(labels, &mut snap);
     snap
 }

@@ -41,7 +41,7 @@ pub const CONTAINER_FAMILIES: &[&str] = &[
 
 /// The pod-info family (when some entity has a holder), then the per-container families, into
 /// `snap`.
-pub(super) fn families(labels: &Labels<'_>, snap: &mut Snapshot) {
+pub(super) fn families(labels: Labels<'_>, snap: &mut Snapshot) {
     if !labels.pod_info.is_empty() {
         snap.push(Family {
             name: POD_INFO.to_owned(),
@@ -50,9 +50,9 @@ pub(super) fn families(labels: &Labels<'_>, snap: &mut Snapshot) {
             kind: MetricType::Gauge,
             series: labels
                 .pod_info
-                .iter()
-                .map(|l| Series {
-                    labels: Arc::clone(l),
+                .into_iter()
+                .map(|labels| Series {
+                    labels,
                     value: Value::Int(1),
                 })
                 .collect(),
