@@ -1,128 +1,191 @@
-//! Copies of an entity's series: one per DRA holder (with its claim), else one per holder with
-//! `--kubernetes-virtual-gpus` (with `vgpu` and the holder's own use), else one (with a sole
-//! holder's pod labels); each once per HPC job, and with `--container-labels` once more per
-//! container running there. Each copy is a [`Variant`]: its attributes and its rendered label set.
+//! Step 2, which copies (attribution): an entity's series are copied once per DRA holder (with
+//! its claim), else once per holder with `--kubernetes-virtual-gpus` (with `vgpu` and the
+//! holder's own use), else once (with a sole holder's pod attributes); each once per HPC job, and
+//! with `--container-labels` once more per container running there. Each copy is a [`Variant`]:
+//! its attributes, the pod whose labels it carries, and its holder's own use. Also who holds
+//! each entity (for the pod-info family) and which containers run processes there (for the
+//! per-container families).
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
-use super::labels::{render_pod_labels, Names, DRA_LABELS};
-use super::model::{BuildOptions, Workload};
-use crate::catalog::{Catalog, Field};
-use crate::gpu::{MigInstance, Value};
+use super::entities::{Entities, Entity};
+use super::model::{BuildOptions, Names, Workload};
+use crate::gpu::MigInstance;
 use crate::pods::directory::PodMeta;
-use crate::pods::usage::EntityUsage;
-use crate::pods::{Attribution, DraClaim, Holder, PodRef};
-use crate::render::push_label;
+use crate::pods::usage::{ContainerUsage, EntityUsage};
+use crate::pods::{Attribution, DraClaim, EntityKey, Holder, PodRef};
 
-/// The per-copy attributes of an entity's series (pod attributes, `vgpu`): as pairs, to merge
-/// with per-series attributes in name order; the pod's labels, rendered, to follow them; and
-/// the entity's whole label set, rendered once and shared by every series of the entity that has
-/// no other attributes (most of them).
-pub(super) struct Variant {
-    attrs: Vec<(&'static str, String)>,
-    pod_labels: String,
-    pub(super) full: Arc<str>,
-    own: Option<Own>,
-}
+/// The labels of a DRA holder's copies (dcgm-exporter's), the last two on MIG instances only.
+pub(super) const DRA_LABELS: [&str; 7] = [
+    "dra_claim_name",
+    "dra_claim_namespace",
+    "dra_device_name",
+    "dra_driver_name",
+    "dra_pool_name",
+    "dra_mig_device_uuid",
+    "dra_mig_profile",
+];
 
-impl Variant {
-    fn new(prefix: &str, mut attrs: Vec<(&'static str, String)>, pod_labels: String) -> Self {
-        attrs.sort_by_key(|(k, _)| *k);
-        let mut full = String::with_capacity(prefix.len() + 96 + pod_labels.len());
-        full.push_str(prefix);
-        for (k, v) in &attrs {
-            push_label(&mut full, k, v);
-        }
-        full.push_str(&pod_labels);
-        Self {
-            attrs,
-            pod_labels,
-            full: full.into(),
-            own: None,
-        }
-    }
-
-    /// The value this copy carries for `field`: the holder's own for the per-process fields
-    /// (GPU utilisation and framebuffer used, in either naming generation's unit) when known,
-    /// else the device's.
-    pub(super) fn value(&self, field: Field, device: &Value) -> Value {
-        let own = self.own.and_then(|o| match field {
-            Field::GpuUtil => o.sm.map(Value::Int),
-            // The newest generation's ratio: 0-1.
-            Field::GpuUtilRatio => o.sm.map(|p| Value::Float(p as f64 / 100.0)),
-            Field::FbUsed => o.fb_mib.map(Value::Int),
-            Field::FbUsedBytes => o.fb_bytes.map(Value::Int),
-            _ => None,
-        });
-        own.unwrap_or_else(|| device.clone())
-    }
+/// One copy of an entity's series: its attributes (pod attributes, `vgpu`, `dra_*`, `hpc_job`,
+/// `container`) as label pairs, in no order yet; the pod whose labels follow them; and the
+/// holder's own use, where the copy carries it.
+pub(super) struct Variant<'a> {
+    pub(super) attrs: Vec<(&'static str, String)>,
+    pub(super) pod: Option<&'a PodMeta>,
+    pub(super) own: Option<Own>,
 }
 
 /// A holder's own use of a shared entity, replacing the device value of
 /// `DCGM_FI_DEV_GPU_UTIL` and `DCGM_FI_DEV_FB_USED` in `--kubernetes-virtual-gpus` mode.
 #[derive(Debug, Clone, Copy, Default)]
-struct Own {
+pub(super) struct Own {
     /// SM utilisation, % (capped at 100).
-    sm: Option<i64>,
+    pub(super) sm: Option<i64>,
     /// Framebuffer, MiB.
-    fb_mib: Option<i64>,
+    pub(super) fb_mib: Option<i64>,
     /// Framebuffer, bytes (for `DCGM_FI_DEV_FB_USED_BYTES`).
-    fb_bytes: Option<i64>,
+    pub(super) fb_bytes: Option<i64>,
 }
 
-/// The fields whose per-pod copies carry each holder's own use with
-/// `--kubernetes-virtual-gpus` (dcgm-exporter's `isPerProcessMetric`: GPU utilisation and
-/// framebuffer used, here in either naming generation's unit).
-pub(super) fn is_per_process(field: Field) -> bool {
-    matches!(
-        field,
-        Field::GpuUtil | Field::GpuUtilRatio | Field::FbUsed | Field::FbUsedBytes
-    )
+/// An entity with its copies, its holders and the containers using it.
+pub(super) struct Attributed<'a> {
+    pub(super) entity: Entity<'a>,
+    /// One per exported copy of each series.
+    pub(super) variants: Vec<Variant<'a>>,
+    /// With `--kubernetes-virtual-gpus` on an entity shared through the device plugin: the
+    /// device-level copies (no pod attributes; one per HPC job) that dcgm-exporter keeps next
+    /// to the per-pod copies of the per-process fields. Empty otherwise.
+    pub(super) device_variants: Vec<Variant<'a>>,
+    /// Its holders with their pods, once per container and replica however many claims hold
+    /// it; none for a link (shared GPUs are joined through the GPU's own pod-info series).
+    pub(super) holders: Vec<(&'a Holder, Option<&'a PodMeta>)>,
+    /// The containers running processes on it, when known, each with its pod attributes (never
+    /// `vgpu`, `dra_*` or `hpc_job`, so that sums over them count each process once).
+    pub(super) containers: Vec<(Variant<'a>, &'a ContainerUsage)>,
 }
 
-/// The label set of one series: the variant's shared one, or, with per-series `extras`, prefix +
-/// the sorted merge of `extras` and the variant's attributes.
-pub(super) fn series_labels(
-    prefix: &str,
-    extras: &[(&'static str, String)],
-    variant: &Variant,
-) -> Arc<str> {
-    if extras.is_empty() {
-        return Arc::clone(&variant.full);
+/// The exported entities with their copies, by the families they appear in.
+pub(super) struct Copies<'a> {
+    pub(super) devices: Vec<Attributed<'a>>,
+    pub(super) links: Vec<Attributed<'a>>,
+    /// Health series are about the hardware: no copies, no workload labels.
+    pub(super) health: Vec<Entity<'a>>,
+}
+
+/// The copies of each entity, from who holds it (`attribution`) and who uses it (`workload`).
+pub(super) fn attribute<'a>(
+    entities: Entities<'a>,
+    attribution: &'a Attribution,
+    workload: &'a Workload,
+    opts: &BuildOptions,
+) -> Copies<'a> {
+    let ctx = Ctx {
+        attribution,
+        workload,
+        opts,
+        names: Names::of(opts),
+    };
+    Copies {
+        devices: entities
+            .devices
+            .into_iter()
+            .map(|e| ctx.device(e))
+            .collect(),
+        links: entities.links.into_iter().map(|e| ctx.link(e)).collect(),
+        health: entities.health,
     }
-    let mut s = String::with_capacity(variant.full.len() + 64);
-    s.push_str(prefix);
-    let mut attrs: Vec<&(&'static str, String)> = extras.iter().chain(&variant.attrs).collect();
-    attrs.sort_by_key(|(k, _)| *k);
-    for (k, v) in attrs {
-        push_label(&mut s, k, v);
-    }
-    s.push_str(&variant.pod_labels);
-    s.into()
 }
 
-/// What every entity's labels are built from.
-pub(super) struct Ctx<'a> {
-    pub(super) catalog: &'a Catalog,
-    pub(super) attribution: &'a Attribution,
-    pub(super) workload: &'a Workload,
-    pub(super) opts: &'a BuildOptions,
-    pub(super) names: Names,
-    pub(super) reserved: &'a HashSet<String>,
+struct Ctx<'a, 'o> {
+    attribution: &'a Attribution,
+    workload: &'a Workload,
+    opts: &'o BuildOptions,
+    names: Names,
 }
 
-impl Ctx<'_> {
-    pub(super) fn meta(&self, pod: &PodRef) -> Option<&PodMeta> {
+impl<'a> Ctx<'a, '_> {
+    fn meta(&self, pod: &PodRef) -> Option<&'a PodMeta> {
         self.workload
             .directory
             .pod(&pod.namespace, &pod.pod)
             .map(AsRef::as_ref)
     }
 
+    /// A GPU or MIG instance.
+    fn device(&self, entity: Entity<'a>) -> Attributed<'a> {
+        let key = entity_key(&entity);
+        let holders = self.attribution.holders_of(key);
+        let usage = self.workload.usage.get(&key);
+        let jobs = self.attribution.jobs_of(key);
+        let mut variants = self.variants(holders, entity.instance, jobs, usage);
+        if self.opts.container_labels {
+            if let Some(u) = usage {
+                variants = with_container_copies(variants, u, self.names);
+            }
+        }
+        // dcgm-exporter 4.8.2+ (#594): "original device-level metric" kept next to the per-pod
+        // copies of GPU_UTIL and FB_USED when pods share the device (DRA holders take another
+        // path).
+        let shared = self.opts.virtual_gpus
+            && !holders.is_empty()
+            && holders.iter().all(|h| h.dra.is_none());
+        let device_variants = if shared {
+            self.variants(&[], entity.instance, jobs, None)
+        } else {
+            Vec::new()
+        };
+        let mut listed: Vec<(&Holder, Option<&PodMeta>)> = Vec::with_capacity(holders.len());
+        for h in holders {
+            // One series per container and replica, however many claims it holds the entity by.
+            if listed
+                .last()
+                .is_some_and(|(l, _)| l.pod == h.pod && l.vgpu == h.vgpu)
+            {
+                continue;
+            }
+            listed.push((h, self.meta(&h.pod)));
+        }
+        let containers = usage.map_or_else(Vec::new, |u| {
+            u.containers
+                .iter()
+                .map(|c| {
+                    let attrs = self.pod_attrs(&c.pod, Some(&c.meta.uid));
+                    let copy = Variant {
+                        attrs,
+                        pod: Some(&c.meta),
+                        own: None,
+                    };
+                    (copy, c)
+                })
+                .collect()
+        });
+        Attributed {
+            entity,
+            variants,
+            device_variants,
+            holders: listed,
+            containers,
+        }
+    }
+
+    /// An NVLink: the pod attributes of the pods holding the whole GPU and its HPC jobs (its
+    /// `<gpu>` file, as dcgm-exporter); no per-process values.
+    fn link(&self, entity: Entity<'a>) -> Attributed<'a> {
+        let gpu = entity_key(&entity);
+        let holders = self.attribution.holders_of(gpu);
+        let variants = self.variants(holders, None, self.attribution.jobs_of(gpu), None);
+        Attributed {
+            entity,
+            variants,
+            device_variants: Vec::new(),
+            holders: Vec::new(),
+            containers: Vec::new(),
+        }
+    }
+
     /// `container`, `namespace`, `pod` (their old names under `-o`) and, when asked for and
     /// known, `pod_uid` (which has no old name).
-    pub(super) fn pod_attrs(&self, pod: &PodRef, uid: Option<&str>) -> Vec<(&'static str, String)> {
+    fn pod_attrs(&self, pod: &PodRef, uid: Option<&str>) -> Vec<(&'static str, String)> {
         let mut v = vec![
             (self.names.container, pod.container.clone()),
             (self.names.namespace, pod.namespace.clone()),
@@ -140,14 +203,13 @@ impl Ctx<'_> {
     /// running `jobs`, with per-container `usage` when known: one per DRA holder (with its claim),
     /// else one (possibly empty) set, or one per holder with `--kubernetes-virtual-gpus`; each of
     /// these once per HPC job.
-    pub(super) fn variants(
+    fn variants(
         &self,
-        prefix: &str,
-        holders: &[Holder],
+        holders: &'a [Holder],
         instance: Option<&MigInstance>,
         jobs: &[String],
         usage: Option<&EntityUsage>,
-    ) -> Vec<Variant> {
+    ) -> Vec<Variant<'a>> {
         // As dcgm-exporter: one copy per DRA holder, with its claim, whatever the sharing mode.
         let dra: Vec<&Holder> = holders.iter().filter(|h| h.dra.is_some()).collect();
         // One container holding several replicas of a GPU is still a single holder.
@@ -163,7 +225,11 @@ impl Ctx<'_> {
         let mut out = Vec::with_capacity(copies.len() * jobs.len().max(1));
         for (i, copy) in copies.iter().enumerate() {
             let Some(h) = copy else {
-                out.push((Vec::new(), String::new(), None));
+                out.push(Variant {
+                    attrs: Vec::new(),
+                    pod: None,
+                    own: None,
+                });
                 continue;
             };
             let meta = self.meta(&h.pod);
@@ -187,28 +253,34 @@ impl Ctx<'_> {
                     let repeat = copies[..i].iter().flatten().any(|e| e.pod == h.pod);
                     own_use(u, &h.pod, repeat)
                 });
-            out.push((attrs, render_pod_labels(meta, self.reserved), own));
+            out.push(Variant {
+                attrs,
+                pod: meta,
+                own,
+            });
         }
         // HPC jobs multiply the copies: one per job (dcgm-exporter applies them after the pods).
         if !jobs.is_empty() {
             out = out
                 .into_iter()
-                .flat_map(|(attrs, labels, own)| {
+                .flat_map(|v| {
                     jobs.iter().map(move |j| {
-                        let mut attrs = attrs.clone();
+                        let mut attrs = v.attrs.clone();
                         attrs.push(("hpc_job", j.clone()));
-                        (attrs, labels.clone(), own)
+                        Variant { attrs, ..v }
                     })
                 })
                 .collect();
         }
-        out.into_iter()
-            .map(|(attrs, labels, own)| {
-                let mut v = Variant::new(prefix, attrs, labels);
-                v.own = own;
-                v
-            })
-            .collect()
+        out
+    }
+}
+
+/// What the holders, jobs and usage of `entity` are filed under (a link's are its GPU's).
+fn entity_key(entity: &Entity<'_>) -> EntityKey {
+    EntityKey {
+        gpu: entity.outcome.device.identity.index,
+        gi_id: entity.instance.map(|i| i.gi_id),
     }
 }
 
@@ -257,12 +329,11 @@ fn own_use(usage: &EntityUsage, pod: &PodRef, repeat: bool) -> Own {
 /// dcgm-exporter's `--container-labels`: each variant, then one copy of it per container running
 /// processes on the entity (by container name, once each), with a `container` label. Variants
 /// that already name a container are left alone; the copies carry the entity's values.
-pub(super) fn with_container_copies(
-    prefix: &str,
-    variants: Vec<Variant>,
+fn with_container_copies<'a>(
+    variants: Vec<Variant<'a>>,
     usage: &EntityUsage,
     names: Names,
-) -> Vec<Variant> {
+) -> Vec<Variant<'a>> {
     let mut seen = HashSet::new();
     let containers: Vec<&str> = usage
         .containers
@@ -279,7 +350,7 @@ pub(super) fn with_container_copies(
             .attrs
             .iter()
             .any(|(k, _)| *k == "container" || *k == names.container);
-        let copies: Vec<Variant> = if named {
+        let copies: Vec<Variant<'a>> = if named {
             Vec::new()
         } else {
             containers
@@ -287,9 +358,7 @@ pub(super) fn with_container_copies(
                 .map(|name| {
                     let mut attrs = v.attrs.clone();
                     attrs.push(("container", (*name).to_owned()));
-                    let mut copy = Variant::new(prefix, attrs, v.pod_labels.clone());
-                    copy.own = v.own;
-                    copy
+                    Variant { attrs, ..v }
                 })
                 .collect()
         };
@@ -302,13 +371,9 @@ pub(super) fn with_container_copies(
 #[cfg(test)]
 mod tests {
     use crate::catalog;
-    use crate::catalog::Field;
-    use crate::gpu::Value;
-    use crate::pods::usage::EntityUsage;
     use crate::pods::{Attribution, EntityKey};
     use crate::snapshot::testkit::*;
-    use crate::snapshot::{build, build_with, CONTAINER_SM_UTIL, POD_INFO};
-
+    use crate::snapshot::{build, POD_INFO};
     #[test]
     fn shared_gpus_get_pod_info_or_per_holder_copies_in_virtual_mode() {
         let mut holders = std::collections::BTreeMap::new();
@@ -452,195 +517,5 @@ mod tests {
         assert!(lines(&s, "DCGM_EXP_GPU_HEALTH_STATUS")
             .iter()
             .all(|l| !l.contains("hpc_job") && !l.contains("pod=")));
-    }
-
-    #[test]
-    fn virtual_gpus_carry_each_holders_own_util_and_memory() {
-        let mut w = workload(&[
-            ("a", "uid-a", &[]),
-            ("b", "uid-b", &[]),
-            ("idle", "uid-i", &[]),
-        ]);
-        w.usage.insert(
-            gpu0(),
-            EntityUsage {
-                containers: vec![usage("a", Some(130), 100, &w), usage("b", Some(12), 50, &w)],
-                complete: true,
-            },
-        );
-        let mut holders = std::collections::BTreeMap::new();
-        holders.insert(
-            gpu0(),
-            vec![
-                holder("a", Some("0")),
-                holder("a", Some("3")),
-                holder("b", Some("1")),
-                holder("idle", Some("2")),
-            ],
-        );
-        let att = Attribution {
-            holders,
-            ..Default::default()
-        };
-        let mut o = opts();
-        o.virtual_gpus = true;
-        let mut out = outcome(device(0, "H100", &[]), 50, 160);
-        if let Ok(sample) = &mut out.sample {
-            sample.readings.retain(|(f, _)| *f != Field::GpuUtil);
-            sample.readings.push((Field::GpuUtil, Ok(Value::Int(99))));
-        }
-        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
-        let value = |l: &str| l.rsplit(' ').next().unwrap().to_owned();
-        let util: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_UTIL")
-            .iter()
-            .map(|l| value(l))
-            .collect();
-        // As dcgm-exporter 4.8.2+: the device-level series first (no pod labels, the device's
-        // value), then a (capped at 100), a's second replica 0, b, the idle holder 0.
-        assert_eq!(util, ["99", "100", "0", "12", "0"]);
-        let device_level = &lines(&s, "DCGM_FI_DEV_GPU_UTIL")[0];
-        assert!(
-            !device_level.contains("pod=") && !device_level.contains("vgpu="),
-            "{device_level}"
-        );
-        let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED")
-            .iter()
-            .map(|l| value(l))
-            .collect();
-        assert_eq!(fb, ["160", "100", "0", "50", "0"]);
-        // Other fields stay copies, without a device-level series.
-        let temp: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_TEMP")
-            .iter()
-            .map(|l| value(l))
-            .collect();
-        assert_eq!(temp, ["50", "50", "50", "50"]);
-        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")
-            .iter()
-            .all(|l| l.contains("pod=")));
-
-        // An incomplete entity (a process not attributed) keeps the device's value everywhere.
-        w.usage.get_mut(&gpu0()).unwrap().complete = false;
-        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
-        let util: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_UTIL")
-            .iter()
-            .map(|l| value(l))
-            .collect();
-        assert_eq!(util, ["99", "99", "99", "99", "99"]);
-        // No usage at all (per-process attribution off or failed): copies too.
-        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &workload(&[]), &o);
-        let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED")
-            .iter()
-            .map(|l| value(l))
-            .collect();
-        assert_eq!(fb, ["160", "160", "160", "160", "160"]);
-    }
-
-    #[test]
-    fn dra_copies_carry_pod_uid_labels_and_in_virtual_mode_their_own_use() {
-        let mut w = workload(&[("a", "uid-a", &[("team", "t")]), ("b", "uid-b", &[])]);
-        w.usage.insert(
-            gpu0(),
-            EntityUsage {
-                containers: vec![usage("a", Some(30), 100, &w), usage("b", Some(12), 50, &w)],
-                complete: true,
-            },
-        );
-        let mut holders = std::collections::BTreeMap::new();
-        // A claim shared by a and b, and a second claim of a on the same GPU.
-        holders.insert(
-            gpu0(),
-            vec![
-                dra_holder("a", "shared", "gpu-0"),
-                dra_holder("a", "second", "gpu-0"),
-                dra_holder("b", "shared", "gpu-0"),
-            ],
-        );
-        let att = Attribution {
-            holders,
-            ..Default::default()
-        };
-        let mut o = opts();
-        o.pod_uid = true;
-        let out = with_util(outcome(device(0, "H100", &[]), 50, 160), 99);
-        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
-        let util = lines(&s, "DCGM_FI_DEV_GPU_UTIL");
-        assert_eq!(util.len(), 3);
-        assert!(
-            util[0].ends_with(r#"container="c",dra_claim_name="shared",dra_claim_namespace="ns",dra_device_name="gpu-0",dra_driver_name="gpu.nvidia.com",dra_pool_name="n1",namespace="ns",pod="a",pod_uid="uid-a",team="t"} 99"#),
-            "{}",
-            util[0]
-        );
-        // Without --kubernetes-virtual-gpus the copies carry the device's values.
-        assert!(util.iter().all(|l| l.ends_with(" 99")), "{util:#?}");
-        let value = |l: &String| l.rsplit(' ').next().unwrap().to_owned();
-        o.virtual_gpus = true;
-        let s = build_with(&cat(), std::slice::from_ref(&out), &att, &w, &o);
-        let util: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_UTIL")
-            .iter()
-            .map(value)
-            .collect();
-        // a's first claim, a's second claim (counted once), b. No `vgpu` on DRA copies.
-        assert_eq!(util, ["30", "0", "12"]);
-        let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED").iter().map(value).collect();
-        assert_eq!(fb, ["100", "0", "50"]);
-        assert!(lines(&s, "DCGM_FI_DEV_GPU_TEMP")
-            .iter()
-            .all(|l| l.ends_with(" 50") && !l.contains("vgpu")));
-        // The per-container series: one per container, no claim, whatever the copies.
-        let sm = lines(&s, CONTAINER_SM_UTIL);
-        assert_eq!(sm.len(), 2);
-        assert!(sm.iter().all(|l| !l.contains("dra_")), "{sm:#?}");
-    }
-
-    #[test]
-    fn the_newest_generation_names_carry_own_use_in_their_units() {
-        let mut w = workload(&[("a", "uid-a", &[]), ("b", "uid-b", &[])]);
-        w.usage.insert(
-            gpu0(),
-            EntityUsage {
-                containers: vec![usage("a", Some(30), 100, &w)],
-                complete: true,
-            },
-        );
-        let mut holders = std::collections::BTreeMap::new();
-        holders.insert(gpu0(), vec![holder("a", Some("0")), holder("b", Some("1"))]);
-        let att = Attribution {
-            holders,
-            ..Default::default()
-        };
-        let cat = catalog::parse(
-            "DCGM_FI_DEV_GPU_UTIL_RATIO, gauge, u\nDCGM_FI_DEV_FB_USED_BYTES, gauge, f\n",
-            "t.csv",
-        )
-        .unwrap()
-        .0;
-        let mut out = outcome(device(0, "H100", &[]), 50, 160);
-        if let Ok(sample) = &mut out.sample {
-            sample.readings = vec![
-                (Field::GpuUtilRatio, Ok(Value::Float(0.99))),
-                (Field::FbUsedBytes, Ok(Value::Int(160 << 20))),
-            ];
-        }
-        let mut o = opts();
-        o.virtual_gpus = true;
-        let s = build_with(&cat, std::slice::from_ref(&out), &att, &w, &o);
-        let value = |l: &String| l.rsplit(' ').next().unwrap().to_owned();
-        let util: Vec<String> = lines(&s, "DCGM_FI_DEV_GPU_UTIL_RATIO")
-            .iter()
-            .map(value)
-            .collect();
-        assert_eq!(util, ["0.99", "0.3", "0"]);
-        let fb: Vec<String> = lines(&s, "DCGM_FI_DEV_FB_USED_BYTES")
-            .iter()
-            .map(value)
-            .collect();
-        assert_eq!(
-            fb,
-            [
-                (160 << 20).to_string(),
-                (100 * 1_048_576 + 7).to_string(),
-                "0".to_owned()
-            ]
-        );
     }
 }

@@ -1,54 +1,19 @@
-//! Label names and the label prefix of an entity: the identity labels in dcgm-exporter's order,
-//! the label-type CSV fields, the names that `-o/--use-old-namespace` changes, and the names a
-//! pod label may not take (renamed as dcgm-exporter 4.8.3 renames them).
+//! Step 3, which labels: each copy's label set (the entity's prefix, then the copy's attributes
+//! in name order, then its pod's labels), the pod-info series' and the per-container series'.
+//! A pod label may not take a name the exporter uses: it is renamed as dcgm-exporter 4.8.3
+//! renames it.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
-use super::model::{BuildOptions, DeviceOutcome};
-use crate::catalog::{Catalog, Field};
-use crate::gpu::MigInstance;
+use super::copies::{Attributed, Copies, Own, Variant, DRA_LABELS};
+use super::entities::Entity;
+use super::model::{BuildOptions, Names};
+use crate::catalog::Catalog;
 use crate::pods::directory::PodMeta;
+use crate::pods::usage::ContainerUsage;
+use crate::pods::Holder;
 use crate::render::push_label;
-
-/// The label names that `-o/--use-old-namespace` changes.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Names {
-    pub(super) uuid: &'static str,
-    pub(super) pod: &'static str,
-    pub(super) namespace: &'static str,
-    pub(super) container: &'static str,
-}
-
-impl Names {
-    pub(super) fn of(opts: &BuildOptions) -> Self {
-        if opts.old_namespace {
-            Names {
-                uuid: "uuid",
-                pod: "pod_name",
-                namespace: "pod_namespace",
-                container: "container_name",
-            }
-        } else {
-            Names {
-                uuid: "UUID",
-                pod: "pod",
-                namespace: "namespace",
-                container: "container",
-            }
-        }
-    }
-}
-
-/// The labels of a DRA holder's copies (dcgm-exporter's), the last two on MIG instances only.
-pub(super) const DRA_LABELS: [&str; 7] = [
-    "dra_claim_name",
-    "dra_claim_namespace",
-    "dra_device_name",
-    "dra_driver_name",
-    "dra_pool_name",
-    "dra_mig_device_uuid",
-    "dra_mig_profile",
-];
 
 /// Label names a pod label may not take: the identity labels (GPU and NVLink entities, both
 /// generations of names), every per-series attribute, and the attributes of pod, DRA and HPC
@@ -147,9 +112,13 @@ pub fn pod_label_names<'a>(
 
 /// Renders a pod's labels (`,name="value"` each, after the other labels), those whose name the
 /// exporter uses (`reserved`) renamed as [`pod_label_names`] says.
-pub(super) fn render_pod_labels(meta: Option<&PodMeta>, reserved: &HashSet<String>) -> String {
+fn render_pod_labels(meta: Option<&PodMeta>, reserved: &HashSet<String>) -> String {
     let mut out = String::new();
     let labels = meta.map_or(&[][..], |m| m.labels.as_slice());
+    // The usual case (pod labels off): every pod-info series comes here.
+    if labels.is_empty() {
+        return out;
+    }
     for (k, v) in pod_label_names(labels, reserved) {
         push_label(&mut out, &k, v);
     }
@@ -161,43 +130,168 @@ pub(super) fn render_pod_labels(meta: Option<&PodMeta>, reserved: &HashSet<Strin
     }
 }
 
-pub(super) fn identity_labels(
-    outcome: &DeviceOutcome,
-    instance: Option<&MigInstance>,
-    opts: &BuildOptions,
-) -> String {
-    let id = &outcome.device.identity;
-    let mut s = String::with_capacity(256);
-    push_label(&mut s, "gpu", &id.index.to_string());
-    push_label(&mut s, Names::of(opts).uuid, &id.uuid);
-    push_label(&mut s, "pci_bus_id", &id.pci_bus_id);
-    // dcgm-exporter writes `nvidia<DCGM GPU index>`, not the minor number of /dev/nvidiaN.
-    push_label(&mut s, "device", &format!("nvidia{}", id.index));
-    if opts.replace_blanks_in_model_name {
-        push_label(&mut s, "modelName", &id.model.replace(' ', "-"));
-    } else {
-        push_label(&mut s, "modelName", &id.model);
-    }
-    if let Some(inst) = instance {
-        push_label(&mut s, "GPU_I_PROFILE", &inst.profile);
-        push_label(&mut s, "GPU_I_ID", &inst.gi_id.to_string());
-    }
-    if !opts.hostname.is_empty() {
-        push_label(&mut s, &opts.hostname_label, &opts.hostname);
-    }
-    s
+/// A copy with its label set: its attributes, sorted, to merge with per-series attributes in
+/// name order; its pod's labels, rendered, to follow them; the whole label set, rendered once and
+/// shared by every series of the entity that has no other attributes (most of them); and its
+/// holder's own use.
+pub(super) struct Labelled {
+    pub(super) attrs: Vec<(&'static str, String)>,
+    pub(super) pod_labels: String,
+    pub(super) full: Arc<str>,
+    pub(super) own: Option<Own>,
 }
 
-pub(super) fn push_label_fields(
-    prefix: &mut String,
-    catalog: &Catalog,
-    outcome: &DeviceOutcome,
-    which: impl Fn(Field) -> bool,
-) {
-    for spec in catalog.labels.iter().filter(|s| which(s.field)) {
-        if let Some((_, v)) = outcome.labels.iter().find(|(f, _)| *f == spec.field) {
-            push_label(prefix, &spec.name, &v.to_string());
+/// An entity with its copies' label sets.
+pub(super) struct LabelledEntity<'a> {
+    pub(super) entity: Entity<'a>,
+    pub(super) variants: Vec<Labelled>,
+    pub(super) device_variants: Vec<Labelled>,
+}
+
+/// Every label set of the snapshot, by the families they appear in.
+pub(super) struct Labels<'a> {
+    pub(super) devices: Vec<LabelledEntity<'a>>,
+    pub(super) links: Vec<LabelledEntity<'a>>,
+    /// Labelled by their prefix alone.
+    pub(super) health: Vec<Entity<'a>>,
+    /// One per holder of each GPU or MIG instance, in entity order.
+    pub(super) pod_info: Vec<Arc<str>>,
+    /// One per container running processes on each GPU or MIG instance, with its usage.
+    pub(super) containers: Vec<(Arc<str>, &'a ContainerUsage)>,
+}
+
+/// The label sets of every copy of every entity, and of the pod families.
+pub(super) fn label<'a>(copies: Copies<'a>, catalog: &Catalog, opts: &BuildOptions) -> Labels<'a> {
+    let mut l = Labeller {
+        reserved: reserved_labels(catalog, opts),
+        opts,
+        names: Names::of(opts),
+        last_pod: None,
+    };
+    let mut pod_info = Vec::with_capacity(copies.devices.iter().map(|a| a.holders.len()).sum());
+    let mut containers = Vec::new();
+    let mut devices = Vec::with_capacity(copies.devices.len());
+    for a in copies.devices {
+        let Attributed {
+            entity,
+            variants,
+            device_variants,
+            holders,
+            containers: used_by,
+        } = a;
+        for (h, meta) in holders {
+            pod_info.push(l.pod_info(&entity, h, meta));
         }
+        for (copy, usage) in used_by {
+            containers.push((l.labelled(&entity.prefix, copy).full, usage));
+        }
+        devices.push(l.entity(entity, variants, device_variants));
+    }
+    let links = copies
+        .links
+        .into_iter()
+        .map(|a| l.entity(a.entity, a.variants, a.device_variants))
+        .collect();
+    Labels {
+        devices,
+        links,
+        health: copies.health,
+        pod_info,
+        containers,
+    }
+}
+
+struct Labeller<'a, 'o> {
+    reserved: HashSet<String>,
+    opts: &'o BuildOptions,
+    names: Names,
+    /// The last pod whose labels were rendered, and them: the copies of one holder (its HPC
+    /// jobs, its containers) follow each other and share them.
+    last_pod: Option<(&'a PodMeta, String)>,
+}
+
+impl<'a> Labeller<'a, '_> {
+    fn entity(
+        &mut self,
+        entity: Entity<'a>,
+        variants: Vec<Variant<'a>>,
+        device_variants: Vec<Variant<'a>>,
+    ) -> LabelledEntity<'a> {
+        let prefix = &entity.prefix;
+        let variants = variants
+            .into_iter()
+            .map(|v| self.labelled(prefix, v))
+            .collect();
+        let device_variants = device_variants
+            .into_iter()
+            .map(|v| self.labelled(prefix, v))
+            .collect();
+        LabelledEntity {
+            entity,
+            variants,
+            device_variants,
+        }
+    }
+
+    fn labelled(&mut self, prefix: &str, copy: Variant<'a>) -> Labelled {
+        let Variant {
+            mut attrs,
+            pod,
+            own,
+        } = copy;
+        let pod_labels = self.pod_labels(pod);
+        attrs.sort_by_key(|(k, _)| *k);
+        let mut full = String::with_capacity(prefix.len() + 96 + pod_labels.len());
+        full.push_str(prefix);
+        for (k, v) in &attrs {
+            push_label(&mut full, k, v);
+        }
+        full.push_str(&pod_labels);
+        Labelled {
+            attrs,
+            pod_labels,
+            full: full.into(),
+            own,
+        }
+    }
+
+    fn pod_labels(&mut self, pod: Option<&'a PodMeta>) -> String {
+        let Some(meta) = pod else {
+            return String::new();
+        };
+        if let Some((last, labels)) = &self.last_pod {
+            if std::ptr::eq(*last, meta) {
+                return labels.clone();
+            }
+        }
+        let labels = render_pod_labels(Some(meta), &self.reserved);
+        self.last_pod = Some((meta, labels.clone()));
+        labels
+    }
+
+    /// `gpu`, `UUID`, `GPU_I_ID` (on an instance), `pod`, `namespace`, `container` (their old
+    /// names under `-o`), `vgpu`, `pod_uid` (when asked for and known), then the pod's labels:
+    /// what joins a shared entity's series to its holders.
+    fn pod_info(&self, e: &Entity<'_>, h: &Holder, meta: Option<&PodMeta>) -> Arc<str> {
+        let names = self.names;
+        let id = &e.outcome.device.identity;
+        let mut s = String::new();
+        push_label(&mut s, "gpu", &id.index.to_string());
+        push_label(&mut s, names.uuid, &id.uuid);
+        if let Some(i) = e.instance {
+            push_label(&mut s, "GPU_I_ID", &i.gi_id.to_string());
+        }
+        push_label(&mut s, names.pod, &h.pod.pod);
+        push_label(&mut s, names.namespace, &h.pod.namespace);
+        push_label(&mut s, names.container, &h.pod.container);
+        push_label(&mut s, "vgpu", h.vgpu.as_deref().unwrap_or(""));
+        if self.opts.pod_uid {
+            if let Some(uid) = meta.map(|m| m.uid.as_str()).filter(|u| !u.is_empty()) {
+                push_label(&mut s, "pod_uid", uid);
+            }
+        }
+        s.push_str(&render_pod_labels(meta, &self.reserved));
+        s.into()
     }
 }
 
@@ -205,103 +299,10 @@ pub(super) fn push_label_fields(
 mod tests {
     use super::*;
     use crate::catalog;
-    use crate::gpu::FieldError;
     use crate::pods::usage::EntityUsage;
-    use crate::pods::{Attribution, EntityKey};
+    use crate::pods::Attribution;
     use crate::snapshot::testkit::*;
-    use crate::snapshot::{build, build_with, CONTAINER_SM_UTIL, POD_INFO};
-
-    #[test]
-    fn label_order_matches_dcgm_exporter_and_model_names_are_escaped() {
-        let s = build(
-            &cat(),
-            &[outcome(device(0, "A \"quoted\" GPU", &[]), 40, 100)],
-            &Attribution::default(),
-            &opts(),
-        );
-        assert_eq!(
-            lines(&s, "DCGM_FI_DEV_GPU_TEMP"),
-            vec![
-                r#"DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="A \"quoted\" GPU",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1"} 40"#
-            ]
-        );
-        // A failed read is absent and counted; the others stay.
-        assert!(lines(&s, "DCGM_FI_DEV_GPU_UTIL").is_empty());
-        assert_eq!(
-            s.field_errors,
-            vec![(Field::GpuUtil, FieldError::NoPermission)]
-        );
-    }
-
-    #[test]
-    fn the_device_label_names_the_gpu_index_not_the_minor_number() {
-        let mut d = device(1, "G", &[(3, "1g.10gb")]);
-        d.identity.minor = 7;
-        let s = build(
-            &cat(),
-            &[outcome(d, 40, 100)],
-            &Attribution::default(),
-            &opts(),
-        );
-        let temps = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
-        assert_eq!(temps.len(), 1);
-        assert!(
-            temps[0].contains(r#"gpu="1""#) && temps[0].contains(r#"device="nvidia1""#),
-            "{temps:?}"
-        );
-    }
-
-    #[test]
-    fn old_namespace_renames_uuid_and_pod_labels_only() {
-        let mut holders = std::collections::BTreeMap::new();
-        holders.insert(
-            EntityKey {
-                gpu: 1,
-                gi_id: None,
-            },
-            vec![holder("solo", None)],
-        );
-        holders.insert(
-            EntityKey {
-                gpu: 0,
-                gi_id: None,
-            },
-            vec![holder("a", Some("0")), holder("b", Some("1"))],
-        );
-        let att = Attribution {
-            holders,
-            ..Default::default()
-        };
-        let outcomes = [
-            outcome(device(0, "H100", &[]), 50, 1),
-            outcome(device(1, "H100", &[]), 51, 2),
-        ];
-        let mut o = opts();
-        o.old_namespace = true;
-        let s = build(&cat(), &outcomes, &att, &o);
-        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
-        assert_eq!(
-            temp[1],
-            r#"DCGM_FI_DEV_GPU_TEMP{gpu="1",uuid="GPU-1",pci_bus_id="00000000:01:00.0",device="nvidia1",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="solo",pod_namespace="ns"} 51"#
-        );
-        assert!(!temp[0].contains("UUID=") && temp[0].contains(r#"uuid="GPU-0""#));
-        let info = lines(&s, POD_INFO);
-        assert!(
-            info[0].contains(
-                r#"uuid="GPU-0",pod_name="a",pod_namespace="ns",container_name="c",vgpu="0""#
-            ),
-            "{}",
-            info[0]
-        );
-        o.virtual_gpus = true;
-        let temp = lines(&build(&cat(), &outcomes, &att, &o), "DCGM_FI_DEV_GPU_TEMP");
-        assert!(
-            temp[0].ends_with(r#"container_name="c",pod_name="a",pod_namespace="ns",vgpu="0"} 50"#),
-            "{}",
-            temp[0]
-        );
-    }
-
+    use crate::snapshot::{build_with, CONTAINER_SM_UTIL, POD_INFO};
     #[test]
     fn pod_uid_and_labels_follow_the_pod_attributes_and_never_override_labels() {
         let mut holders = std::collections::BTreeMap::new();

@@ -19,19 +19,26 @@
 //!
 //! # Layout
 //!
-//! - `selection`: `-d/--devices`, which GPUs, MIG instances and links are exported.
-//! - `model`: what the builder is given and gives ([`BuildOptions`], [`DeviceOutcome`],
-//!   [`Workload`], [`Snapshot`]).
-//! - `labels`: label names, an entity's label prefix, and the names a pod label may not take.
-//! - `copies`: the copies of an entity's series (DRA, virtual GPUs, HPC jobs, containers).
-//! - `entity`: the exported entities and where their readings are found.
-//! - `series`: one family's series per entity, the event-window fields and health.
-//! - `pod_families`: the pod-info and per-container families.
+//! What the steps share:
 //!
-//! Each depends only on those listed before it; this file composes them.
+//! - `model`: what the builder is given and gives ([`BuildOptions`], [`DeviceOutcome`],
+//!   [`Workload`], [`Snapshot`]), and the label names `-o` picks.
+//! - `selection`: `-d/--devices` ([`DeviceSelection`]), one of the options.
+//!
+//! The steps, in the order a sample goes through them; each reads only what the steps before it
+//! made, and [`build_with`] composes them:
+//!
+//! 1. `entities`: which entities are exported (GPUs, MIG instances, NVLinks; every GPU for
+//!    health), each with its escaped label prefix.
+//! 2. `copies`: attribution, which copies of each entity's series there are (DRA, virtual GPUs,
+//!    HPC jobs, containers), who holds each entity and which containers use it.
+//! 3. `labels`: each copy's label set, the pod-info and per-container label sets, and the names
+//!    a pod label may not take.
+//! 4. `series`: the catalog's families, the value of each copy (event-window fields, health).
+//! 5. `pod_families`: the pod-info and per-container families.
 
 mod copies;
-mod entity;
+mod entities;
 mod labels;
 mod model;
 mod pod_families;
@@ -48,15 +55,8 @@ pub use pod_families::{
 };
 pub use selection::DeviceSelection;
 
-use copies::Ctx;
-use entity::{entity, link_entity};
-use labels::Names;
-use pod_families::{container_families, pod_info};
-use series::{entity_series, health_series};
-
-use crate::catalog::{Catalog, Field};
+use crate::catalog::Catalog;
 use crate::pods::Attribution;
-use crate::render::Family;
 
 /// Builds the snapshot from who holds the GPUs only (no container runtime, no per-process
 /// readings).
@@ -77,73 +77,11 @@ pub fn build_with(
     workload: &Workload,
     opts: &BuildOptions,
 ) -> Snapshot {
-    let reserved = reserved_labels(catalog, opts);
-    let ctx = Ctx {
-        catalog,
-        attribution,
-        workload,
-        opts,
-        names: Names::of(opts),
-        reserved: &reserved,
-    };
-    let mut entities = Vec::new();
-    for outcome in outcomes {
-        let d = &outcome.device;
-        if opts.selection.gpu_selected(d) {
-            entities.push(entity(&ctx, outcome, None));
-        }
-        for inst in &d.instances {
-            if opts.selection.instance_selected(d, inst) {
-                entities.push(entity(&ctx, outcome, Some(inst)));
-            }
-        }
-    }
-
-    let mut links = Vec::new();
-    if catalog.metrics.iter().any(|m| m.field.is_link()) {
-        for outcome in outcomes {
-            if !opts.selection.links_selected(&outcome.device) {
-                continue;
-            }
-            if let Ok(sample) = &outcome.sample {
-                for l in &sample.links {
-                    links.push(link_entity(&ctx, outcome, l));
-                }
-            }
-        }
-    }
-
+    let entities = entities::select(catalog, outcomes, opts);
+    let copies = copies::attribute(entities, attribution, workload, opts);
+    let labels = labels::label(copies, catalog, opts);
     let mut snap = Snapshot::default();
-    for spec in &catalog.metrics {
-        let mut fam = Family {
-            name: spec.name.clone(),
-            help: spec.help.clone(),
-            kind: spec.kind,
-            series: Vec::with_capacity(entities.len()),
-        };
-        match spec.field {
-            Field::ExpGpuHealthStatus => health_series(outcomes, catalog, opts, &mut fam),
-            f if f.is_link() => {
-                for e in &links {
-                    entity_series(spec, e, opts, &mut fam, &mut snap.field_errors);
-                }
-            }
-            _ => {
-                for e in &entities {
-                    entity_series(spec, e, opts, &mut fam, &mut snap.field_errors);
-                }
-            }
-        }
-        snap.series += fam.series.len();
-        snap.families.push(fam);
-    }
-    if let Some(fam) = pod_info(&ctx, &entities) {
-        snap.series += fam.series.len();
-        snap.families.push(fam);
-    }
-    for fam in container_families(&ctx, &entities) {
-        snap.series += fam.series.len();
-        snap.families.push(fam);
-    }
+    series::families(catalog, &labels, opts, &mut snap);
+    pod_families::families(labels, &mut snap);
     snap
 }

@@ -1,5 +1,5 @@
-//! What the builder is given (options, device outcomes, the workload) and what it gives (the
-//! snapshot).
+//! What the builder is given (options, device outcomes, the workload), the label names its
+//! options choose, and what it gives (the snapshot).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -40,6 +40,35 @@ pub struct BuildOptions {
     /// dcgm-exporter's `--container-labels` (outside Kubernetes mode): next to each series of a
     /// GPU or MIG instance, one copy per container running processes there, with `container`.
     pub container_labels: bool,
+}
+
+/// The label names that `-o/--use-old-namespace` changes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Names {
+    pub(super) uuid: &'static str,
+    pub(super) pod: &'static str,
+    pub(super) namespace: &'static str,
+    pub(super) container: &'static str,
+}
+
+impl Names {
+    pub(super) fn of(opts: &BuildOptions) -> Self {
+        if opts.old_namespace {
+            Names {
+                uuid: "uuid",
+                pod: "pod_name",
+                namespace: "pod_namespace",
+                container: "container_name",
+            }
+        } else {
+            Names {
+                uuid: "UUID",
+                pod: "pod",
+                namespace: "namespace",
+                container: "container",
+            }
+        }
+    }
 }
 
 /// Who *uses* the GPUs, beyond who holds them: the container runtime's pod metadata (`pod_uid`,
@@ -93,4 +122,12 @@ pub struct Snapshot {
     pub field_errors: Vec<(Field, FieldError)>,
     /// Number of series.
     pub series: usize,
+}
+
+impl Snapshot {
+    /// Appends `fam`, counting its series.
+    pub(super) fn push(&mut self, fam: Family) {
+        self.series += fam.series.len();
+        self.families.push(fam);
+    }
 }

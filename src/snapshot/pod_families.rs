@@ -1,17 +1,15 @@
-//! The families about pods rather than devices: who holds each GPU or MIG instance
+//! Step 5, the families about pods rather than devices: who holds each GPU or MIG instance
 //! (`gpu_exporter_gpu_pod_info`) and what each container's processes use there
 //! (`gpu_exporter_container_*`), one series per container so that sums count each process once.
 
 use std::sync::Arc;
 
-use super::copies::Ctx;
-use super::entity::Entity;
-use super::labels::render_pod_labels;
+use super::labels::Labels;
+use super::model::Snapshot;
 use crate::catalog::MetricType;
 use crate::gpu::Value;
 use crate::pods::usage::ContainerUsage;
-use crate::pods::Holder;
-use crate::render::{push_label, Family, Series};
+use crate::render::{Family, Series};
 
 /// Name of the family joining shared GPUs to their holders.
 pub const POD_INFO: &str = "gpu_exporter_gpu_pod_info";
@@ -41,55 +39,35 @@ pub const CONTAINER_FAMILIES: &[&str] = &[
     CONTAINER_DEC_UTIL,
 ];
 
-pub(super) fn pod_info(ctx: &Ctx<'_>, entities: &[Entity<'_>]) -> Option<Family> {
-    let names = ctx.names;
-    let mut fam = Family {
-        name: POD_INFO.to_owned(),
-        help: "Pods holding each GPU or MIG instance (one series per holder; join on UUID and GPU_I_ID)."
-            .to_owned(),
-        kind: MetricType::Gauge,
-        series: Vec::new(),
-    };
-    for e in entities {
-        let id = &e.outcome.device.identity;
-        let mut last: Option<&Holder> = None;
-        for h in e.holders {
-            // One series per container and replica, however many claims it holds the entity by.
-            if last.is_some_and(|l| l.pod == h.pod && l.vgpu == h.vgpu) {
-                continue;
-            }
-            last = Some(h);
-            let meta = ctx.meta(&h.pod);
-            let mut s = String::new();
-            push_label(&mut s, "gpu", &id.index.to_string());
-            push_label(&mut s, names.uuid, &id.uuid);
-            if let Some(i) = e.instance {
-                push_label(&mut s, "GPU_I_ID", &i.gi_id.to_string());
-            }
-            push_label(&mut s, names.pod, &h.pod.pod);
-            push_label(&mut s, names.namespace, &h.pod.namespace);
-            push_label(&mut s, names.container, &h.pod.container);
-            push_label(&mut s, "vgpu", h.vgpu.as_deref().unwrap_or(""));
-            if ctx.opts.pod_uid {
-                if let Some(uid) = meta.map(|m| m.uid.as_str()).filter(|u| !u.is_empty()) {
-                    push_label(&mut s, "pod_uid", uid);
-                }
-            }
-            s.push_str(&render_pod_labels(meta, ctx.reserved));
-            fam.series.push(Series {
-                labels: s.into(),
-                value: Value::Int(1),
-            });
-        }
+/// The pod-info family (when some entity has a holder), then the per-container families, into
+/// `snap`.
+pub(super) fn families(labels: Labels<'_>, snap: &mut Snapshot) {
+    if !labels.pod_info.is_empty() {
+        snap.push(Family {
+            name: POD_INFO.to_owned(),
+            help: "Pods holding each GPU or MIG instance (one series per holder; join on UUID and GPU_I_ID)."
+                .to_owned(),
+            kind: MetricType::Gauge,
+            series: labels
+                .pod_info
+                .into_iter()
+                .map(|labels| Series {
+                    labels,
+                    value: Value::Int(1),
+                })
+                .collect(),
+        });
     }
-    (!fam.series.is_empty()).then_some(fam)
+    for fam in container_families(&labels.containers) {
+        snap.push(fam);
+    }
 }
 
 /// One family per per-container measure, over every exported entity whose processes were read:
 /// the entity's labels, then the container's `container`, `namespace`, `pod` (old names under
 /// `-o`), `pod_uid` and pod labels. Not copied per holder, DRA claim or HPC job: one series per
 /// container, so that sums over them count each process once.
-pub(super) fn container_families(ctx: &Ctx<'_>, entities: &[Entity<'_>]) -> Vec<Family> {
+fn container_families(rows: &[(Arc<str>, &ContainerUsage)]) -> Vec<Family> {
     type Measure = fn(&ContainerUsage) -> Option<Value>;
     let measures: [(&str, &str, Measure); 6] = [
         (
@@ -123,22 +101,6 @@ pub(super) fn container_families(ctx: &Ctx<'_>, entities: &[Entity<'_>]) -> Vec<
             |c| c.utilization.map(|u| Value::Int(i64::try_from(u.decoder).unwrap_or(i64::MAX))),
         ),
     ];
-    // One label set per (entity, container), shared by the families.
-    let mut rows: Vec<(Arc<str>, &ContainerUsage)> = Vec::new();
-    for e in entities {
-        let Some(u) = e.usage else { continue };
-        for c in &u.containers {
-            let mut s = String::with_capacity(e.prefix.len() + 128);
-            s.push_str(&e.prefix);
-            let mut attrs = ctx.pod_attrs(&c.pod, Some(&c.meta.uid));
-            attrs.sort_by_key(|(k, _)| *k);
-            for (k, v) in attrs {
-                push_label(&mut s, k, &v);
-            }
-            s.push_str(&render_pod_labels(Some(&c.meta), ctx.reserved));
-            rows.push((s.into(), c));
-        }
-    }
     measures
         .iter()
         .map(|(name, help, measure)| Family {
@@ -166,7 +128,6 @@ mod tests {
     use crate::pods::Attribution;
     use crate::snapshot::testkit::*;
     use crate::snapshot::{build, build_with};
-
     #[test]
     fn a_container_holding_one_entity_through_two_claims_has_one_info_series() {
         let mut holders = std::collections::BTreeMap::new();

@@ -1,17 +1,14 @@
-//! The exported entities: GPUs, MIG instances and NVLinks, each with its escaped label prefix, its
-//! copies and who holds and uses it, and where its readings are found (a MIG instance reads its
-//! own fields and its parent GPU's).
+//! Step 1, which entities: the GPUs and MIG instances that `-d/--devices` selects, the NVLinks of
+//! the GPUs it selects them for, and every GPU for the health family (health is about the
+//! hardware, whatever `-d` says). Each comes with its label prefix (identity, hostname and
+//! label-type fields), escaped here once per sample and shared by every copy of its series.
 
-use super::copies::{with_container_copies, Ctx, Variant};
-use super::labels::{identity_labels, push_label_fields};
-use super::model::DeviceOutcome;
-use crate::catalog::field::MigScope;
-use crate::catalog::Field;
-use crate::gpu::{LinkSample, MigInstance, Reading};
-use crate::pods::usage::EntityUsage;
-use crate::pods::{EntityKey, Holder};
+use super::model::{BuildOptions, DeviceOutcome, Names};
+use crate::catalog::{Catalog, Field};
+use crate::gpu::{LinkSample, MigInstance};
 use crate::render::push_label;
 
+/// A GPU, a MIG instance of one, or an NVLink of one.
 pub(super) struct Entity<'a> {
     pub(super) outcome: &'a DeviceOutcome,
     pub(super) instance: Option<&'a MigInstance>,
@@ -19,93 +16,118 @@ pub(super) struct Entity<'a> {
     pub(super) link: Option<&'a LinkSample>,
     /// Escaped label prefix: identity, hostname and label-type fields.
     pub(super) prefix: String,
-    /// Attribute sets, one per exported copy of each series.
-    pub(super) variants: Vec<Variant>,
-    /// With `--kubernetes-virtual-gpus` on an entity shared through the device plugin: the
-    /// device-level copies (no pod attributes; one per HPC job) that dcgm-exporter keeps next
-    /// to the per-pod copies of the per-process fields. Empty otherwise.
-    pub(super) device_variants: Vec<Variant>,
-    /// Who holds the entity.
-    pub(super) holders: &'a [Holder],
-    /// Who runs processes on it, when known.
-    pub(super) usage: Option<&'a EntityUsage>,
 }
 
-impl Entity<'_> {
-    pub(super) fn reading(&self, field: Field) -> Option<&Reading> {
-        let sample = self.outcome.sample.as_ref().ok()?;
-        let find = |rs: &'_ [(Field, Reading)]| -> Option<usize> {
-            rs.iter().position(|(f, _)| *f == field)
-        };
-        if let Some(link) = self.link {
-            return find(&link.readings).map(|i| &link.readings[i].1);
-        }
-        match (self.instance, field.mig_scope()) {
-            (None, _) | (Some(_), MigScope::Parent) => {
-                find(&sample.readings).map(|i| &sample.readings[i].1)
-            }
-            (Some(inst), MigScope::Instance) => {
-                let is = sample.instances.iter().find(|s| s.gi_id == inst.gi_id)?;
-                find(&is.readings).map(|i| &is.readings[i].1)
-            }
-            (Some(_), MigScope::Unsupported | MigScope::Gpu | MigScope::Link) => None,
-        }
-    }
+/// The exported entities, by the families they appear in.
+pub(super) struct Entities<'a> {
+    /// GPUs and MIG instances, each GPU's instances after it.
+    pub(super) devices: Vec<Entity<'a>>,
+    /// NVLinks; none unless the catalog has a link field.
+    pub(super) links: Vec<Entity<'a>>,
+    /// Every GPU as a whole; none unless the catalog has the health field.
+    pub(super) health: Vec<Entity<'a>>,
 }
 
-pub(super) fn entity<'a>(
-    ctx: &Ctx<'a>,
-    outcome: &'a DeviceOutcome,
-    instance: Option<&'a MigInstance>,
-) -> Entity<'a> {
-    let key = EntityKey {
-        gpu: outcome.device.identity.index,
-        gi_id: instance.map(|i| i.gi_id),
-    };
-    let holders = ctx.attribution.holders_of(key);
-    let usage = ctx.workload.usage.get(&key);
-    let mut prefix = identity_labels(outcome, instance, ctx.opts);
-    push_label_fields(&mut prefix, ctx.catalog, outcome, |_| true);
-    let jobs = ctx.attribution.jobs_of(key);
-    let mut variants = ctx.variants(&prefix, holders, instance, jobs, usage);
-    if ctx.opts.container_labels {
-        if let Some(u) = usage {
-            variants = with_container_copies(&prefix, variants, u, ctx.names);
+/// The entities of `outcomes` that `opts` exports, each with its prefix.
+pub(super) fn select<'a>(
+    catalog: &Catalog,
+    outcomes: &'a [DeviceOutcome],
+    opts: &BuildOptions,
+) -> Entities<'a> {
+    let selection = &opts.selection;
+    let mut devices = Vec::new();
+    for outcome in outcomes {
+        let d = &outcome.device;
+        if selection.gpu_selected(d) {
+            devices.push(device(catalog, outcome, None, opts));
+        }
+        for inst in &d.instances {
+            if selection.instance_selected(d, inst) {
+                devices.push(device(catalog, outcome, Some(inst), opts));
+            }
         }
     }
-    // dcgm-exporter 4.8.2+ (#594): "original device-level metric" kept next to the per-pod
-    // copies of GPU_UTIL and FB_USED when pods share the device (DRA holders take another path).
-    let shared =
-        ctx.opts.virtual_gpus && !holders.is_empty() && holders.iter().all(|h| h.dra.is_none());
-    let device_variants = if shared {
-        ctx.variants(&prefix, &[], instance, jobs, None)
+
+    let mut links = Vec::new();
+    if catalog.metrics.iter().any(|m| m.field.is_link()) {
+        for outcome in outcomes {
+            if !selection.links_selected(&outcome.device) {
+                continue;
+            }
+            if let Ok(sample) = &outcome.sample {
+                for l in &sample.links {
+                    links.push(link(catalog, outcome, l, opts));
+                }
+            }
+        }
+    }
+
+    // As dcgm-exporter reports health: for GPUs, not MIG instances.
+    let health = if catalog
+        .metrics
+        .iter()
+        .any(|m| m.field == Field::ExpGpuHealthStatus)
+    {
+        outcomes
+            .iter()
+            .map(|o| device(catalog, o, None, opts))
+            .collect()
     } else {
         Vec::new()
     };
+    Entities {
+        devices,
+        links,
+        health,
+    }
+}
+
+/// A GPU or MIG `instance`, labelled `gpu, UUID, pci_bus_id, device, modelName,
+/// [GPU_I_PROFILE, GPU_I_ID], hostname`, then the label-type fields.
+fn device<'a>(
+    catalog: &Catalog,
+    outcome: &'a DeviceOutcome,
+    instance: Option<&'a MigInstance>,
+    opts: &BuildOptions,
+) -> Entity<'a> {
+    let id = &outcome.device.identity;
+    let mut prefix = String::with_capacity(256);
+    push_label(&mut prefix, "gpu", &id.index.to_string());
+    push_label(&mut prefix, Names::of(opts).uuid, &id.uuid);
+    push_label(&mut prefix, "pci_bus_id", &id.pci_bus_id);
+    // dcgm-exporter writes `nvidia<DCGM GPU index>`, not the minor number of /dev/nvidiaN.
+    push_label(&mut prefix, "device", &format!("nvidia{}", id.index));
+    if opts.replace_blanks_in_model_name {
+        push_label(&mut prefix, "modelName", &id.model.replace(' ', "-"));
+    } else {
+        push_label(&mut prefix, "modelName", &id.model);
+    }
+    if let Some(inst) = instance {
+        push_label(&mut prefix, "GPU_I_PROFILE", &inst.profile);
+        push_label(&mut prefix, "GPU_I_ID", &inst.gi_id.to_string());
+    }
+    if !opts.hostname.is_empty() {
+        push_label(&mut prefix, &opts.hostname_label, &opts.hostname);
+    }
+    push_label_fields(&mut prefix, catalog, outcome, |_| true);
     Entity {
         outcome,
         instance,
         link: None,
         prefix,
-        variants,
-        device_variants,
-        holders,
-        usage,
     }
 }
 
 /// A GPU's NVLink as dcgm-exporter renders link entities: `nvlink` (the link index + 1, as
 /// dcgm-exporter numbers a GPU's links from 1), then the parent GPU as `gpu`, `gpu_uuid`,
 /// `pci_bus_id`, `device`, `model_name` (these names, and a lowercase `hostname`, whatever the
-/// GPU series use), then the system-wide label-type fields (driver version), then the pod
-/// labels (with `pod_uid` and the pod's labels) of the pods holding the whole GPU and its HPC
-/// jobs. Links carry no per-process values.
-pub(super) fn link_entity<'a>(
-    ctx: &Ctx<'a>,
+/// GPU series use), then the system-wide label-type fields (driver version).
+fn link<'a>(
+    catalog: &Catalog,
     outcome: &'a DeviceOutcome,
     link: &'a LinkSample,
+    opts: &BuildOptions,
 ) -> Entity<'a> {
-    let opts = ctx.opts;
     let id = &outcome.device.identity;
     let mut prefix = String::with_capacity(256);
     push_label(
@@ -121,24 +143,25 @@ pub(super) fn link_entity<'a>(
     if !opts.hostname.is_empty() {
         push_label(&mut prefix, "hostname", &opts.hostname);
     }
-    push_label_fields(&mut prefix, ctx.catalog, outcome, Field::is_system);
-    let gpu = EntityKey {
-        gpu: id.index,
-        gi_id: None,
-    };
-    let holders = ctx.attribution.holders_of(gpu);
-    // As dcgm-exporter, links carry their GPU's job labels (its `<gpu>` file).
-    let variants = ctx.variants(&prefix, holders, None, ctx.attribution.jobs_of(gpu), None);
+    push_label_fields(&mut prefix, catalog, outcome, Field::is_system);
     Entity {
         outcome,
         instance: None,
         link: Some(link),
         prefix,
-        variants,
-        device_variants: Vec::new(),
-        // Shared GPUs are joined through the GPU's own pod-info series.
-        holders: &[],
-        usage: None,
+    }
+}
+
+fn push_label_fields(
+    prefix: &mut String,
+    catalog: &Catalog,
+    outcome: &DeviceOutcome,
+    which: impl Fn(Field) -> bool,
+) {
+    for spec in catalog.labels.iter().filter(|s| which(s.field)) {
+        if let Some((_, v)) = outcome.labels.iter().find(|(f, _)| *f == spec.field) {
+            push_label(prefix, &spec.name, &v.to_string());
+        }
     }
 }
 
@@ -146,37 +169,10 @@ pub(super) fn link_entity<'a>(
 mod tests {
     use crate::catalog;
     use crate::catalog::Field;
-    use crate::gpu::Value;
+    use crate::gpu::{FieldError, Value};
     use crate::pods::{Attribution, EntityKey};
     use crate::snapshot::testkit::*;
-    use crate::snapshot::{build, DeviceSelection};
-
-    #[test]
-    fn gpu_level_gpm_readings_stay_on_the_gpu_and_parent_readings_repeat_on_instances() {
-        let (cat, _) = catalog::parse(
-            "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_PROF_PCIE_TX_BYTES, gauge, p\n",
-            "t.csv",
-        )
-        .unwrap();
-        let mut o = outcome(device(0, "G", &[(1, "1g.10gb"), (2, "1g.10gb")]), 40, 100);
-        if let Ok(s) = o.sample.as_mut() {
-            s.readings
-                .push((Field::ProfPcieTxBytes, Ok(Value::Float(1_048_576.0))));
-        }
-        let flex = build(
-            &cat,
-            std::slice::from_ref(&o),
-            &Attribution::default(),
-            &opts(),
-        );
-        assert_eq!(lines(&flex, "DCGM_FI_DEV_GPU_TEMP").len(), 2);
-        assert!(lines(&flex, "DCGM_FI_PROF_PCIE_TX_BYTES").is_empty());
-        let mut whole = opts();
-        whole.selection = DeviceSelection::Gpus(None);
-        let whole = build(&cat, &[o], &Attribution::default(), &whole);
-        assert_eq!(lines(&whole, "DCGM_FI_PROF_PCIE_TX_BYTES").len(), 1);
-    }
-
+    use crate::snapshot::{build, DeviceSelection, POD_INFO};
     #[test]
     fn flex_exports_instances_for_mig_gpus_with_instance_and_parent_fields() {
         let outcomes = [
@@ -201,6 +197,97 @@ mod tests {
         // Temperature is the parent's, on each instance.
         let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
         assert_eq!(temp.iter().filter(|l| l.ends_with(" 50")).count(), 2);
+    }
+
+    #[test]
+    fn label_order_matches_dcgm_exporter_and_model_names_are_escaped() {
+        let s = build(
+            &cat(),
+            &[outcome(device(0, "A \"quoted\" GPU", &[]), 40, 100)],
+            &Attribution::default(),
+            &opts(),
+        );
+        assert_eq!(
+            lines(&s, "DCGM_FI_DEV_GPU_TEMP"),
+            vec![
+                r#"DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-0",pci_bus_id="00000000:00:00.0",device="nvidia0",modelName="A \"quoted\" GPU",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1"} 40"#
+            ]
+        );
+        // A failed read is absent and counted; the others stay.
+        assert!(lines(&s, "DCGM_FI_DEV_GPU_UTIL").is_empty());
+        assert_eq!(
+            s.field_errors,
+            vec![(Field::GpuUtil, FieldError::NoPermission)]
+        );
+    }
+
+    #[test]
+    fn the_device_label_names_the_gpu_index_not_the_minor_number() {
+        let mut d = device(1, "G", &[(3, "1g.10gb")]);
+        d.identity.minor = 7;
+        let s = build(
+            &cat(),
+            &[outcome(d, 40, 100)],
+            &Attribution::default(),
+            &opts(),
+        );
+        let temps = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(temps.len(), 1);
+        assert!(
+            temps[0].contains(r#"gpu="1""#) && temps[0].contains(r#"device="nvidia1""#),
+            "{temps:?}"
+        );
+    }
+
+    #[test]
+    fn old_namespace_renames_uuid_and_pod_labels_only() {
+        let mut holders = std::collections::BTreeMap::new();
+        holders.insert(
+            EntityKey {
+                gpu: 1,
+                gi_id: None,
+            },
+            vec![holder("solo", None)],
+        );
+        holders.insert(
+            EntityKey {
+                gpu: 0,
+                gi_id: None,
+            },
+            vec![holder("a", Some("0")), holder("b", Some("1"))],
+        );
+        let att = Attribution {
+            holders,
+            ..Default::default()
+        };
+        let outcomes = [
+            outcome(device(0, "H100", &[]), 50, 1),
+            outcome(device(1, "H100", &[]), 51, 2),
+        ];
+        let mut o = opts();
+        o.old_namespace = true;
+        let s = build(&cat(), &outcomes, &att, &o);
+        let temp = lines(&s, "DCGM_FI_DEV_GPU_TEMP");
+        assert_eq!(
+            temp[1],
+            r#"DCGM_FI_DEV_GPU_TEMP{gpu="1",uuid="GPU-1",pci_bus_id="00000000:01:00.0",device="nvidia1",modelName="H100",hostname="n1",DCGM_FI_DRIVER_VERSION="570.1",container_name="c",pod_name="solo",pod_namespace="ns"} 51"#
+        );
+        assert!(!temp[0].contains("UUID=") && temp[0].contains(r#"uuid="GPU-0""#));
+        let info = lines(&s, POD_INFO);
+        assert!(
+            info[0].contains(
+                r#"uuid="GPU-0",pod_name="a",pod_namespace="ns",container_name="c",vgpu="0""#
+            ),
+            "{}",
+            info[0]
+        );
+        o.virtual_gpus = true;
+        let temp = lines(&build(&cat(), &outcomes, &att, &o), "DCGM_FI_DEV_GPU_TEMP");
+        assert!(
+            temp[0].ends_with(r#"container_name="c",pod_name="a",pod_namespace="ns",vgpu="0"} 50"#),
+            "{}",
+            temp[0]
+        );
     }
 
     #[test]
