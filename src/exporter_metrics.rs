@@ -111,7 +111,8 @@ impl ExporterMetrics {
         }
     }
 
-    /// The families as the sampler would append them to a body now.
+    /// The families as the sampler would append them to a body now (accounting's totals as
+    /// they are now, without the date a publication carries).
     pub fn text(&self) -> String {
         let mut out = String::new();
         sm::encode_into(&self.registry, &mut out);

@@ -103,8 +103,6 @@ pub struct Accounts {
     index: BTreeMap<Account, usize>,
     /// The last allocation list seen and the slot of each of its entries.
     resolved: Option<(Shares, Vec<usize>)>,
-    /// Reused for the weights of each split.
-    scratch: Vec<(usize, f64)>,
     /// An account came or went (or its labels changed) since the ledger last looked.
     changed: bool,
 }
@@ -113,16 +111,6 @@ impl Accounts {
     /// Every account with its totals, in account order.
     pub fn iter(&self) -> impl Iterator<Item = (&Account, &Totals)> {
         self.index.iter().map(|(a, &s)| (a, &self.slots[s].totals))
-    }
-
-    /// How many accounts there are.
-    pub fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
     }
 
     /// The slot of `a`, made (with the key copied) when the account is new.
@@ -173,12 +161,13 @@ impl Accounts {
         self.changed = true;
     }
 
-    /// Every slot with a positive weight `w` gives, in account order, into `scratch`.
-    fn weights(&mut self, w: impl Fn(&Slot) -> f64) -> Vec<(usize, f64)> {
-        let mut out = std::mem::take(&mut self.scratch);
-        out.clear();
-        out.extend(self.index.values().map(|&s| (s, w(&self.slots[s]))));
-        out
+    /// The slots `w` gives a positive weight, with it, in account order (the split's order).
+    fn weights(&self, w: impl Fn(&Slot) -> f64) -> Vec<(usize, f64)> {
+        self.index
+            .values()
+            .map(|&s| (s, w(&self.slots[s])))
+            .filter(|(_, w)| *w > 0.0)
+            .collect()
     }
 }
 
@@ -449,31 +438,18 @@ impl GpuState {
         let dynamic_mj = delta - static_mj;
         let allocated = accounts.weights(|s| s.pending_allocated);
         let busy = accounts.weights(|s| s.pending_busy);
-        let mut charges: Vec<(usize, u64)> = Vec::new();
-        let unallocated = || Account::unallocated(None);
-        let mut fallback = None;
-        let mut charge = |s: Option<usize>, mj: u64| match s {
-            Some(s) => charges.push((s, mj)),
-            None => fallback = Some(fallback.unwrap_or(0) + mj),
+        let mut charge = |s: Option<usize>, mj: u64| {
+            if mj == 0 {
+                return;
+            }
+            let s = s.unwrap_or_else(|| accounts.slot(&Account::unallocated(None)));
+            let t = &mut accounts.slots[s].totals;
+            t.last_change = at;
+            t.energy_mj = t.energy_mj.saturating_add(mj);
         };
         split_each(static_mj, &allocated, &mut charge);
-        if busy.iter().any(|(_, b)| *b > 0.0) {
-            split_each(dynamic_mj, &busy, &mut charge);
-        } else {
-            split_each(dynamic_mj, &allocated, &mut charge);
-        }
-        if let Some(mj) = fallback {
-            let s = accounts.slot(&unallocated());
-            charges.push((s, mj));
-        }
-        for (s, mj) in charges {
-            if mj > 0 {
-                let t = &mut accounts.slots[s].totals;
-                t.last_change = at;
-                t.energy_mj = t.energy_mj.saturating_add(mj);
-            }
-        }
-        accounts.scratch = allocated;
+        let dynamic_by = if busy.is_empty() { &allocated } else { &busy };
+        split_each(dynamic_mj, dynamic_by, &mut charge);
         accounts.settle();
         *pending = Pending::default();
     }

@@ -41,14 +41,14 @@ impl Published {
     /// A published sample whose body is `head` (rendered for this sample) followed by `tail`
     /// (kept from an earlier one, already compressed: only `head` is compressed here).
     pub fn with_tail(
-        mut head: String,
+        head: String,
         tail: Option<Arc<Part>>,
         at: Instant,
         series: usize,
         not_ready: Option<String>,
     ) -> Self {
         let gzip = gzip::gzip(head.as_bytes(), tail.as_deref());
-        let mut body = std::mem::take(&mut head).into_bytes();
+        let mut body = head.into_bytes();
         if let Some(t) = &tail {
             body.extend_from_slice(t.text());
         }
